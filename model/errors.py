@@ -1,0 +1,9 @@
+"""The one exception model/ raises for problems a user can fix.
+
+Its message is a single line that names the problem and the fix; the CLI prints it as is,
+without a traceback.
+"""
+
+
+class ModelError(Exception):
+    """A model that cannot be found, read, converted or run, said in one line."""
