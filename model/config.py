@@ -1,0 +1,122 @@
+"""The model's shape, read from a Hugging Face config.json.
+
+One dataclass for the whole Llama family: the variants differ only in a few switches (q/k/v
+bias for Qwen2, per-head q/k RMSNorm for Qwen3, llama3 rope scaling, tied embeddings).
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from model.errors import ModelError
+
+# model_type -> (attention_bias default, q/k norm)
+ARCHITECTURES = {
+    "llama": (False, False),
+    "mistral": (False, False),
+    "qwen2": (True, False),
+    "qwen3": (False, True),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ModelConfig":
+        model_type = raw.get("model_type", "")
+        if model_type not in ARCHITECTURES:
+            supported = ", ".join(sorted(ARCHITECTURES))
+            raise ModelError(
+                f"unsupported architecture {model_type!r} (architectures: {raw.get('architectures')});"
+                f" Spool runs the Llama family: {supported}"
+            )
+        bias_default, qk_norm = ARCHITECTURES[model_type]
+        try:
+            hidden = int(raw["hidden_size"])
+            heads = int(raw["num_attention_heads"])
+            kv_heads = int(raw.get("num_key_value_heads") or heads)
+            rope_scaling = raw.get("rope_scaling")
+            if rope_scaling is not None:
+                kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+                if kind not in ("default", "linear", "llama3"):
+                    raise ModelError(
+                        f"unsupported rope_scaling type {kind!r} in config.json;"
+                        " Spool supports default, linear and llama3"
+                    )
+            max_pos = int(raw.get("max_position_embeddings", 2048))
+            if raw.get("sliding_window") and raw.get("use_sliding_window", True):
+                # No sliding-window attention here: stay inside the window instead.
+                max_pos = min(max_pos, int(raw["sliding_window"]))
+            eos = raw.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            return cls(
+                model_type=model_type,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(raw.get("rope_theta", 10000.0)),
+                rope_scaling=rope_scaling,
+                max_position_embeddings=max_pos,
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                attention_bias=bool(raw.get("attention_bias", bias_default)),
+                qk_norm=qk_norm,
+                eos_token_ids=eos_ids,
+                bos_token_id=raw.get("bos_token_id"),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelError(
+                f"config.json is malformed ({type(e).__name__}: {e});"
+                " re-download or re-convert the model"
+            ) from None
+
+    @classmethod
+    def load(cls, model_dir: Path) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not Path(model_dir).is_dir():
+            raise ModelError(
+                f"model directory {model_dir} does not exist;"
+                " pass --model with a Hugging Face model directory or a .gguf file"
+            )
+        if not path.is_file():
+            raise ModelError(
+                f"{model_dir} has no config.json, so it is not a Hugging Face model directory;"
+                " pass --model with one, or with a .gguf file"
+            )
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot read {path} ({e}); re-download or re-convert the model") from None
+        if not isinstance(raw, dict):
+            raise ModelError(f"{path} is not a JSON object; re-download or re-convert the model")
+        return cls.from_dict(raw)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim

@@ -1,0 +1,85 @@
+"""The Llama-family forward pass, written once against an ops module (NumPy or CuPy arrays).
+
+One call runs a whole engine step: every row's tokens (prefill chunks and decode tokens) are
+laid end to end on one token axis, so each projection is a single GEMM, and attention reads
+K/V through the rows' block tables.
+"""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from model.config import ModelConfig
+from model.weights import Weights
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Inverse frequencies, with linear or llama3 scaling when the config asks for it."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = np.where(wavelen > old_len / low, inv_freq / factor,
+                            np.where(wavelen < old_len / high, inv_freq, blended))
+    return inv_freq
+
+
+class Llama:
+    """Weights on the ops module's device, and the forward pass over them."""
+
+    def __init__(self, config: ModelConfig, weights: Weights, ops, max_positions: int | None = None):
+        self.config = config
+        self.ops = ops
+        positions = max_positions or config.max_position_embeddings
+        angles = np.arange(positions, dtype=np.float64)[:, None] * rope_inv_freq(config)[None, :]
+        self.cos = ops.asarray(np.cos(angles))
+        self.sin = ops.asarray(np.sin(angles))
+        self.w = Weights(
+            embed=ops.asarray(weights.embed),
+            layers=[replace(layer, **{k: ops.asarray(v) for k, v in vars(layer).items() if v is not None})
+                    for layer in weights.layers],
+            norm=ops.asarray(weights.norm),
+            lm_head=None,
+        )
+        self.w.lm_head = self.w.embed if weights.lm_head is weights.embed else ops.asarray(weights.lm_head)
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index):
+        """Hidden states for all tokens of a step, K/V written to the cache, and logits (fp32)
+        for the tokens at logit_index only."""
+        ops, c, w = self.ops, self.config, self.w
+        eps = c.rms_norm_eps
+        tokens = token_ids.shape[0]
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = w.embed[token_ids]
+        for i, layer in enumerate(w.layers):
+            h = ops.rms_norm(x, layer.attn_norm, eps)
+            qkv = h @ layer.wqkv.T
+            if layer.bqkv is not None:
+                qkv += layer.bqkv
+            q = qkv[:, :c.q_size].reshape(tokens, c.num_heads, c.head_dim)
+            k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(tokens, c.num_kv_heads, c.head_dim)
+            v = qkv[:, c.q_size + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None:
+                q = ops.rms_norm(q, layer.q_norm, eps)
+                k = ops.rms_norm(k, layer.k_norm, eps)
+            q = ops.rope(q, cos, sin)
+            k = ops.rope(k, cos, sin)
+            ops.write_kv(cache.k[i], cache.v[i], slots, k, v)
+            attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale)
+            x = x + attn @ layer.wo.T
+            h = ops.rms_norm(x, layer.mlp_norm, eps)
+            x = x + ops.silu_and_mul(h @ layer.w_gate_up.T) @ layer.w_down.T
+        h = ops.rms_norm(x[logit_index], w.norm, eps)
+        return h @ w.lm_head.T

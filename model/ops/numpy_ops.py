@@ -1,0 +1,205 @@
+"""The reference backend: every op of the forward pass and the sampler, in float32 NumPy.
+
+CI runs this, and every CUDA kernel is tested against it. Attention is a few batched calls per
+chunk of rows, never a Python loop over heads or tokens: rows are sorted by query count and
+context length and taken a few at a time, each chunk padded only to its own longest row.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.sampling import SamplingParams, seeded_uniform
+
+ATTENTION_CHUNK_ROWS = 8
+# Candidates kept for top-k / top-p before falling back to a full sort of the vocabulary.
+SAMPLING_CANDIDATES = 256
+
+name = "numpy"
+
+
+def asarray(x, dtype=np.float32) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=dtype)
+
+
+def to_host(x) -> np.ndarray:
+    return x
+
+
+def zeros(shape, dtype=np.float32) -> np.ndarray:
+    return np.zeros(shape, dtype=dtype)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.mean(np.square(x), axis=-1, keepdims=True)
+    return x / np.sqrt(variance + np.float32(eps)) * weight
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate halves (Hugging Face's layout): x is (tokens, heads, head_dim), cos/sin are
+    (tokens, head_dim / 2)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
+    half = gate_up.shape[-1] // 2
+    gate, up = gate_up[:, :half], gate_up[:, half:]
+    return gate / (np.float32(1.0) + np.exp(-gate)) * up
+
+
+def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray,
+             k: np.ndarray, v: np.ndarray) -> None:
+    cache_k[slots] = k
+    cache_v[slots] = v
+
+
+@dataclass
+class AttentionChunk:
+    """Rows attended together: their queries and keys gathered into padded arrays."""
+
+    query_index: np.ndarray  # (rows, max_queries) into the step's flat token axis
+    query_valid: np.ndarray  # (rows, max_queries) bool
+    key_slots: np.ndarray  # (rows, max_context) cache slots, padding clipped to slot 0
+    bias: np.ndarray  # (rows, 1, 1, max_queries, max_context): 0 or -inf, causal and padding
+
+
+def attention_meta(query_lens: list[int], context_lens: list[int],
+                   block_tables: list[list[int]], block_size: int) -> list[AttentionChunk]:
+    """Plan a step's attention once; every layer reuses it.
+
+    Row r's queries are the last query_lens[r] tokens of its context_lens[r] tokens, whose K/V
+    are already in the cache, so prefill chunks attend causally on top of a cached prefix.
+    """
+    starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)
+    order = sorted(range(len(query_lens)), key=lambda r: (query_lens[r], context_lens[r]))
+    chunks = []
+    for at in range(0, len(order), ATTENTION_CHUNK_ROWS):
+        rows = order[at:at + ATTENTION_CHUNK_ROWS]
+        n = np.array([query_lens[r] for r in rows])
+        ctx = np.array([context_lens[r] for r in rows])
+        max_q, max_ctx = int(n.max()), int(ctx.max())
+        qi = np.arange(max_q)
+        query_valid = qi[None, :] < n[:, None]
+        query_index = np.where(query_valid, starts[rows][:, None] + qi[None, :], 0)
+        key_pos = np.arange(max_ctx)
+        key_slots = np.zeros((len(rows), max_ctx), dtype=np.int64)
+        for i, r in enumerate(rows):
+            table = np.asarray(block_tables[r], dtype=np.int64)
+            pos = key_pos[:ctx[i]]
+            key_slots[i, :ctx[i]] = table[pos // block_size] * block_size + pos % block_size
+        query_pos = (ctx - n)[:, None] + qi[None, :]  # (rows, max_q)
+        visible = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
+        bias = np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+        chunks.append(AttentionChunk(query_index, query_valid, key_slots, bias[:, None, None]))
+    return chunks
+
+
+def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
+                    meta: list[AttentionChunk], scale: float) -> np.ndarray:
+    """q is (tokens, heads, head_dim); the caches are (slots, kv_heads, head_dim). Keys and
+    values are read only through the block tables in meta."""
+    tokens, heads, dim = q.shape
+    kv_heads = cache_k.shape[1]
+    group = heads // kv_heads
+    out = np.empty((tokens, heads * dim), dtype=np.float32)
+    for c in meta:
+        rows, max_q = c.query_index.shape
+        max_ctx = c.key_slots.shape[1]
+        # (rows, kv_heads, group, max_q, dim)
+        qc = q[c.query_index].reshape(rows, max_q, kv_heads, group, dim).transpose(0, 2, 3, 1, 4)
+        qc = qc.reshape(rows, kv_heads, group * max_q, dim)
+        k = cache_k[c.key_slots].transpose(0, 2, 3, 1)  # (rows, kv_heads, dim, ctx)
+        v = cache_v[c.key_slots].transpose(0, 2, 1, 3)  # (rows, kv_heads, ctx, dim)
+        scores = (qc @ k).reshape(rows, kv_heads, group, max_q, max_ctx)
+        scores *= np.float32(scale)
+        scores += c.bias
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        o = scores.reshape(rows, kv_heads, group * max_q, max_ctx) @ v
+        o = o.reshape(rows, kv_heads, group, max_q, dim).transpose(0, 3, 1, 2, 4)
+        o = o.reshape(rows, max_q, heads * dim)
+        out[c.query_index[c.query_valid]] = o[c.query_valid]
+    return out
+
+
+def _apply_penalties(logits: np.ndarray, p: SamplingParams,
+                     prompt_ids, output_ids) -> None:
+    vocab = logits.shape[0]
+    if p.repetition_penalty != 1.0:
+        seen = np.unique(np.concatenate([np.asarray(prompt_ids, dtype=np.int64),
+                                         np.asarray(output_ids, dtype=np.int64)]))
+        vals = logits[seen]
+        logits[seen] = np.where(vals > 0, vals / np.float32(p.repetition_penalty),
+                                vals * np.float32(p.repetition_penalty))
+    if (p.presence_penalty or p.frequency_penalty) and len(output_ids):
+        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=vocab).astype(np.float32)
+        logits -= np.float32(p.frequency_penalty) * counts
+        logits -= np.float32(p.presence_penalty) * (counts > 0)
+
+
+def _pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
+    """Draw one token by inverse CDF over the kept candidates, taken in a canonical order
+    (probability descending, then token id), so the draw depends only on logits and u."""
+    scaled = logits / np.float32(p.temperature)
+    scaled -= scaled.max()
+    probs = np.exp(scaled)
+    probs /= probs.sum()
+    vocab = probs.shape[0]
+    top_k = p.top_k if p.top_k > 0 else vocab
+    if top_k == vocab and p.top_p >= 1.0 and p.min_p <= 0.0:
+        cdf = np.cumsum(probs)
+        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), vocab - 1))
+    n = min(top_k, SAMPLING_CANDIDATES, vocab)
+    cand = np.argpartition(-probs, n - 1)[:n] if n < vocab else np.arange(vocab)
+    cand = cand[np.lexsort((cand, -probs[cand]))]
+    kept = probs[cand]
+    if n < top_k and kept.sum() < p.top_p:  # the nucleus may reach past the candidates
+        cand = np.lexsort((np.arange(vocab), -probs))[:top_k]
+        kept = probs[cand]
+    if p.min_p > 0.0:
+        kept = kept[kept >= p.min_p * kept[0]]
+    if p.top_p < 1.0:
+        before = np.cumsum(kept) - kept
+        kept = kept[before < p.top_p]
+    cdf = np.cumsum(kept)
+    return int(cand[min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(kept) - 1)])
+
+
+def sample(logits: np.ndarray, params: list[SamplingParams], prompts: list, outputs: list,
+           rng: np.random.Generator):
+    """Sample one token per row of logits (rows, vocab).
+
+    Returns (token_ids, logprobs, top_logprobs): logprobs are of the model's raw
+    distribution (before penalties and temperature), None where not asked for.
+    """
+    token_ids = np.empty(len(params), dtype=np.int64)
+    logprobs: list = [None] * len(params)
+    top: list = [None] * len(params)
+    for r, p in enumerate(params):
+        row = logits[r]
+        if p.logit_bias or p.penalized:
+            row = row.copy()
+            if p.logit_bias:
+                ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
+                row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)
+            _apply_penalties(row, p, prompts[r], outputs[r])
+        if p.greedy:
+            token_ids[r] = int(np.argmax(row))
+        else:
+            u = seeded_uniform(p.seed, len(outputs[r])) if p.seed is not None else rng.random()
+            token_ids[r] = _pick(row, p, u)
+        if p.logprobs is not None:
+            raw = logits[r] - logits[r].max()
+            lsm = raw - np.log(np.exp(raw).sum())
+            logprobs[r] = float(lsm[token_ids[r]])
+            if p.logprobs:
+                best = np.argpartition(-lsm, p.logprobs - 1)[:p.logprobs]
+                best = best[np.lexsort((best, -lsm[best]))]
+                top[r] = [(int(t), float(lsm[t])) for t in best]
+            else:
+                top[r] = []
+    return token_ids, logprobs, top

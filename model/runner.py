@@ -1,0 +1,104 @@
+"""One call per engine step: a StepPlan in, one sampled token per sampling row out.
+
+The engine owns which block ids a request holds; the runner owns the K/V memory behind them
+and the model. This is the whole contract between app/engine and model/.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from model.config import ModelConfig
+from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
+from model.llama import Llama
+from model.ops import numpy_ops
+from model.sampling import SamplingParams
+from model.weights import load_weights
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass
+class Row:
+    """One request's share of a step: a prefill chunk or one decode token."""
+
+    request_id: object
+    token_ids: Sequence[int]
+    start_pos: int  # position of token_ids[0]; positions before it are already cached
+    block_table: Sequence[int]  # covers positions 0 .. start_pos + len(token_ids) - 1
+    sample: bool = False  # sample after the last token (False for non-final prefill chunks)
+    params: SamplingParams = GREEDY
+    prompt_ids: Sequence[int] = ()  # for the repetition penalty
+    output_ids: Sequence[int] = ()  # for penalties, and the seeded draw's token index
+
+
+@dataclass
+class StepPlan:
+    rows: list[Row] = field(default_factory=list)
+
+
+@dataclass
+class Sampled:
+    request_id: object
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+class ModelRunner:
+    def __init__(self, config: ModelConfig, model: Llama, num_blocks: int,
+                 block_size: int = DEFAULT_BLOCK_SIZE, seed: int | None = None):
+        self.config = config
+        self.model = model
+        self.ops = model.ops
+        self.cache = KVCache(self.ops, config, num_blocks, block_size)
+        self.rng = np.random.default_rng(seed)
+
+    @classmethod
+    def from_dir(cls, model_dir: Path, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 ops=numpy_ops, max_model_len: int | None = None, seed: int | None = None) -> "ModelRunner":
+        config = ModelConfig.load(Path(model_dir))
+        model = Llama(config, load_weights(Path(model_dir), config), ops, max_model_len)
+        return cls(config, model, num_blocks, block_size, seed)
+
+    @property
+    def block_size(self) -> int:
+        return self.cache.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.cache.num_blocks
+
+    def logits(self, plan: StepPlan):
+        """Run the forward pass; fp32 logits (sampling rows, vocab) on the ops device."""
+        ops, rows = self.ops, plan.rows
+        query_lens = [len(r.token_ids) for r in rows]
+        token_ids = np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in rows])
+        positions = np.concatenate([np.arange(r.start_pos, r.start_pos + n) for r, n in zip(rows, query_lens)])
+        slots = np.concatenate([self.cache.slots(r.block_table, r.start_pos, n) for r, n in zip(rows, query_lens)])
+        ends = np.cumsum(query_lens) - 1
+        logit_index = np.array([end for r, end in zip(rows, ends) if r.sample], dtype=np.int64)
+        meta = ops.attention_meta(query_lens, [r.start_pos + n for r, n in zip(rows, query_lens)],
+                                  [r.block_table for r in rows], self.block_size)
+        return self.model.forward(ops.asarray(token_ids, np.int64), ops.asarray(positions, np.int64),
+                                  ops.asarray(slots, np.int64), meta, self.cache,
+                                  ops.asarray(logit_index, np.int64))
+
+    def step(self, plan: StepPlan) -> list[Sampled]:
+        sampling = [r for r in plan.rows if r.sample]
+        logits = self.logits(plan)
+        if not sampling:
+            return []
+        ids, logprobs, top = self.ops.sample(
+            logits, [r.params for r in sampling], [r.prompt_ids for r in sampling],
+            [r.output_ids for r in sampling], self.rng)
+        ids = self.ops.to_host(ids)
+        return [Sampled(r.request_id, int(ids[i]), logprobs[i], top[i]) for i, r in enumerate(sampling)]
+
+    def save_blocks(self, block_ids) -> np.ndarray:
+        return self.cache.save_blocks(block_ids)
+
+    def load_blocks(self, block_ids, data: np.ndarray) -> None:
+        self.cache.load_blocks(block_ids, data)

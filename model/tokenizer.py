@@ -1,0 +1,162 @@
+"""Text in and out: the model's tokenizer.json, its chat template and its end-of-generation set.
+
+The chat template is rendered the way transformers renders it (a sandboxed Jinja2 environment
+with trim_blocks, lstrip_blocks, loop controls, `raise_exception` and a `tojson` that keeps
+non-ASCII text), so prompts match what the model was trained on.
+"""
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from model.errors import ModelError
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read {path} ({e}); re-download or re-convert the model") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value) -> str | None:
+    """tokenizer_config.json writes special tokens as strings or as AddedToken dicts."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+class ChatTemplateError(ValueError):
+    """A template that rejects the messages (its raise_exception), or fails to render."""
+
+
+def _raise_exception(message):
+    raise ChatTemplateError(message)
+
+
+def _tojson(value, indent=None):
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class Tokenizer:
+    def __init__(self, model_dir: Path):
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ModelError(
+                f"{model_dir} has no tokenizer.json; Spool needs a fast (tokenizers) tokenizer:"
+                " save one with transformers' tokenizer.save_pretrained, or pass a .gguf file"
+            )
+        try:
+            self.hf = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust side raises a bare Exception
+            raise ModelError(f"cannot load {path} ({e}); re-download or re-convert the model") from None
+        cfg = _read_json(model_dir / "tokenizer_config.json")
+        gen = _read_json(model_dir / "generation_config.json")
+        model_cfg = _read_json(model_dir / "config.json")
+
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.special_tokens = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        self.bos_token_id = self.hf.token_to_id(self.bos_token) if self.bos_token else None
+        self.add_bos_token = bool(cfg.get("add_bos_token", False))
+
+        eos = set(_ids(gen.get("eos_token_id"))) | set(_ids(model_cfg.get("eos_token_id")))
+        if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
+            eos.add(self.hf.token_to_id(self.eos_token))
+        self.eos_token_ids = frozenset(eos)
+
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        jinja_file = model_dir / "chat_template.jinja"
+        if template is None and jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        self.chat_template = None
+        if template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            try:
+                self.chat_template = env.from_string(template)
+            except jinja2.TemplateError as e:
+                raise ModelError(f"the chat template in {model_dir} does not parse ({e}); fix tokenizer_config.json") from None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        if (add_special_tokens and self.add_bos_token and self.bos_token_id is not None
+                and (not ids or ids[0] != self.bos_token_id)):
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        """The prompt text for a conversation; raises ChatTemplateError for messages the
+        template rejects."""
+        if self.chat_template is None:
+            raise ChatTemplateError("this model has no chat template; use the completions API instead")
+        try:
+            return self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                             **self.special_tokens, **extra)
+        except ChatTemplateError:
+            raise
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ChatTemplateError(f"the chat template could not render these messages: {e}") from None
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        # The template writes any BOS itself, as transformers' apply_chat_template assumes.
+        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text deltas that never split a UTF-8 character.
+
+    It decodes a short window of recent ids and releases only text that is settled: while the
+    window's text ends in U+FFFD (an incomplete multi-byte sequence), nothing is released.
+    A few prompt ids seed the window so tokenizers that strip a leading space (SentencePiece)
+    still space the first word right.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids=(), context: int = 6):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-context:]) if context else []
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        if len(text) > len(prefix) and not text.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return text[len(prefix):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back, at the end of a generation."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix):]
