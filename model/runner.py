@@ -47,6 +47,11 @@ class Sampled:
     top_logprobs: list[tuple[int, float]] | None = None
 
 
+def load_model(model_dir: Path, ops=numpy_ops, max_model_len: int | None = None) -> Llama:
+    config = ModelConfig.load(Path(model_dir))
+    return Llama(config, load_weights(Path(model_dir), config), ops, max_model_len)
+
+
 class ModelRunner:
     def __init__(self, config: ModelConfig, model: Llama, num_blocks: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, seed: int | None = None):
@@ -59,9 +64,8 @@ class ModelRunner:
     @classmethod
     def from_dir(cls, model_dir: Path, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  ops=numpy_ops, max_model_len: int | None = None, seed: int | None = None) -> "ModelRunner":
-        config = ModelConfig.load(Path(model_dir))
-        model = Llama(config, load_weights(Path(model_dir), config), ops, max_model_len)
-        return cls(config, model, num_blocks, block_size, seed)
+        model = load_model(model_dir, ops, max_model_len)
+        return cls(model.config, model, num_blocks, block_size, seed)
 
     @property
     def block_size(self) -> int:

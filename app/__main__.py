@@ -1,0 +1,42 @@
+"""Spool's command line: `python -m app generate "prompt"` (a quick check with no server)."""
+
+import argparse
+import sys
+
+from model.errors import ModelError
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m app", description="Spool: a small LLM inference server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="chat with the model once, streaming the reply to the terminal",
+                         description="Apply the model's chat template to PROMPT and stream the reply. No server.")
+    gen.add_argument("prompt", help="the user message")
+    gen.add_argument("--model", default=None,
+                     help="a Hugging Face model directory or a .gguf file (default: SmolLM2-135M-Instruct,"
+                          " downloaded and converted on first use)")
+    gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0, off)")
+    gen.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling (default: none)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.command == "generate":
+            from app.generate import run_generate
+
+            return run_generate(args)
+    except ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
