@@ -1,0 +1,101 @@
+"""Model-only throughput on the CPU backend: prefill of one 512-token prompt, and decode steps at
+batch 1, 8 and 32 (no scheduler, no HTTP).
+
+    python tools/bench_model.py [--model DIR|FILE.gguf] [--context 256] [--steps 16]
+
+Each decode row has its own prompt of --context tokens already in the cache, so attention reads
+real K/V. Times are the median over repeats after one warm-up step.
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from model.default import resolve_model  # noqa: E402
+from model.runner import ModelRunner, Row, StepPlan  # noqa: E402
+
+TEXT = ("Spool is a small inference server. It batches requests, pages the KV cache, and streams "
+        "tokens over HTTP and WebSocket. The quick brown fox jumps over the lazy dog. ") * 64
+
+
+def blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+
+        pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+        return ", ".join(f"{p['internal_api']} {p.get('version')} {p.get('architecture')} x{p['num_threads']}"
+                         for p in pools)
+    except ImportError:
+        return f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}"
+
+
+def bench_prefill(runner, ids, repeats):
+    table = list(range(-(-len(ids) // runner.block_size)))
+    plan = StepPlan([Row("p", ids, 0, table, sample=True)])
+    runner.step(plan)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        runner.step(plan)
+        times.append(time.perf_counter() - t)
+    return len(ids) / statistics.median(times)
+
+
+def bench_decode(runner, ids, batch, context, steps):
+    bs = runner.block_size
+    per_row = -(-(context + steps + 1) // bs)
+    rows = []
+    for b in range(batch):
+        prompt = ids[b * 3: b * 3 + context]
+        table = list(range(b * per_row, (b + 1) * per_row))
+        runner.step(StepPlan([Row(b, prompt, 0, table)]))  # fill the cache, no sampling
+        rows.append(Row(b, [prompt[-1]], context, table, sample=True))
+    times = []
+    for step in range(steps + 1):
+        t = time.perf_counter()
+        out = runner.step(StepPlan(rows))
+        if step:  # the first step is a warm-up
+            times.append(time.perf_counter() - t)
+        rows = [Row(r.request_id, [s.token_id], r.start_pos + 1, r.block_table, sample=True)
+                for r, s in zip(rows, out)]
+    return batch / statistics.median(times), statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--context", type=int, default=256, help="tokens already cached per decode row")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--batches", default="1,8,32")
+    args = parser.parse_args()
+
+    from model.tokenizer import Tokenizer
+
+    model_dir = resolve_model(args.model)
+    ids = Tokenizer(model_dir).encode(TEXT)
+    batches = [int(b) for b in args.batches.split(",")]
+    need = max(batches) * -(-(args.context + args.steps + 1) // 16) + 64
+    runner = ModelRunner.from_dir(model_dir, num_blocks=need, seed=0)
+
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, {blas_info()}")
+    print(f"# model {model_dir.name}, float32, context {args.context} per decode row")
+    print("| measurement | tok/s | ms/step |")
+    print("| --- | ---: | ---: |")
+    rate = bench_prefill(runner, ids[:args.prompt_tokens], repeats=3)
+    print(f"| prefill {args.prompt_tokens} tokens | {rate:.0f} | {1000 * args.prompt_tokens / rate:.0f} |")
+    for batch in batches:
+        rate, step = bench_decode(runner, ids, batch, args.context, args.steps)
+        print(f"| decode batch {batch} | {rate:.1f} | {1000 * step:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
