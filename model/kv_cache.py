@@ -1,8 +1,9 @@
 """Paged K/V storage: fixed-size blocks of token slots, addressed only through block tables.
 
 The engine decides which block ids a request holds; this class owns the memory behind them.
-Per layer, K and V are (num_blocks * block_size, kv_heads, head_dim) arrays, so a token at
-position p of a request lives in slot table[p // block_size] * block_size + p % block_size.
+Per layer, K and V are (kv_heads, num_blocks, block_size, head_dim) arrays: kv-head-major, so
+attention gathers whole blocks and multiplies contiguous matrices. A token at position p of a
+request lives in flat slot table[p // block_size] * block_size + p % block_size.
 """
 
 import numpy as np
@@ -17,7 +18,7 @@ class KVCache:
         self.ops = ops
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
         self.k = [ops.zeros(shape) for _ in range(config.num_layers)]
         self.v = [ops.zeros(shape) for _ in range(config.num_layers)]
 
@@ -31,19 +32,16 @@ class KVCache:
         table = np.asarray(block_table, dtype=np.int64)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _block_slots(self, block_ids) -> np.ndarray:
-        ids = np.asarray(block_ids, dtype=np.int64)
-        return (ids[:, None] * self.block_size + np.arange(self.block_size)).ravel()
-
     def save_blocks(self, block_ids) -> np.ndarray:
-        """Copy blocks to host memory (the spill pool): (layers, 2, slots, kv_heads, head_dim)."""
-        slots = self._block_slots(block_ids)
-        return np.stack([np.stack([self.ops.to_host(k[slots]), self.ops.to_host(v[slots])])
+        """Copy blocks to host memory (the spill pool):
+        (layers, 2, kv_heads, len(block_ids), block_size, head_dim)."""
+        ids = np.asarray(block_ids, dtype=np.int64)
+        return np.stack([np.stack([self.ops.to_host(k[:, ids]), self.ops.to_host(v[:, ids])])
                          for k, v in zip(self.k, self.v)])
 
     def load_blocks(self, block_ids, data: np.ndarray) -> None:
         """Write blocks saved by save_blocks back, possibly under other block ids."""
-        slots = self._block_slots(block_ids)
+        ids = np.asarray(block_ids, dtype=np.int64)
         for layer, (k, v) in enumerate(zip(self.k, self.v)):
-            k[slots] = self.ops.asarray(data[layer, 0])
-            v[slots] = self.ops.asarray(data[layer, 1])
+            k[:, ids] = self.ops.asarray(data[layer, 0])
+            v[:, ids] = self.ops.asarray(data[layer, 1])

@@ -65,7 +65,7 @@ class Llama:
         x = w.embed[token_ids]
         for i, layer in enumerate(w.layers):
             h = ops.rms_norm(x, layer.attn_norm, eps)
-            qkv = h @ layer.wqkv.T
+            qkv = ops.linear(h, layer.wqkv)
             if layer.bqkv is not None:
                 qkv += layer.bqkv
             q = qkv[:, :c.q_size].reshape(tokens, c.num_heads, c.head_dim)
@@ -78,8 +78,8 @@ class Llama:
             k = ops.rope(k, cos, sin)
             ops.write_kv(cache.k[i], cache.v[i], slots, k, v)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale)
-            x = x + attn @ layer.wo.T
+            x = x + ops.linear(attn, layer.wo)
             h = ops.rms_norm(x, layer.mlp_norm, eps)
-            x = x + ops.silu_and_mul(h @ layer.w_gate_up.T) @ layer.w_down.T
+            x = x + ops.linear(ops.silu_and_mul(ops.linear(h, layer.w_gate_up)), layer.w_down)
         h = ops.rms_norm(x[logit_index], w.norm, eps)
-        return h @ w.lm_head.T
+        return ops.linear(h, w.lm_head)

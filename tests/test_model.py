@@ -76,8 +76,8 @@ def test_variant_weights_matter(tiny_variant_dir):
 def test_paged_attention_equals_dense():
     rng = np.random.default_rng(1)
     kv_heads, heads, dim, block = 2, 6, 8, 4
-    cache_k = rng.standard_normal((64 * block, kv_heads, dim)).astype(np.float32)
-    cache_v = rng.standard_normal((64 * block, kv_heads, dim)).astype(np.float32)
+    cache_k = rng.standard_normal((kv_heads, 64, block, dim)).astype(np.float32)
+    cache_v = rng.standard_normal((kv_heads, 64, block, dim)).astype(np.float32)
     # (queries, context): decode rows, a first prefill, and a prefill chunk on a cached prefix
     shapes = [(1, 1), (1, 17), (5, 5), (3, 11), (1, 30), (9, 23), (1, 2), (2, 9), (1, 13), (4, 4)]
     perm = iter(rng.permutation(64))
@@ -89,7 +89,8 @@ def test_paged_attention_equals_dense():
     start = 0
     for (n, ctx), table in zip(shapes, tables):
         slots = [table[p // block] * block + p % block for p in range(ctx)]
-        k, v = cache_k[slots].astype(np.float64), cache_v[slots].astype(np.float64)
+        k = cache_k.reshape(kv_heads, -1, dim)[:, slots].transpose(1, 0, 2).astype(np.float64)
+        v = cache_v.reshape(kv_heads, -1, dim)[:, slots].transpose(1, 0, 2).astype(np.float64)
         for i in range(n):
             qpos = ctx - n + i
             for h in range(heads):
