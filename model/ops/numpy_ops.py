@@ -59,7 +59,12 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
     half = gate_up.shape[-1] // 2
     gate, up = gate_up[:, :half], gate_up[:, half:]
-    return gate / (np.float32(1.0) + np.exp(-gate)) * up
+    out = np.negative(gate)  # in place from here: prefill makes these arrays megabytes big
+    np.exp(out, out=out)
+    out += np.float32(1.0)
+    np.divide(gate, out, out=out)
+    out *= up
+    return out
 
 
 def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray,
