@@ -1,0 +1,171 @@
+"""The Trio engine: one nursery runs the tick loop and the abort inbox; each request has its own
+memory channel of Frames.
+
+The tick never awaits a client: frames go out with send_nowait, and a full or closed channel
+aborts that request. The forward pass runs in a worker thread, so streams keep flowing.
+"""
+
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+
+import trio
+
+from app.engine.block_pool import BlockPool
+from app.engine.request import GenerationParams, Request
+from app.engine.scheduler import EngineError, Overloaded, Scheduler, SchedulerConfig
+from app.engine.status import StatusReporter
+
+log = logging.getLogger("spool.engine")
+
+CHANNEL_FRAMES = 4096  # per request: a client this far behind is treated as gone
+
+
+class Draining(EngineError):
+    """The engine is shutting down and admits nothing new (HTTP 503)."""
+
+
+@dataclass
+class EngineConfig(SchedulerConfig):
+    prefix_caching: bool = True
+    decode_log_interval: int = 40  # steps between Decode status lines; 0: none
+
+
+class Engine:
+    def __init__(self, runner, tokenizer, config: EngineConfig):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
+        self.scheduler = Scheduler(config, self.pool, runner, tokenizer)
+        self.reporter = StatusReporter(config.decode_log_interval)
+        self._submit_send, self._submit_recv = trio.open_memory_channel(math.inf)
+        self._abort_send, self._abort_recv = trio.open_memory_channel(math.inf)
+        self._wake = trio.Event()
+        self._live: set[str] = set()  # submitted and not yet given their final frame
+        self._queued = 0  # submitted, not yet admitted
+        self._ids = itertools.count()
+        self.draining = False
+        self.running = False
+        self.steps = 0
+
+    # -- the public, synchronous side ----------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: GenerationParams, request_id: str | None = None):
+        """Queue a request; returns (request_id, receive channel of Frames). Raises
+        EngineError (invalid or could never fit), Overloaded or Draining."""
+        if self.draining:
+            raise Draining("the server is shutting down")
+        max_tokens = self.scheduler.check(prompt_ids, params)
+        if len(self.scheduler.waiting) + self._queued >= self.config.max_queue:
+            raise Overloaded(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._live:
+            raise EngineError(f"request id {request_id!r} is already in use")
+        send, recv = trio.open_memory_channel(CHANNEL_FRAMES)
+
+        def emit(frame, send_nowait=send.send_nowait):
+            if frame.finish_reason is not None:
+                self._live.discard(frame.request_id)
+            send_nowait(frame)
+
+        request = Request(request_id, list(prompt_ids), params, max_tokens, emit)
+        self._live.add(request_id)
+        self._queued += 1
+        self._submit_send.send_nowait(request)
+        self._wake.set()
+        return request_id, recv
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request wherever it is; takes effect at the next step boundary. Safe from
+        any task, and for ids already finished."""
+        if request_id in self._live:
+            self._abort_send.send_nowait(request_id)
+
+    def status(self) -> dict:
+        s = self.scheduler
+        return {
+            "running": self.running and not self.draining,
+            "draining": self.draining,
+            "num_requests_running": s.running,
+            "num_requests_waiting": len(s.waiting) + self._queued + len(s.preempted),
+            "num_preempted": len(s.preempted),
+            "kv_blocks_total": self.pool.num_blocks,
+            "kv_blocks_used": self.pool.used,
+            "kv_cache_usage_perc": self.pool.usage,
+            "steps": self.steps,
+            "stats": s.stats,
+        }
+
+    # -- the nursery ------------------------------------------------------------------------
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED):
+        """Run until cancelled. A runner that raises fails that step's rows and the engine
+        goes on; anything else raising here is a crashed engine and propagates."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._inbox)
+            self.running = True
+            task_status.started()
+            try:
+                await self._tick_loop()
+            finally:
+                self.running = False
+                nursery.cancel_scope.cancel()
+
+    async def _inbox(self):
+        async for request_id in self._abort_recv:
+            self.scheduler.abort(request_id)
+            self._wake.set()
+
+    async def _tick_loop(self):
+        s = self.scheduler
+        while True:
+            self._drain_submissions()
+            plan = s.schedule()
+            self._report_admitted()
+            if plan.rows:
+                try:
+                    sampled = await trio.to_thread.run_sync(self.runner.step, plan)
+                except Exception as e:  # the runner failed: those rows end, the engine serves on
+                    log.exception("forward step failed")
+                    s.fail(plan, f"the model step failed: {type(e).__name__}: {e}")
+                else:
+                    s.apply(plan, sampled)
+                self.steps += 1
+                line = self.reporter.decode_step(s, self.pool)
+                if line:
+                    log.info(line)
+            s.flush()
+            if not plan.rows:  # idle, or blocked until a submission or an abort changes things
+                await self._wake.wait()
+                self._wake = trio.Event()
+
+    def _drain_submissions(self):
+        while True:
+            try:
+                request = self._submit_recv.receive_nowait()
+            except trio.WouldBlock:
+                return
+            self._queued -= 1
+            self.scheduler.add(request)
+
+    def _report_admitted(self):
+        admitted = self.scheduler.admitted
+        if admitted.seqs:
+            log.info(self.reporter.prefill_line(admitted, self.scheduler, self.pool))
+            self.scheduler.admitted = type(admitted)()
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    async def drain(self, grace: float) -> None:
+        """Stop admitting, let running requests finish for up to grace seconds, then cancel
+        the rest through the abort path and wait for their final frames."""
+        self.draining = True
+        with trio.move_on_after(grace):
+            while self._live:
+                await trio.sleep(0.01)
+        for request_id in list(self._live):
+            self.abort(request_id)
+        while self._live and self.running:
+            await trio.sleep(0.01)

@@ -1,0 +1,95 @@
+"""A request as the scheduler sees it: what was asked, where it is, and what it has produced."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from model.sampling import SamplingParams
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # a queue slot, nothing else
+    PREFILLING = "prefilling"  # KV blocks for its prompt (or history), no token sent yet
+    DECODING = "decoding"  # KV blocks, tokens sent
+    PREEMPTED = "preempted"  # a host spill buffer, or only its token history
+    FINISHED = "finished"  # leaves through the flush, which frees blocks and replies
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None: whatever fits the context
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # suppresses the model's end-of-generation set only
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class Frame:
+    """What a request's channel carries: deltas, then exactly one final frame
+    (finish_reason set)."""
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None  # per token: (token_id, logprob, [(id, logprob), ...])
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    stop_reason: str | int | None = None  # the stop string or stop token id that matched
+    usage: Usage | None = None
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    max_tokens: int  # resolved against the context
+    emit: object  # callable(Frame); raises when the client can no longer take frames
+    seq: int = 0  # arrival order: newest is the first preemption victim
+    state: State = State.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V is in the cache
+    num_offered: int = 0  # tokens whose full blocks were offered to the prefix cache
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    spilled: object = None  # host copy of the K/V while preempted by spill
+    spill_blocks: int = 0  # how many blocks that copy holds
+    immune_until: int = 0  # output length before which it is not preempted again
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    detok: object = None
+    stops: object = None
+    pending_text: str = ""  # settled text not yet sent
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def target(self) -> int:
+        """Tokens whose K/V must be computed before the next sample: the whole prompt, or
+        during decode (and a recompute) everything but the last sampled token."""
+        return len(self.prompt_ids) if not self.output_ids else self.num_tokens - 1
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt_ids), len(self.output_ids), self.cached_tokens)

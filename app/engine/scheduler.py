@@ -1,0 +1,409 @@
+"""The synchronous heart of the engine: admission, step planning, preemption, stops, flush.
+
+No Trio and no arrays here. The Engine calls, once per tick: `schedule()` (apply aborts,
+flush, resume, admit, plan), then the runner, then `apply()` or `fail()`, then `flush()`.
+Every early end goes through `finish()` and leaves through `flush()`, the one path that frees
+blocks and sends the final frame.
+"""
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+
+from app.engine.block_pool import BlockPool
+from app.engine.request import Frame, GenerationParams, Request, State
+from app.engine.stops import StopMatcher
+from model.runner import Row, Sampled, StepPlan
+from model.tokenizer import IncrementalDetokenizer
+
+BAN = -100.0  # the strongest logit bias the API allows: how min_tokens holds back the stops
+
+
+class EngineError(ValueError):
+    """A request the engine refuses; the message is fit for an API client."""
+
+
+class Overloaded(EngineError):
+    """The waiting queue is full; try again later (HTTP 429)."""
+
+
+@dataclass
+class SchedulerConfig:
+    max_model_len: int
+    max_seqs: int = 64
+    max_batched_tokens: int = 1024  # per step: decode rows plus prefill tokens
+    prefill_chunk: int = 256
+    max_queue: int = 1024
+    swap_blocks: int = 0  # host spill pool, in blocks; 0 means preempt by recompute
+    immunity_tokens: int = 16  # a resumed request is not preempted again for this many tokens
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    preemptions: int = 0
+    finished: Counter = field(default_factory=Counter)  # finish_reason -> count
+
+
+@dataclass
+class Admitted:
+    """What a tick admitted, counted at admission (for the Prefill status line)."""
+
+    seqs: int = 0
+    new_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, runner, tokenizer):
+        self.config = config
+        self.pool = pool
+        self.runner = runner  # only for save_blocks / load_blocks
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.prefilling: deque[Request] = deque()
+        self.decoding: list[Request] = []
+        self.preempted: list[Request] = []
+        self.finished: list[Request] = []
+        self.aborts: set[str] = set()  # pending, including ids not seen yet (carried)
+        self.swap_used = 0
+        self.stats = Stats()
+        self.admitted = Admitted()
+        self._seq = 0
+
+    # -- submission -------------------------------------------------------------------
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.pool.block_size)
+
+    def check(self, prompt_ids: list[int], params: GenerationParams) -> int:
+        """Refuse what could never run; returns max_tokens resolved against the context."""
+        limit = self.config.max_model_len
+        if not prompt_ids:
+            raise EngineError("the prompt is empty")
+        vocab = self.tokenizer.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise EngineError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(prompt_ids) >= limit:
+            raise EngineError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {limit}")
+        if self.blocks_for(len(prompt_ids) + 1) > self.pool.num_blocks:
+            raise EngineError(f"the prompt needs {self.blocks_for(len(prompt_ids) + 1)} KV blocks and the"
+                              f" cache has {self.pool.num_blocks}; start the server with a larger KV cache")
+        room = limit - len(prompt_ids)
+        max_tokens = room if params.max_tokens is None else params.max_tokens
+        if max_tokens < 1:
+            raise EngineError(f"max_tokens must be at least 1, got {max_tokens}")
+        if max_tokens > room:
+            raise EngineError(f"max_tokens is {max_tokens}, but the context of {limit} leaves {room}"
+                              f" after the {len(prompt_ids)}-token prompt")
+        if not 0 <= params.min_tokens <= max_tokens:
+            raise EngineError(f"min_tokens must be between 0 and max_tokens ({max_tokens}), got {params.min_tokens}")
+        bad = next((t for t in params.stop_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise EngineError(f"stop_token_ids has {bad}, outside the vocabulary [0, {vocab})")
+        try:
+            params.sampling.validate(vocab)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        return max_tokens
+
+    def add(self, request: Request) -> None:
+        self._seq += 1
+        request.seq = self._seq
+        request.detok = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
+        request.stops = StopMatcher(request.params.stop)
+        self.requests[request.id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> None:
+        self.aborts.add(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    # -- the tick -----------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        self.apply_aborts()
+        self.flush()
+        self.resume()
+        self.admit()
+        decode_rows = self.plan_decode()
+        return StepPlan(decode_rows + self.plan_prefill(len(decode_rows)))
+
+    def apply_aborts(self) -> None:
+        """Cancel where each request lives; ids not seen yet stay pending."""
+        for request_id in list(self.aborts):
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            self.aborts.discard(request_id)
+            if request.state is not State.FINISHED:
+                self.finish(request, "cancelled")
+
+    def finish(self, request: Request, reason: str, stop_reason=None, error: str | None = None) -> None:
+        """Mark a request done. It leaves, frees its blocks and gets its final frame in flush()."""
+        {State.WAITING: self.waiting, State.PREFILLING: self.prefilling,
+         State.DECODING: self.decoding, State.PREEMPTED: self.preempted}[request.state].remove(request)
+        if reason == "length":
+            request.pending_text += request.stops.feed(request.detok.flush())[0] + request.stops.flush()
+        request.state = State.FINISHED
+        request.finish_reason, request.stop_reason, request.error = reason, stop_reason, error
+        self.finished.append(request)
+
+    def flush(self) -> None:
+        for request in self.finished:
+            self.pool.release(request.block_table)
+            request.block_table = []
+            self.drop_spill(request)
+            del self.requests[request.id]
+            self.stats.finished[request.finish_reason] += 1
+            self.send(request, final=True)
+        self.finished.clear()
+
+    def drop_spill(self, request: Request) -> None:
+        if request.spilled is not None:
+            self.swap_used -= request.spill_blocks
+            request.spilled, request.spill_blocks = None, 0
+
+    def send(self, request: Request, final: bool = False) -> None:
+        frame = Frame(request.id, request.pending_text, request.pending_ids,
+                      request.pending_logprobs if request.params.sampling.logprobs is not None else None)
+        if final:
+            frame.finish_reason, frame.stop_reason = request.finish_reason, request.stop_reason
+            frame.usage, frame.error = request.usage(), request.error
+        request.pending_text, request.pending_ids, request.pending_logprobs = "", [], []
+        try:
+            request.emit(frame)
+        except Exception:  # full or closed channel: the client cannot keep up or has left
+            if not final:
+                self.finish(request, "cancelled")
+
+    # -- resume and admission -------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Preempted requests come back first, fewest blocks first, with a block of headroom."""
+        for request in sorted(self.preempted, key=lambda r: r.num_tokens):
+            needed = self.blocks_for(request.num_tokens) + 1
+            if needed > self.pool.num_blocks:
+                self.finish(request, "error", error=f"the request grew to {request.num_tokens} tokens, more"
+                            f" than the whole KV cache holds ({self.pool.num_blocks} blocks)")
+                continue
+            if self.running >= self.config.max_seqs or needed > self.pool.available:
+                break
+            if request.spilled is not None:
+                request.block_table = self.pool.allocate_many(request.spill_blocks)
+                self.runner.load_blocks(request.block_table, request.spilled)
+                self.drop_spill(request)
+                request.state = State.DECODING
+                self.decoding.append(request)
+            elif not self.start_prefill(request, request.all_ids, request.target):
+                break
+            self.preempted.remove(request)
+            request.immune_until = len(request.output_ids) + self.config.immunity_tokens
+
+    def start_prefill(self, request: Request, tokens: list[int], target: int) -> bool:
+        """Take cached prefix blocks and allocate the rest for target tokens; False (and
+        nothing held) when the pool cannot hold them."""
+        hits = self.pool.match_prefix(tokens)
+        fresh = self.pool.allocate_many(self.blocks_for(target) - len(hits))
+        if fresh is None:
+            self.pool.release(hits)
+            return False
+        request.block_table = hits + fresh
+        request.num_computed = request.num_offered = len(hits) * self.pool.block_size
+        if request.state is State.WAITING:
+            request.cached_tokens = request.num_computed
+        if request.num_computed == target:  # a recompute whose whole history was cached
+            request.state = State.DECODING
+            self.decoding.append(request)
+        else:
+            request.state = State.PREFILLING
+            self.prefilling.append(request)
+        return True
+
+    def admit(self) -> None:
+        """Strict FIFO: a head that does not fit stops the line. Preempted requests are older
+        than anything waiting, so nothing is admitted while one waits to resume."""
+        c = self.config
+        while self.waiting and not self.preempted:
+            if self.running >= c.max_seqs or self.prefill_budget(len(self.decoding)) <= 0:
+                break
+            request = self.waiting[0]
+            if not self.start_prefill(request, request.prompt_ids, len(request.prompt_ids)):
+                break
+            self.waiting.popleft()
+            request.scheduled_at = time.monotonic()
+            prompt = len(request.prompt_ids)
+            self.stats.prompt_tokens += prompt
+            self.stats.prefix_cache_queries += prompt
+            self.stats.prefix_cache_hits += request.cached_tokens
+            self.admitted.seqs += 1
+            self.admitted.new_tokens += prompt - request.cached_tokens
+            self.admitted.cached_tokens += request.cached_tokens
+
+    def prefill_budget(self, decode_rows: int) -> int:
+        """Prefill tokens a step can carry beside its decode rows. Admission needs it to be
+        positive; the admitted requests then share it round-robin."""
+        return min(self.config.prefill_chunk, self.config.max_batched_tokens - decode_rows)
+
+    # -- planning and preemption ------------------------------------------------------------
+
+    def plan_decode(self) -> list[Row]:
+        planned = []
+        for request in sorted(self.decoding, key=lambda r: r.seq):
+            if request.state is not State.DECODING:
+                continue  # preempted by an older row of this same step
+            position = request.num_tokens - 1
+            while len(request.block_table) <= position // self.pool.block_size:
+                block = self.pool.allocate()
+                if block is not None:
+                    request.block_table.append(block)
+                    continue
+                if not self.make_room(request):
+                    break
+            if request.state is State.DECODING:
+                planned.append(request)
+        return [self.decode_row(r) for r in planned if r.state is State.DECODING]
+
+    def make_room(self, needy: Request) -> bool:
+        """Preempt one victim, newest first, never an immune one (unless only the needy one is
+        left). Returns False when the needy request itself had to go."""
+        if self.blocks_for(needy.num_tokens) > self.pool.num_blocks:
+            self.finish(needy, "error", error=f"the request grew to {needy.num_tokens} tokens, more than"
+                        f" the whole KV cache holds ({self.pool.num_blocks} blocks)")
+            return False
+        candidates = [r for r in self.decoding if len(r.output_ids) >= r.immune_until]
+        victim = max(candidates, key=lambda r: r.seq) if candidates else needy
+        self.preempt(victim)
+        return victim is not needy
+
+    def preempt(self, request: Request) -> None:
+        self.decoding.remove(request)
+        request.state = State.PREEMPTED
+        self.stats.preemptions += 1
+        request.num_offered = self.pool.cache_full_blocks(
+            request.block_table, request.all_ids, request.num_offered, request.num_computed)
+        spill_blocks = len(request.block_table)
+        if self.swap_used + spill_blocks <= self.config.swap_blocks:
+            try:
+                request.spilled = self.runner.save_blocks(request.block_table)
+                request.spill_blocks = spill_blocks
+                self.swap_used += spill_blocks
+            except Exception:  # a failed spill falls back to recompute
+                request.spilled = None
+        self.pool.release(request.block_table)
+        request.block_table = []
+        if request.spilled is None:
+            request.num_computed = request.num_offered = 0
+        self.preempted.append(request)
+
+    def sampling_params(self, request: Request):
+        """min_tokens: until it is reached, the stop tokens are banned outright."""
+        p = request.params
+        sampling = p.sampling
+        if len(request.output_ids) < p.min_tokens:
+            banned = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
+            if banned:
+                sampling = replace(sampling, logit_bias={**sampling.logit_bias, **{t: BAN for t in banned}})
+        return sampling
+
+    def decode_row(self, request: Request) -> Row:
+        position = request.num_tokens - 1
+        return Row(request.id, [request.all_ids[position]], position, request.block_table, sample=True,
+                   params=self.sampling_params(request), prompt_ids=request.prompt_ids,
+                   output_ids=request.output_ids)
+
+    def plan_prefill(self, decode_rows: int) -> list[Row]:
+        """Up to prefill_chunk tokens, round-robin: each prefilling request in turn gets a chunk,
+        and the ones served go to the back of the line for the next step."""
+        budget = self.prefill_budget(decode_rows)
+        rows, served = [], []
+        for request in list(self.prefilling):
+            if budget <= 0:
+                break
+            n = min(request.target - request.num_computed, budget)
+            budget -= n
+            end = request.num_computed + n
+            tokens = request.all_ids[request.num_computed:end]
+            sample = end == request.target and not request.output_ids
+            rows.append(Row(request.id, tokens, request.num_computed, request.block_table, sample=sample,
+                            params=self.sampling_params(request), prompt_ids=request.prompt_ids,
+                            output_ids=request.output_ids))
+            served.append(request)
+        for request in served:
+            self.prefilling.remove(request)
+            self.prefilling.append(request)
+        return rows
+
+    # -- results --------------------------------------------------------------------------
+
+    def apply(self, plan: StepPlan, sampled: list[Sampled]) -> None:
+        by_id = {s.request_id: s for s in sampled}
+        now = time.monotonic()
+        for row in plan.rows:
+            request = self.requests[row.request_id]
+            request.num_computed += len(row.token_ids)
+            request.num_offered = self.pool.cache_full_blocks(
+                request.block_table, request.all_ids, request.num_offered, request.num_computed)
+            if request.state is State.PREFILLING and request.num_computed == request.target:
+                self.prefilling.remove(request)
+                request.state = State.DECODING
+                self.decoding.append(request)
+            if row.sample:
+                self.accept(request, by_id[row.request_id], now)
+        for request in list(self.decoding):
+            if request.pending_ids or request.pending_text:
+                self.send(request)
+
+    def accept(self, request: Request, sampled: Sampled, now: float) -> None:
+        """One new token: the stop checks, the detokenizer, and the stop-string buffer."""
+        p = request.params
+        token = sampled.token_id
+        request.output_ids.append(token)
+        request.pending_ids.append(token)
+        if p.sampling.logprobs is not None:
+            request.pending_logprobs.append((token, sampled.logprob, sampled.top_logprobs))
+        self.stats.generation_tokens += 1
+        request.first_token_at = request.first_token_at or now
+        request.last_token_at = now
+        may_stop = len(request.output_ids) > p.min_tokens
+        if may_stop and token in self.eos_ids and not p.ignore_eos:
+            return self.finish(request, "stop")
+        if may_stop and token in p.stop_token_ids:
+            return self.finish(request, "stop", stop_reason=token)
+        text = request.detok.add(token)
+        stop = None
+        if may_stop:
+            text, stop = request.stops.feed(text)
+        request.pending_text += text
+        if stop is not None:
+            return self.finish(request, "stop", stop_reason=stop)
+        if len(request.output_ids) >= request.max_tokens:
+            self.finish(request, "length")
+
+    def fail(self, plan: StepPlan, message: str) -> None:
+        """The runner raised: every row of that step ends with an error frame."""
+        for row in plan.rows:
+            request = self.requests.get(row.request_id)
+            if request is not None and request.state is not State.FINISHED:
+                self.finish(request, "error", error=message)
+
+    # -- introspection ----------------------------------------------------------------------
+
+    def held_blocks(self) -> Counter:
+        held = Counter()
+        for request in self.requests.values():
+            held.update(request.block_table)
+        return held

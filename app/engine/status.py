@@ -1,0 +1,31 @@
+"""Operator status lines in SGLang's format, with decode throughput since the last line."""
+
+import time
+
+
+class StatusReporter:
+    def __init__(self, decode_interval: int = 40):
+        self.decode_interval = decode_interval
+        self.steps = 0
+        self.tokens_at_last_line = 0
+        self.since = time.monotonic()
+
+    @staticmethod
+    def prefill_line(admitted, scheduler, pool) -> str:
+        return (f"Prefill batch. #new-seq: {admitted.seqs}, #new-token: {admitted.new_tokens},"
+                f" #cached-token: {admitted.cached_tokens}, token usage: {pool.usage:.2f},"
+                f" #running-req: {scheduler.running}, #queue-req: {len(scheduler.waiting)}")
+
+    def decode_step(self, scheduler, pool) -> str | None:
+        """Count one step; every decode_interval steps, return a Decode line."""
+        self.steps += 1
+        if not self.decode_interval or self.steps % self.decode_interval:
+            return None
+        now = time.monotonic()
+        tokens = scheduler.stats.generation_tokens
+        rate = (tokens - self.tokens_at_last_line) / max(now - self.since, 1e-9)
+        self.tokens_at_last_line, self.since = tokens, now
+        held = sum(r.num_tokens for r in scheduler.requests.values())
+        return (f"Decode batch. #running-req: {scheduler.running}, #token: {held},"
+                f" token usage: {pool.usage:.2f}, gen throughput (token/s): {rate:.2f},"
+                f" #queue-req: {len(scheduler.waiting)}")

@@ -1,0 +1,81 @@
+"""A runner with the real contract and no model: its "KV cache" stores the token id written at
+each slot, and the next token is a function of the context it reads back through the block
+table. So a request's tokens do not depend on scheduling, and any block-table, prefix-cache or
+spill mistake changes them."""
+
+import threading
+import time
+
+import numpy as np
+
+from model.runner import Sampled, StepPlan
+
+
+class FakeRunner:
+    def __init__(self, num_blocks: int, block_size: int = 4, vocab: int = 400, first_token: int = 3,
+                 step_cost: float = 0.0, eos_id: int | None = None, eos_after: int | None = None):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.vocab, self.first_token = vocab, first_token
+        self.kv = np.full(num_blocks * block_size, -1, dtype=np.int64)
+        self.step_cost = step_cost
+        self.scripts: dict[tuple, list[int]] = {}  # prompt -> the tokens to generate for it
+        self.fail_steps: set[int] = set()  # step numbers that raise
+        self.eos_id, self.eos_after = eos_id, eos_after
+        self.steps = 0
+        self.rows_seen: list[list] = []  # per step, the request ids planned
+        self.lock = threading.Lock()
+
+    def next_token(self, context: list[int]) -> int:
+        for prompt, script in self.scripts.items():
+            if tuple(context[:len(prompt)]) == prompt and len(context) >= len(prompt):
+                done = len(context) - len(prompt)
+                return script[done] if done < len(script) else (self.eos_id if self.eos_id is not None else 3)
+        if self.eos_after is not None and len(context) % self.eos_after == 0:
+            return self.eos_id
+        span = self.vocab - self.first_token
+        return self.first_token + (hash((len(context), tuple(context[-3:]))) % span)
+
+    def slot(self, table, pos: int) -> int:
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def step(self, plan: StepPlan) -> list[Sampled]:
+        with self.lock:
+            self.steps += 1
+            self.rows_seen.append([r.request_id for r in plan.rows])
+            if self.step_cost:
+                time.sleep(self.step_cost)
+            if self.steps in self.fail_steps:
+                raise RuntimeError("injected runner failure")
+            out = []
+            for row in plan.rows:
+                for i, token in enumerate(row.token_ids):
+                    self.kv[self.slot(row.block_table, row.start_pos + i)] = token
+                if row.sample:
+                    end = row.start_pos + len(row.token_ids)
+                    context = [int(self.kv[self.slot(row.block_table, p)]) for p in range(end)]
+                    assert -1 not in context, f"{row.request_id} read a slot nobody wrote"
+                    token = self.next_token(context)
+                    bias = row.params.logit_bias.get(token, 0.0)
+                    if bias <= -100:  # min_tokens bans: take the next id instead
+                        token = self.first_token + (token + 1 - self.first_token) % (self.vocab - self.first_token)
+                    out.append(Sampled(row.request_id, token))
+            return out
+
+    def save_blocks(self, block_ids):
+        slots = [b * self.block_size + i for b in block_ids for i in range(self.block_size)]
+        return self.kv[slots].copy()
+
+    def load_blocks(self, block_ids, data):
+        slots = [b * self.block_size + i for b in block_ids for i in range(self.block_size)]
+        self.kv[slots] = data
+
+    def expected(self, prompt: list[int], count: int, stop_ids=()) -> list[int]:
+        """The tokens a request gets when nothing goes wrong."""
+        context, out = list(prompt), []
+        while len(out) < count:
+            token = self.next_token(context)
+            out.append(token)
+            context.append(token)
+            if token in stop_ids:
+                break
+        return out

@@ -1,0 +1,225 @@
+"""The scheduler with a fake runner: admission, blocks, aborts, preemption, stops, failures."""
+
+import pytest
+
+from app.engine.request import State
+from app.engine.scheduler import EngineError
+from engine_harness import Harness
+from fake_runner import FakeRunner
+from model.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dir):
+    return Tokenizer(tiny_dir)
+
+
+def prompt(n, seed=0):
+    return [3 + (seed * 7 + i * 13) % 390 for i in range(n)]
+
+
+def make(tok, num_blocks=64, block_size=4, **config):
+    runner = FakeRunner(num_blocks, block_size, vocab=tok.vocab_size, eos_id=tok.hf.token_to_id("<|im_end|>"))
+    return runner, Harness(runner, tok, **config)
+
+
+def test_outputs_are_the_expected_tokens_and_usage(tok):
+    runner, h = make(tok)
+    a = h.submit(prompt(10), max_tokens=7)
+    b = h.submit(prompt(5, 1), max_tokens=3)
+    h.run()
+    assert h.tokens(a) == runner.expected(prompt(10), 7)
+    assert h.tokens(b) == runner.expected(prompt(5, 1), 3)
+    final = h.final(a)
+    assert final.finish_reason == "length" and final.usage.prompt_tokens == 10 and final.usage.completion_tokens == 7
+    assert h.pool.used == 0
+
+
+def test_fifo_is_never_skipped(tok):
+    runner, h = make(tok, num_blocks=12, block_size=4, max_seqs=8)
+    first = h.submit(prompt(30), max_tokens=6)  # 8 blocks of 12
+    big = h.submit(prompt(20, 1), max_tokens=2)  # needs 5: must wait for `first`
+    small = h.submit(prompt(3, 2), max_tokens=2)  # would fit now, but is behind `big`
+    admitted = []
+    while h.s.has_work:
+        h.tick()
+        for rid in (first, big, small):
+            request = h.s.requests.get(rid)
+            if rid not in admitted and (request is None or request.state is not State.WAITING):
+                admitted.append(rid)
+    assert admitted == [first, big, small]
+
+
+def test_idle_engine_holds_zero_blocks(tok):
+    runner, h = make(tok)
+    for i in range(5):
+        h.submit(prompt(9 + i, i), max_tokens=5)
+    h.run()
+    assert h.pool.used == 0 and h.pool.available == h.pool.num_blocks
+
+
+@pytest.mark.parametrize("state", ["waiting", "prefilling", "decoding", "preempted"])
+@pytest.mark.parametrize("spill", [0, 64])
+def test_abort_in_every_state_returns_blocks_and_sends_one_final(tok, state, spill):
+    runner, h = make(tok, num_blocks=10, block_size=4, prefill_chunk=4, max_seqs=4, swap_blocks=spill)
+    older = h.submit(prompt(12), max_tokens=30)
+    victim = h.submit(prompt(13, 1), max_tokens=30)
+    waiting = h.submit(prompt(4, 2), max_tokens=30)
+    target = {"waiting": waiting, "prefilling": victim, "decoding": older, "preempted": victim}[state]
+    for _ in range(200):
+        request = h.s.requests.get(target)
+        if request is not None and request.state.value == state:
+            break
+        h.tick()
+    else:
+        pytest.fail(f"never reached {state}")
+    h.s.abort(target)
+    h.tick()
+    assert h.final(target).finish_reason == "cancelled"
+    assert target not in h.s.requests
+    h.run()
+    assert h.pool.used == 0
+    for rid in (older, victim, waiting):
+        h.final(rid)
+
+
+def test_abort_before_the_request_arrives_is_carried(tok):
+    runner, h = make(tok)
+    h.s.abort("early")
+    h.tick()
+    rid = h.submit(prompt(8), request_id="early", max_tokens=20)
+    h.tick()
+    assert h.final(rid).finish_reason == "cancelled" and h.tokens(rid) == []
+    assert "early" not in h.s.aborts
+
+
+@pytest.mark.parametrize("swap_blocks", [0, 64], ids=["recompute", "spill"])
+def test_preemption_neither_repeats_nor_skips_a_token(tok, swap_blocks):
+    runner, h = make(tok, num_blocks=16, block_size=4, swap_blocks=swap_blocks, immunity_tokens=4)
+    prompts = [prompt(6 + i, i) for i in range(5)]
+    rids = [h.submit(p, max_tokens=14) for p in prompts]
+    h.run()
+    assert h.s.stats.preemptions > 0
+    for rid, p in zip(rids, prompts):
+        assert h.tokens(rid) == runner.expected(p, 14), rid
+        assert h.final(rid).finish_reason == "length"
+    assert h.pool.used == 0 and h.s.swap_used == 0
+
+
+def test_a_victim_that_can_never_fit_gets_an_error(tok):
+    runner, h = make(tok, num_blocks=4, block_size=4, max_model_len=64)
+    rid = h.submit(prompt(5), max_tokens=40)  # fits at submit, outgrows the 16-token pool
+    h.run()
+    final = h.final(rid)
+    assert final.finish_reason == "error" and "KV cache" in final.error
+    # 16 slots hold the prompt and 11 tokens; the 12th was sampled but has no slot to feed it
+    assert h.tokens(rid) == runner.expected(prompt(5), 16 - 5 + 1)
+    assert h.pool.used == 0
+
+
+def test_runner_failure_fails_that_step_and_the_engine_serves_on(tok):
+    runner, h = make(tok)
+    a = h.submit(prompt(6), max_tokens=10)
+    b = h.submit(prompt(7, 1), max_tokens=10)
+    runner.fail_steps = {3}
+    h.run()
+    assert h.final(a).finish_reason == "error" and "injected" in h.final(a).error
+    assert h.final(b).finish_reason == "error"
+    c = h.submit(prompt(8, 2), max_tokens=5)
+    h.run()
+    assert h.final(c).finish_reason == "length" and h.tokens(c) == runner.expected(prompt(8, 2), 5)
+    assert h.pool.used == 0
+
+
+def script_for(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("span", [2, 3])
+def test_stop_strings_split_across_tokens(tok, span):
+    runner, h = make(tok)
+    script = script_for(tok, "The capital of France is Paris. Hello")
+    pieces = [tok.decode([t]) for t in script]
+    # a stop that starts inside piece 3 and ends inside piece 3 + span - 1
+    middle = "".join(pieces[4:3 + span - 1])
+    stop = pieces[3][-2:] + middle + pieces[3 + span - 1][:2]
+    assert not any(stop in "".join(pieces[i:i + span - 1]) for i in range(len(pieces)))
+    p = prompt(5)
+    runner.scripts[tuple(p)] = script
+    rid = h.submit(p, max_tokens=40, stop=(stop,))
+    h.run()
+    final = h.final(rid)
+    full = tok.decode(script)
+    assert h.text(rid) == full[:full.index(stop)]
+    assert final.finish_reason == "stop" and final.stop_reason == stop
+
+
+def test_held_back_text_is_released_when_no_stop_follows(tok):
+    runner, h = make(tok)
+    script = script_for(tok, "The capital of France")
+    runner.scripts[tuple(prompt(5))] = script
+    rid = h.submit(prompt(5), max_tokens=len(script), stop=("France is",))
+    h.run()
+    assert h.text(rid) == "The capital of France" and h.final(rid).finish_reason == "length"
+
+
+def test_eos_set_stop_token_ids_ignore_eos_and_min_tokens(tok):
+    runner, h = make(tok)
+    eos = tok.hf.token_to_id("<|im_end|>")
+    hello = script_for(tok, "Hello world")
+    runner.scripts[tuple(prompt(4))] = hello + [eos, *hello]
+    a = h.submit(prompt(4), max_tokens=30)
+    b = h.submit(prompt(4), max_tokens=2 * len(hello) + 1, ignore_eos=True)
+    c = h.submit(prompt(4), max_tokens=30, stop_token_ids=(hello[1],))
+    h.run()
+    assert h.text(a) == "Hello world" and h.final(a).finish_reason == "stop"
+    assert h.final(b).finish_reason == "length" and h.text(b) == "Hello worldHello world"
+    assert h.final(c).finish_reason == "stop" and h.final(c).stop_reason == hello[1]
+    # min_tokens bans the end-of-generation set until it is reached
+    d = h.submit(prompt(4), max_tokens=30, min_tokens=len(hello) + 2)
+    h.run()
+    assert eos not in h.tokens(d)[:len(hello) + 2]
+
+
+def test_queue_cap_and_refusals(tok):
+    from app.engine import Engine, EngineConfig, Overloaded
+
+    runner = FakeRunner(8, 4, vocab=tok.vocab_size)
+    engine = Engine(runner, tok, EngineConfig(max_model_len=64, max_queue=2))
+    engine.submit(prompt(3), params())
+    engine.submit(prompt(3), params())
+    with pytest.raises(Overloaded):
+        engine.submit(prompt(3), params())
+    for bad, message in [([], "empty"), ([999], "vocabulary"), (prompt(64), "context"),
+                         (prompt(40), "KV blocks")]:
+        with pytest.raises(EngineError, match=message):
+            engine.submit(bad, params())
+    with pytest.raises(EngineError, match="max_tokens"):
+        engine.submit(prompt(10), params(max_tokens=60))
+
+
+def params(**kw):
+    from app.engine import GenerationParams
+    from model.sampling import SamplingParams
+
+    return GenerationParams(sampling=SamplingParams(temperature=0.0), **kw)
+
+
+def test_prefix_cache_hits_are_confirmed_and_counted(tok):
+    runner, h = make(tok, num_blocks=32, block_size=4)
+    shared = prompt(17)
+    a = h.submit(shared, max_tokens=3)
+    h.run()
+    b = h.submit(shared[:16] + [5], max_tokens=3)
+    h.run()
+    assert h.final(b).usage.cached_tokens == 16
+    assert h.tokens(b) == runner.expected(shared[:16] + [5], 3)
+    assert h.s.stats.prefix_cache_hits == 16
+    # a forced hash collision is caught by the token comparison
+    pool = h.pool
+    other = prompt(17, 5)
+    key = (-1, tuple(other[:4]))
+    block = pool.block_of[hash((-1, tuple(shared[:4])))]
+    pool.block_of[hash(key)] = block  # an index entry that points at the wrong tokens
+    assert pool.match_prefix(other) == []
+    assert h.final(a).usage.cached_tokens == 0
