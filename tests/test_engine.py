@@ -88,7 +88,7 @@ async def test_abort_right_after_submit_takes_effect(tok):
         rid, recv = engine.submit(prompt(8), GenerationParams(GREEDY, max_tokens=50))
         engine.abort(rid)
         frames = await collect(recv)
-        assert [f.finish_reason for f in frames] == ["cancelled"] and tokens(frames) == []
+        assert [f.finish_reason for f in frames] == ["cancelled"] and tokens(frames) == [], frames
         nursery.cancel_scope.cancel()
 
 

@@ -1,13 +1,18 @@
-"""The Trio engine: one nursery runs the tick loop and the abort inbox; each request has its own
-memory channel of Frames.
+"""The Trio engine: a tick loop that owns the scheduler; each request has its own memory channel
+of Frames.
 
 The tick never awaits a client: frames go out with send_nowait, and a full or closed channel
 aborts that request. The forward pass runs in a worker thread, so streams keep flowing.
+
+submit() and abort() are synchronous and put their request or id straight into the scheduler's
+waiting queue or pending-abort set. That is safe because Trio runs every task on one thread and
+the tick touches the scheduler only between its awaits; the set is applied at the next step
+boundary. (A channel in between would add a race: a value handed to a task already waiting on
+the channel cannot be drained by the tick, so a step could run before an abort sent earlier.)
 """
 
 import itertools
 import logging
-import math
 from dataclasses import dataclass
 
 import trio
@@ -40,11 +45,8 @@ class Engine:
         self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
         self.scheduler = Scheduler(config, self.pool, runner, tokenizer)
         self.reporter = StatusReporter(config.decode_log_interval)
-        self._submit_send, self._submit_recv = trio.open_memory_channel(math.inf)
-        self._abort_send, self._abort_recv = trio.open_memory_channel(math.inf)
         self._wake = trio.Event()
         self._live: set[str] = set()  # submitted and not yet given their final frame
-        self._queued = 0  # submitted, not yet admitted
         self._ids = itertools.count()
         self.draining = False
         self.running = False
@@ -52,18 +54,26 @@ class Engine:
 
     # -- the public, synchronous side ----------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: GenerationParams, request_id: str | None = None):
-        """Queue a request; returns (request_id, receive channel of Frames). Raises
-        EngineError (invalid or could never fit), Overloaded or Draining."""
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def submit(self, prompt_ids: list[int], params: GenerationParams, request_id: str | None = None,
+               channel=None):
+        """Queue a request; returns (request_id, receive channel of Frames). With channel (a
+        send channel shared by several requests, told apart by Frame.request_id), frames go
+        there and no receive channel is returned. Raises EngineError (invalid or could never
+        fit), Overloaded or Draining."""
         if self.draining:
             raise Draining("the server is shutting down")
         max_tokens = self.scheduler.check(prompt_ids, params)
-        if len(self.scheduler.waiting) + self._queued >= self.config.max_queue:
+        if len(self.scheduler.waiting) >= self.config.max_queue:
             raise Overloaded(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
-        request_id = request_id or f"req-{next(self._ids)}"
+        request_id = request_id or f"req-{self.next_id()}"
         if request_id in self._live:
             raise EngineError(f"request id {request_id!r} is already in use")
-        send, recv = trio.open_memory_channel(CHANNEL_FRAMES)
+        send, recv = channel, None
+        if channel is None:
+            send, recv = trio.open_memory_channel(CHANNEL_FRAMES)
 
         def emit(frame, send_nowait=send.send_nowait):
             if frame.finish_reason is not None:
@@ -72,8 +82,7 @@ class Engine:
 
         request = Request(request_id, list(prompt_ids), params, max_tokens, emit)
         self._live.add(request_id)
-        self._queued += 1
-        self._submit_send.send_nowait(request)
+        self.scheduler.add(request)
         self._wake.set()
         return request_id, recv
 
@@ -81,7 +90,8 @@ class Engine:
         """Cancel a request wherever it is; takes effect at the next step boundary. Safe from
         any task, and for ids already finished."""
         if request_id in self._live:
-            self._abort_send.send_nowait(request_id)
+            self.scheduler.abort(request_id)
+            self._wake.set()
 
     def status(self) -> dict:
         s = self.scheduler
@@ -89,7 +99,7 @@ class Engine:
             "running": self.running and not self.draining,
             "draining": self.draining,
             "num_requests_running": s.running,
-            "num_requests_waiting": len(s.waiting) + self._queued + len(s.preempted),
+            "num_requests_waiting": len(s.waiting) + len(s.preempted),
             "num_preempted": len(s.preempted),
             "kv_blocks_total": self.pool.num_blocks,
             "kv_blocks_used": self.pool.used,
@@ -103,25 +113,16 @@ class Engine:
     async def run(self, task_status=trio.TASK_STATUS_IGNORED):
         """Run until cancelled. A runner that raises fails that step's rows and the engine
         goes on; anything else raising here is a crashed engine and propagates."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._inbox)
-            self.running = True
-            task_status.started()
-            try:
-                await self._tick_loop()
-            finally:
-                self.running = False
-                nursery.cancel_scope.cancel()
-
-    async def _inbox(self):
-        async for request_id in self._abort_recv:
-            self.scheduler.abort(request_id)
-            self._wake.set()
+        self.running = True
+        task_status.started()
+        try:
+            await self._tick_loop()
+        finally:
+            self.running = False
 
     async def _tick_loop(self):
         s = self.scheduler
         while True:
-            self._drain_submissions()
             plan = s.schedule()
             self._report_admitted()
             if plan.rows:
@@ -140,15 +141,6 @@ class Engine:
             if not plan.rows:  # idle, or blocked until a submission or an abort changes things
                 await self._wake.wait()
                 self._wake = trio.Event()
-
-    def _drain_submissions(self):
-        while True:
-            try:
-                request = self._submit_recv.receive_nowait()
-            except trio.WouldBlock:
-                return
-            self._queued -= 1
-            self.scheduler.add(request)
 
     def _report_admitted(self):
         admitted = self.scheduler.admitted
