@@ -1,4 +1,5 @@
-"""Spool's command line: `python -m app generate "prompt"` (a quick check with no server)."""
+"""Spool's command line: `python -m app serve` (the server) and `python -m app generate "prompt"`
+(a quick check with no server)."""
 
 import argparse
 import sys
@@ -9,6 +10,12 @@ from model.errors import ModelError
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m app", description="Spool: a small LLM inference server.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    from app.serve import add_arguments
+
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API over HTTP and WebSocket",
+                           description="Serve the OpenAI-compatible API (HTTP with SSE, and WebSocket).")
+    add_arguments(serve)
 
     gen = sub.add_parser("generate", help="chat with the model once, streaming the reply to the terminal",
                          description="Apply the model's chat template to PROMPT and stream the reply. No server.")
@@ -26,6 +33,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        if args.command == "serve":
+            from app.serve import run_serve
+
+            return run_serve(args)
         if args.command == "generate":
             from app.generate import run_generate
 

@@ -8,10 +8,11 @@ blocks and sends the final frame.
 
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from app.engine.block_pool import BlockPool
 from app.engine.request import Frame, GenerationParams, Request, State
+from app.engine.stats import Stats
 from app.engine.stops import StopMatcher
 from model.runner import Row, Sampled, StepPlan
 from model.tokenizer import IncrementalDetokenizer
@@ -36,16 +37,6 @@ class SchedulerConfig:
     max_queue: int = 1024
     swap_blocks: int = 0  # host spill pool, in blocks; 0 means preempt by recompute
     immunity_tokens: int = 16  # a resumed request is not preempted again for this many tokens
-
-
-@dataclass
-class Stats:
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    preemptions: int = 0
-    finished: Counter = field(default_factory=Counter)  # finish_reason -> count
 
 
 @dataclass
@@ -163,12 +154,13 @@ class Scheduler:
         self.finished.append(request)
 
     def flush(self) -> None:
+        now = time.monotonic()
         for request in self.finished:
             self.pool.release(request.block_table)
             request.block_table = []
             self.drop_spill(request)
             del self.requests[request.id]
-            self.stats.finished[request.finish_reason] += 1
+            self.stats.request_done(request, now)
             self.send(request, final=True)
         self.finished.clear()
 
@@ -375,7 +367,7 @@ class Scheduler:
         request.pending_ids.append(token)
         if p.sampling.logprobs is not None:
             request.pending_logprobs.append((token, sampled.logprob, sampled.top_logprobs))
-        self.stats.generation_tokens += 1
+        self.stats.token(request, now)
         request.first_token_at = request.first_token_at or now
         request.last_token_at = now
         may_stop = len(request.output_ids) > p.min_tokens

@@ -1,0 +1,140 @@
+"""`python -m app serve`: load the model, start the engine, serve HTTP and WebSocket until a
+signal, then drain.
+
+One nursery holds the engine and Hypercorn. SIGINT or SIGTERM stops admitting (503), lets
+in-flight requests finish for up to --shutdown-timeout, cancels the rest through the engine's
+abort path, closes the server and exits 0. If the engine crashes, the nursery takes Hypercorn
+down with it: there is never a server without a scheduler.
+"""
+
+import logging
+import os
+import signal
+import sys
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from app.engine import Engine, EngineConfig
+from app.server.app import ServerState, create_app
+from model.default import resolve_model
+from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
+from model.runner import ModelRunner, load_model
+from model.tokenizer import Tokenizer
+
+log = logging.getLogger("spool")
+
+GIB = 1 << 30
+
+
+def add_arguments(parser) -> None:
+    a = parser.add_argument
+    a("--model", default=None, help="a Hugging Face model directory or a .gguf file"
+      " (default: SmolLM2-135M-Instruct, downloaded and converted on first use)")
+    a("--served-model-name", default=None, help="the model name clients use (default: the directory's name)")
+    a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    a("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    a("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+      help="numerics backend: auto picks cuda when a GPU backend is available, else cpu (default: auto)")
+    a("--max-seqs", type=int, default=64, help="most requests running at once (default: 64)")
+    a("--max-model-len", type=int, default=None, help="context length, prompt plus output (default: the model's)")
+    a("--kv-cache-gib", type=float, default=1.0, help="CPU: memory for the paged KV cache in GiB (default: 1.0)")
+    a("--gpu-memory-utilization", type=float, default=0.9,
+      help="CUDA: share of GPU memory for weights and KV cache (default: 0.9)")
+    a("--prefill-chunk", type=int, default=256, help="most prompt tokens prefilled per step (default: 256)")
+    a("--max-batched-tokens", type=int, default=1024, help="most tokens per step, decode rows included (default: 1024)")
+    a("--swap-space", type=float, default=0.0,
+      help="host memory in GiB to spill preempted requests' KV to; 0 re-prefills them instead (default: 0)")
+    a("--max-queue", type=int, default=1024, help="most requests waiting; more get HTTP 429 (default: 1024)")
+    a("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    a("--api-key", default=os.environ.get("SPOOL_API_KEY"),
+      help="require 'Authorization: Bearer KEY' on every route but /health (default: $SPOOL_API_KEY, else none)")
+    a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
+    a("--shutdown-timeout", type=float, default=30.0,
+      help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")
+    a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="(default: info)")
+
+
+def check(args) -> None:
+    """Flag values that can never work, as one line each (ValueError)."""
+    for name in ("max_seqs", "prefill_chunk", "max_batched_tokens", "max_queue"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.kv_cache_gib <= 0 or args.swap_space < 0:
+        raise ValueError("--kv-cache-gib must be positive and --swap-space not negative")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError("--gpu-memory-utilization must be in (0, 1]")
+    if args.request_timeout < 0 or args.shutdown_timeout < 0:
+        raise ValueError("--request-timeout and --shutdown-timeout must not be negative")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.backend == "cuda":
+        raise ValueError("the CUDA backend is not part of this build yet; use --backend cpu")
+
+
+def build(args) -> tuple[Engine, ServerState]:
+    model_dir = resolve_model(args.model)
+    tokenizer = Tokenizer(model_dir)
+    model = load_model(model_dir, max_model_len=args.max_model_len)
+    config = model.config
+    max_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+    block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE)
+    num_blocks = int(args.kv_cache_gib * GIB // block_bytes)
+    if num_blocks < 2:
+        raise ValueError(f"--kv-cache-gib {args.kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes")
+    runner = ModelRunner(config, model, num_blocks)
+    engine = Engine(runner, tokenizer, EngineConfig(
+        max_model_len=max_len, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
+        prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
+        swap_blocks=int(args.swap_space * GIB // block_bytes), prefix_caching=not args.no_prefix_caching))
+    state = ServerState(engine=engine, tokenizer=tokenizer, model_name=args.served_model_name or model_dir.name,
+                        max_model_len=max_len, api_key=args.api_key or None,
+                        request_timeout=args.request_timeout or None)
+    log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend cpu,"
+             f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB),"
+             f" max_model_len {max_len}")
+    return engine, state
+
+
+async def serve(engine: Engine, state: ServerState, args) -> None:
+    config = HypercornConfig()
+    config.bind = [f"{args.host}:{args.port}"]
+    config.graceful_timeout = 5.0  # after the drain below, only final frames are left to flush
+    config.accesslog = None  # Spool writes its own access line per request
+    config.errorlog = logging.getLogger("hypercorn.error")
+    stop = trio.Event()
+
+    async def on_signal():
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info(f"{signal.Signals(signum).name}: draining for up to {args.shutdown_timeout:g} s")
+                await engine.drain(args.shutdown_timeout)
+                stop.set()
+                return
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        nursery.start_soon(on_signal)
+        log.info(f"Spool serving {state.model_name!r} on http://{args.host}:{args.port}")
+        await hypercorn_serve(create_app(state), config, shutdown_trigger=stop.wait)
+        nursery.cancel_scope.cancel()
+    log.info("stopped")
+
+
+def run_serve(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        check(args)
+        engine, state = build(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(serve, engine, state, args)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port} ({e.strerror or e}); pick another --port",
+              file=sys.stderr)
+        return 1
+    return 0

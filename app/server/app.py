@@ -1,0 +1,303 @@
+"""The quart-trio application: OpenAI routes, health, metrics, tokenize, and the WebSocket.
+
+create_app() builds a fresh app around a running Engine (Quart creates serving hooks once per
+app, so tests build one per server).
+"""
+
+import json
+import logging
+from dataclasses import dataclass
+
+import trio
+from quart import request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from app.server import metrics, openapi
+from app.server.errors import APIError, validate
+from app.server.generation import Generation, chat_messages, merge, start_generation
+from app.server.schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChoiceLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    ResponseMessage,
+    TokenizeRequest,
+    TokenLogprob,
+    TopLogprob,
+)
+from app.server.websocket import serve_websocket
+from model.tokenizer import ChatTemplateError
+
+log = logging.getLogger("spool.server")
+
+MAX_BODY_BYTES = 4 << 20
+
+
+@dataclass
+class ServerState:
+    engine: object
+    tokenizer: object
+    model_name: str
+    max_model_len: int
+    api_key: str | None = None
+    request_timeout: float | None = None  # seconds; None: no limit
+
+
+def parse(model, raw: bytes):
+    try:
+        data = json.loads(raw or b"null")
+    except ValueError as e:
+        raise APIError(400, f"the body is not valid JSON: {e}") from None
+    return validate(model, data)
+
+
+def sse(payload) -> str:
+    body = payload if isinstance(payload, str) else payload.model_dump_json(exclude_none=False)
+    return f"data: {body}\n\n"
+
+
+def create_app(state: ServerState) -> QuartTrio:
+    app = QuartTrio("spool")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["RESPONSE_TIMEOUT"] = None  # Spool enforces --request-timeout itself
+    app.config["BODY_TIMEOUT"] = 60
+    engine, tokenizer = state.engine, state.tokenizer
+
+    @app.before_request
+    async def read_body_and_check_key():
+        if state.api_key and request.path != "/health":
+            if request.headers.get("Authorization", "") != f"Bearer {state.api_key}":
+                raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
+                               code="invalid_api_key")
+        if request.method in ("POST", "PUT", "PATCH"):
+            await request.get_data()  # an unread body would hang the keep-alive connection
+
+    @app.errorhandler(APIError)
+    async def api_error(e: APIError):
+        response = e.response()
+        if e.status == 413:
+            response.headers["Connection"] = "close"
+        return response
+
+    @app.errorhandler(HTTPException)
+    async def http_error(e: HTTPException):
+        message = "the request body is too large" if e.code == 413 else (e.description or e.name)
+        return await api_error(APIError(e.code or 500, message))
+
+    @app.errorhandler(Exception)
+    async def crash(e: Exception):
+        log.exception("unhandled error")
+        return APIError(500, f"internal error: {type(e).__name__}").response()
+
+    def check_model(name: str | None) -> None:
+        if name not in (None, "", state.model_name):
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {state.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def deadline() -> float:
+        return trio.current_time() + state.request_timeout if state.request_timeout else float("inf")
+
+    def timeout_error() -> APIError:
+        return APIError(504, f"the request took longer than --request-timeout ({state.request_timeout:g} s)",
+                        code="timeout")
+
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def chat_logprobs(entries) -> ChoiceLogprobs:
+        content = []
+        for token_id, logprob, top in entries:
+            text = token_text(token_id)
+            content.append(TokenLogprob(
+                token=text, logprob=logprob, bytes=list(text.encode()),
+                top_logprobs=[TopLogprob(token=token_text(t), logprob=lp, bytes=list(token_text(t).encode()))
+                              for t, lp in top or []]))
+        return ChoiceLogprobs(content=content)
+
+    def completion_logprobs(entries, offset: int) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for token_id, logprob, top in entries:
+            text = token_text(token_id)
+            out.tokens.append(text)
+            out.token_logprobs.append(logprob)
+            out.top_logprobs.append({token_text(t): lp for t, lp in top or []})
+            out.text_offset.append(offset)
+            offset += len(text)
+        return out
+
+    async def stream(gen: Generation, chunk_for, usage_chunk):
+        """SSE events until every choice ends; the choices are aborted if the client leaves."""
+        try:
+            first = chunk_for(None)
+            if first is not None:
+                yield sse(first)
+            until = deadline()
+            while not gen.done:
+                frames = await gen.next_frames(until)
+                if frames is None:
+                    yield sse(json.dumps(timeout_error().body()))
+                    break
+                for payload in chunk_for(frames):
+                    yield sse(payload)
+            errors = [c.error for c in gen.choices.values() if c.finish_reason == "error"]
+            if errors:
+                yield sse(json.dumps(APIError(500, errors[0], code="generation_error").body()))
+            elif usage_chunk is not None:
+                yield sse(usage_chunk())
+            yield "data: [DONE]\n\n"
+        finally:
+            gen.abort()
+            gen.log()
+
+    async def respond_or_raise(gen: Generation):
+        try:
+            if not await gen.run_to_end(deadline()):
+                raise timeout_error()
+        finally:
+            gen.abort()
+            gen.log()
+        errors = [c.error for c in gen.choices.values() if c.finish_reason == "error"]
+        if errors:
+            raise APIError(500, errors[0], code="generation_error")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions():
+        req = parse(ChatCompletionRequest, await request.get_data())
+        check_model(req.model)
+        gen = start_generation(engine, tokenizer, req, "chatcmpl")
+        model = state.model_name
+
+        if not req.stream:
+            await respond_or_raise(gen)
+            choices = [ChatChoice(index=c.index, message=ResponseMessage(content=c.text),
+                                  logprobs=chat_logprobs(c.logprobs) if req.logprobs else None,
+                                  finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                       for c in sorted(gen.choices.values(), key=lambda c: c.index)]
+            return ChatCompletionResponse(id=gen.id, model=model, choices=choices,
+                                          usage=gen.usage()).model_dump()
+
+        def chunk_for(frames):
+            if frames is None:  # the opening chunk carries the role, as OpenAI's does
+                return ChatCompletionChunk(id=gen.id, model=model, choices=[
+                    ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))
+                    for c in gen.choices.values()])
+            chunks = []
+            for rid, (text, logprobs, final) in merge(frames).items():
+                index = gen.choices[rid].index
+                if not text and final is None:
+                    continue
+                chunks.append(ChatCompletionChunk(id=gen.id, model=model, choices=[ChatChunkChoice(
+                    index=index, delta=DeltaMessage(content=text) if text or final is None else DeltaMessage(),
+                    logprobs=chat_logprobs(logprobs) if req.logprobs and logprobs else None,
+                    finish_reason=final.finish_reason if final else None,
+                    stop_reason=final.stop_reason if final else None)]))
+            return chunks
+
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        usage_chunk = (lambda: ChatCompletionChunk(id=gen.id, model=model, choices=[], usage=gen.usage())) \
+            if include_usage else None
+        return stream(gen, chunk_for, usage_chunk), {"Content-Type": "text/event-stream",
+                                                     "Cache-Control": "no-cache"}
+
+    @app.post("/v1/completions")
+    async def completions():
+        req = parse(CompletionRequest, await request.get_data())
+        check_model(req.model)
+        if req.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        gen = start_generation(engine, tokenizer, req, "cmpl")
+        model = state.model_name
+
+        if not req.stream:
+            await respond_or_raise(gen)
+            choices = [CompletionChoice(index=c.index, text=c.text,
+                                        logprobs=completion_logprobs(c.logprobs, 0) if req.logprobs is not None else None,
+                                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                       for c in sorted(gen.choices.values(), key=lambda c: c.index)]
+            return CompletionResponse(id=gen.id, model=model, choices=choices, usage=gen.usage()).model_dump()
+
+        offsets = {rid: 0 for rid in gen.choices}
+
+        def chunk_for(frames):
+            if frames is None:
+                return None
+            chunks = []
+            for rid, (text, logprobs, final) in merge(frames).items():
+                if not text and final is None:
+                    continue
+                lp = completion_logprobs(logprobs, offsets[rid]) if req.logprobs is not None else None
+                offsets[rid] += len(text)
+                chunks.append(CompletionResponse(id=gen.id, model=model, choices=[CompletionChoice(
+                    index=gen.choices[rid].index, text=text, logprobs=lp,
+                    finish_reason=final.finish_reason if final else None,
+                    stop_reason=final.stop_reason if final else None)]))
+            return chunks
+
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        usage_chunk = (lambda: CompletionResponse(id=gen.id, model=model, choices=[], usage=gen.usage())) \
+            if include_usage else None
+        return stream(gen, chunk_for, usage_chunk), {"Content-Type": "text/event-stream",
+                                                     "Cache-Control": "no-cache"}
+
+    @app.get("/v1/models")
+    async def models():
+        return ModelList(data=[ModelCard(id=state.model_name, max_model_len=state.max_model_len)]).model_dump()
+
+    @app.get("/health")
+    async def health():
+        status = engine.status()
+        if status["running"]:
+            return {"status": "ok"}
+        reason = "draining" if status["draining"] else "the engine is not running"
+        return APIError(503, reason, code="unavailable").response()
+
+    @app.get("/metrics")
+    async def prometheus():
+        body, content_type = metrics.render(engine, state.model_name)
+        return body, 200, {"Content-Type": content_type}
+
+    @app.post("/tokenize")
+    async def tokenize():
+        req = parse(TokenizeRequest, await request.get_data())
+        check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+        if req.messages is not None:
+            try:
+                tokens = tokenizer.encode_chat(chat_messages(req.messages), req.add_generation_prompt)
+            except ChatTemplateError as e:
+                raise APIError(400, str(e), param="messages") from None
+        else:
+            tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize():
+        req = parse(DetokenizeRequest, await request.get_data())
+        check_model(req.model)
+        vocab = tokenizer.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+        return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+    @app.get("/openapi.json")
+    async def openapi_spec():
+        return openapi.spec(state.model_name)
+
+    @app.websocket("/v1/ws")
+    async def websocket_route():
+        await serve_websocket(state, check_model, deadline)
+
+    return app

@@ -1,0 +1,208 @@
+"""From an API request to engine submissions, and from engine frames back to API chunks.
+
+Shared by the HTTP routes and the WebSocket. All n choices of a request share one channel;
+a reader takes every frame already waiting before it writes, so a client that falls behind
+gets fewer, larger chunks instead of a backlog.
+"""
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from app.engine import Draining, EngineError, Frame, GenerationParams, Overloaded
+from app.server.errors import APIError
+from app.server.schemas import ChatCompletionRequest, CompletionRequest, UsageInfo
+from model.sampling import SamplingParams
+from model.tokenizer import ChatTemplateError
+
+access_log = logging.getLogger("spool.access")
+
+RETRY_AFTER_SECONDS = 1
+
+
+def sampling_params(req, vocab_size: int, logprobs: int | None, index: int) -> SamplingParams:
+    try:
+        bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
+    params = SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=bias,
+        seed=None if req.seed is None else req.seed + index,
+        logprobs=logprobs,
+    )
+    try:
+        params.validate(vocab_size)
+    except ValueError as e:
+        field_name = str(e).split(" ", 1)[0]
+        raise APIError(400, str(e), param=field_name) from None
+    return params
+
+
+def generation_params(req, vocab_size: int, index: int) -> GenerationParams:
+    if isinstance(req, ChatCompletionRequest):
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
+        logprobs = req.logprobs
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    return GenerationParams(sampling_params(req, vocab_size, logprobs, index), max_tokens=max_tokens,
+                            min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
+                            ignore_eos=req.ignore_eos)
+
+
+def engine_error(e: EngineError) -> APIError:
+    if isinstance(e, Overloaded):
+        return APIError(429, str(e), code="overloaded", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if isinstance(e, Draining):
+        return APIError(503, str(e), code="draining")
+    param = "max_tokens" if "max_tokens" in str(e) else ("messages" if "prompt" in str(e) else None)
+    return APIError(400, str(e), param=param)
+
+
+@dataclass
+class Choice:
+    """One submitted generation, and what it has produced so far."""
+
+    index: int
+    request_id: str
+    prompt_index: int  # which prompt of the request it continues
+    prompt_tokens: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+class Generation:
+    """The n choices of one API request in flight."""
+
+    def __init__(self, engine, prompts: list[list[int]], n: int, params_for, id_prefix: str):
+        """n choices per prompt; params_for(choice index) gives each its GenerationParams."""
+        self.engine = engine
+        self.id = f"{id_prefix}-{engine.next_id()}"
+        self.started = time.monotonic()
+        self.first_token_at: float | None = None
+        self.send, self.recv = trio.open_memory_channel(math.inf)
+        self.choices: dict[str, Choice] = {}
+        try:
+            for prompt_index, prompt in enumerate(prompts):
+                for i in range(n):
+                    index = prompt_index * n + i
+                    rid, _ = engine.submit(prompt, params_for(index), request_id=f"{self.id}-{index}",
+                                           channel=self.send)
+                    self.choices[rid] = Choice(index, rid, prompt_index, len(prompt))
+        except EngineError as e:
+            self.abort()
+            raise engine_error(e) from None
+
+    def abort(self) -> None:
+        for rid, choice in self.choices.items():
+            if choice.finish_reason is None:
+                self.engine.abort(rid)
+
+    @property
+    def done(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices.values())
+
+    async def next_frames(self, deadline: float) -> list[Frame] | None:
+        """Every frame waiting now (at least one), or None when the deadline passed first."""
+        with trio.move_on_at(deadline):
+            frames = [await self.recv.receive()]
+            while True:
+                try:
+                    frames.append(self.recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            now = time.monotonic()
+            for frame in frames:
+                choice = self.choices[frame.request_id]
+                choice.text += frame.text
+                choice.token_ids += frame.token_ids
+                if frame.logprobs:
+                    choice.logprobs += frame.logprobs
+                if frame.token_ids and self.first_token_at is None:
+                    self.first_token_at = now
+                if frame.finish_reason is not None:
+                    choice.finish_reason, choice.stop_reason = frame.finish_reason, frame.stop_reason
+                    choice.error = frame.error
+                    choice.completion_tokens = frame.usage.completion_tokens
+                    choice.cached_tokens = frame.usage.cached_tokens
+            return frames
+        return None
+
+    async def run_to_end(self, deadline: float) -> bool:
+        """Collect everything; False when the deadline passed (the choices are then aborted)."""
+        while not self.done:
+            if await self.next_frames(deadline) is None:
+                return False
+        return True
+
+    def usage(self) -> UsageInfo:
+        choices = list(self.choices.values())
+        prompt = sum({c.prompt_index: c.prompt_tokens for c in choices}.values())  # each prompt once
+        completion = sum(c.completion_tokens for c in choices)
+        usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        usage.prompt_tokens_details.cached_tokens = max((c.cached_tokens for c in choices), default=0)
+        return usage
+
+    def log(self) -> None:
+        """The access log line: id, tokens, TTFT, total time, finish reasons."""
+        usage = self.usage()
+        ttft = f"{1000 * (self.first_token_at - self.started):.0f}ms" if self.first_token_at else "-"
+        reasons = ",".join(sorted({c.finish_reason or "aborted" for c in self.choices.values()}))
+        access_log.info(f"{self.id} prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}"
+                        f" ttft={ttft} total={1000 * (time.monotonic() - self.started):.0f}ms finish={reasons}")
+
+
+def merge(frames: list[Frame]) -> dict:
+    """Consecutive frames per request id, joined: {id: (text, logprobs, final frame or None)}."""
+    out: dict = {}
+    for frame in frames:
+        text, logprobs, _ = out.get(frame.request_id, ("", [], None))
+        out[frame.request_id] = (text + frame.text, logprobs + (frame.logprobs or []),
+                                 frame if frame.finish_reason else None)
+    return out
+
+
+def start_generation(engine, tokenizer, req, id_prefix: str) -> Generation:
+    """Submit every choice of a chat or completion request."""
+    vocab = tokenizer.vocab_size
+    return Generation(engine, request_prompts(req, tokenizer), req.n,
+                      lambda index: generation_params(req, vocab, index), id_prefix)
+
+
+def chat_messages(messages) -> list[dict]:
+    return [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
+
+
+def request_prompts(req, tokenizer) -> list[list[int]]:
+    if isinstance(req, ChatCompletionRequest):
+        try:
+            return [tokenizer.encode_chat(chat_messages(req.messages), req.add_generation_prompt)]
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), param="messages") from None
+    p = req.prompt
+    if isinstance(p, str):
+        return [tokenizer.encode(p)]
+    if not p:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if all(isinstance(x, str) for x in p):
+        return [tokenizer.encode(x) for x in p]
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]
+    return [list(x) for x in p]

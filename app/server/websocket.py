@@ -1,0 +1,94 @@
+"""WS /v1/ws: several cancellable generations on one socket.
+
+Client frames (JSON text):
+  {"type": "generate", "id": "g1", ...a chat body (messages) or a completions body (prompt)}
+  {"type": "cancel", "id": "g1"}
+Server frames:
+  {"type": "delta", "id": "g1", "index": 0, "text": "...", "token_ids": [...]}
+  {"type": "done", "id": "g1", "choices": [{"index", "finish_reason", "stop_reason"}], "usage": {...}}
+  {"type": "error", "id": "g1" or null, "error": {"message", "type", "param", "code"}}
+A malformed frame gets an error frame and the socket stays open. Closing the socket cancels every
+generation on it.
+"""
+
+import json
+
+import trio
+from quart import websocket
+
+from app.server.errors import APIError, validate
+from app.server.generation import merge, start_generation
+from app.server.schemas import ChatCompletionRequest, CompletionRequest
+
+
+async def serve_websocket(state, check_model, deadline) -> None:
+    lock = trio.Lock()
+    generations: dict = {}  # id -> Generation in flight
+
+    async def send(frame: dict) -> None:
+        async with lock:
+            await websocket.send(json.dumps(frame))
+
+    async def send_error(gid, error: APIError) -> None:
+        await send({"type": "error", "id": gid, "error": error.body()["error"]})
+
+    async def run(gid: str, gen) -> None:
+        try:
+            until = deadline()
+            while not gen.done:
+                frames = await gen.next_frames(until)
+                if frames is None:
+                    gen.abort()
+                    await send_error(gid, APIError(504, "the request took longer than --request-timeout",
+                                                   code="timeout"))
+                    return
+                for rid, (text, _, _) in merge(frames).items():
+                    choice = gen.choices[rid]
+                    if text:
+                        await send({"type": "delta", "id": gid, "index": choice.index, "text": text})
+            choices = sorted(gen.choices.values(), key=lambda c: c.index)
+            await send({"type": "done", "id": gid,
+                        "choices": [{"index": c.index, "finish_reason": c.finish_reason,
+                                     "stop_reason": c.stop_reason, "error": c.error} for c in choices],
+                        "usage": gen.usage().model_dump()})
+        finally:
+            gen.abort()
+            gen.log()
+            del generations[gid]
+
+    def parse(message) -> tuple[str, str, dict]:
+        try:
+            frame = json.loads(message)
+        except (TypeError, ValueError):
+            raise APIError(400, "the frame is not valid JSON") from None
+        if not isinstance(frame, dict):
+            raise APIError(400, "a frame must be a JSON object")
+        kind, gid = frame.pop("type", None), frame.pop("id", None)
+        if kind not in ("generate", "cancel"):
+            raise APIError(400, f"unknown frame type {kind!r}; use generate or cancel", param="type")
+        if not isinstance(gid, str) or not gid:
+            raise APIError(400, "a frame needs a string id", param="id")
+        return kind, gid, frame
+
+    def start(gid: str, body: dict):
+        if gid in generations:
+            raise APIError(400, f"generation {gid!r} is already running on this socket", param="id")
+        req = validate(ChatCompletionRequest if "messages" in body else CompletionRequest, body)
+        check_model(req.model)
+        return start_generation(state.engine, state.tokenizer, req, "ws")
+
+    async with trio.open_nursery() as nursery:
+        while True:
+            message = await websocket.receive()
+            gid = None
+            try:
+                kind, gid, body = parse(message)
+                if kind == "cancel":
+                    if gid not in generations:
+                        raise APIError(400, f"no generation {gid!r} is running on this socket", param="id")
+                    generations[gid].abort()
+                else:
+                    generations[gid] = start(gid, body)
+                    nursery.start_soon(run, gid, generations[gid])
+            except APIError as e:
+                await send_error(gid, e)

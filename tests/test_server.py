@@ -1,0 +1,153 @@
+"""The OpenAI-compatible server on the real default model, through the official openai client
+and plain HTTP, on 127.0.0.1."""
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from live_server import LiveServer
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = LiveServer("--kv-cache-gib", "0.25", "--max-seqs", "16", "--max-model-len", "2048")
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def model_name(client) -> str:
+    return client.models.list().data[0].id
+
+
+def test_models_lists_the_served_model(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["SmolLM2-135M-Instruct"]
+
+
+def test_chat_not_streamed(client):
+    r = client.chat.completions.create(model=model_name(client), messages=QUESTION, temperature=0, max_tokens=30)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 20
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streamed_with_usage(client):
+    stream = client.chat.completions.create(model=model_name(client), messages=QUESTION, temperature=0,
+                                            max_tokens=30, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens > 0
+    assert usage.prompt_tokens_details.cached_tokens >= 16  # the same prompt ran just before
+
+
+def test_completions_streamed_and_not(client):
+    prompt = "The capital of France is"
+    r = client.completions.create(model=model_name(client), prompt=prompt, temperature=0, max_tokens=8)
+    assert r.choices[0].text.strip() and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8
+    chunks = list(client.completions.create(model=model_name(client), prompt=prompt, temperature=0, max_tokens=8,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_n_seed_logprobs_and_stop(client):
+    name = model_name(client)
+    r = client.chat.completions.create(model=name, messages=QUESTION, n=2, seed=7, temperature=1.0,
+                                       max_tokens=12, logprobs=True, top_logprobs=3)
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    again = client.chat.completions.create(model=name, messages=QUESTION, n=2, seed=7, temperature=1.0,
+                                           max_tokens=12, logprobs=True, top_logprobs=3)
+    assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens // 2 or len(content) > 0
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+    stopped = client.chat.completions.create(model=name, messages=QUESTION, temperature=0, max_tokens=30,
+                                             stop=["France"])
+    assert "France" not in stopped.choices[0].message.content
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_tokenize_detokenize_openapi_and_health(server):
+    r = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()
+    assert r["count"] == len(r["tokens"]) > 0
+    assert httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}).json()["prompt"] == "Hello world"
+    spec = httpx.get(server.url + "/openapi.json").json()
+    assert "/v1/chat/completions" in spec["paths"] and "ChatCompletionRequest" in spec["components"]["schemas"]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_metrics_use_vllm_names(server, client):
+    client.completions.create(model=model_name(client), prompt="Hi", max_tokens=2)
+    m = server.metrics()
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
+                 "generation_tokens_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
+                 "num_preemptions_total", "time_to_first_token_seconds_count",
+                 "time_per_output_token_seconds_count", "inter_token_latency_seconds_count",
+                 "e2e_request_latency_seconds_count", "request_queue_time_seconds_count"):
+        assert any(k.startswith(f"spool:{name}{{") for k in m), name
+    assert any(k.startswith('spool:request_success_total{finished_reason="length"') for k in m)
+    assert server.gauge("generation_tokens_total") > 0
+
+
+BAD = [
+    ("malformed JSON", "/v1/chat/completions", b"{not json", 400),
+    ("wrong type", "/v1/chat/completions", {"messages": "hello"}, 400),
+    ("empty messages", "/v1/chat/completions", {"messages": []}, 400),
+    ("negative temperature", "/v1/chat/completions", {"messages": QUESTION, "temperature": -1}, 400),
+    ("NaN temperature", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400),
+    ("top_p zero", "/v1/chat/completions", {"messages": QUESTION, "top_p": 0}, 400),
+    ("top_p above one", "/v1/chat/completions", {"messages": QUESTION, "top_p": 1.5}, 400),
+    ("max_tokens beyond the context", "/v1/chat/completions", {"messages": QUESTION, "max_tokens": 100000}, 400),
+    ("prompt longer than the context", "/v1/completions", {"prompt": "hello " * 3000}, 400),
+    ("out-of-vocabulary logit_bias", "/v1/chat/completions", {"messages": QUESTION, "logit_bias": {"999999": 5}}, 400),
+    ("unknown model", "/v1/chat/completions", {"model": "gpt-9", "messages": QUESTION}, 404),
+    ("10 MB body", "/v1/completions", {"prompt": "x" * 10_000_000}, 413),
+    ("unknown route", "/v1/nothing", {}, 404),
+]
+
+
+@pytest.mark.parametrize("what,path,body,status", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_an_openai_error_and_the_server_stays_healthy(server, what, path, body, status):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_the_openai_client_sees_errors_as_exceptions(client):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=model_name(client), messages=QUESTION, temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=QUESTION)
+
+
+def test_api_key_guards_every_route_but_health():
+    s = LiveServer("--kv-cache-gib", "0.05", "--api-key", "sekrit")
+    try:
+        assert httpx.get(s.url + "/health").status_code == 200
+        r = httpx.get(s.url + "/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        with openai.OpenAI(base_url=s.url + "/v1", api_key="sekrit", max_retries=0) as c:
+            assert c.models.list().data[0].id == "SmolLM2-135M-Instruct"
+    finally:
+        assert s.stop() == 0
