@@ -57,17 +57,22 @@ class Engine:
     def next_id(self) -> int:
         return next(self._ids)
 
+    def check(self, prompt_ids: list[int], params: GenerationParams) -> int:
+        """What submit would refuse, without submitting; returns the resolved max_tokens."""
+        if self.draining:
+            raise Draining("the server is shutting down")
+        max_tokens = self.scheduler.check(prompt_ids, params)
+        if len(self.scheduler.waiting) >= self.config.max_queue:
+            raise Overloaded(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
+        return max_tokens
+
     def submit(self, prompt_ids: list[int], params: GenerationParams, request_id: str | None = None,
                channel=None):
         """Queue a request; returns (request_id, receive channel of Frames). With channel (a
         send channel shared by several requests, told apart by Frame.request_id), frames go
         there and no receive channel is returned. Raises EngineError (invalid or could never
         fit), Overloaded or Draining."""
-        if self.draining:
-            raise Draining("the server is shutting down")
-        max_tokens = self.scheduler.check(prompt_ids, params)
-        if len(self.scheduler.waiting) >= self.config.max_queue:
-            raise Overloaded(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
+        max_tokens = self.check(prompt_ids, params)
         request_id = request_id or f"req-{self.next_id()}"
         if request_id in self._live:
             raise EngineError(f"request id {request_id!r} is already in use")

@@ -139,6 +139,12 @@ def create_app(state: ServerState) -> QuartTrio:
     async def stream(gen: Generation, chunk_for, usage_chunk):
         """SSE events until every choice ends; the choices are aborted if the client leaves."""
         try:
+            try:
+                gen.submit()
+            except APIError as e:
+                yield sse(json.dumps(e.body()))
+                yield "data: [DONE]\n\n"
+                return
             first = chunk_for(None)
             if first is not None:
                 yield sse(first)
@@ -162,6 +168,7 @@ def create_app(state: ServerState) -> QuartTrio:
 
     async def respond_or_raise(gen: Generation):
         try:
+            gen.submit()
             if not await gen.run_to_end(deadline()):
                 raise timeout_error()
         finally:

@@ -89,7 +89,12 @@ class Choice:
 
 
 class Generation:
-    """The n choices of one API request in flight."""
+    """The n choices of one API request: checked when made, submitted by submit().
+
+    Routes make it (so a refusal is an HTTP status) and submit it inside the code that also
+    aborts it in a `finally`, so a client that leaves before its stream starts cannot leave a
+    generation running.
+    """
 
     def __init__(self, engine, prompts: list[list[int]], n: int, params_for, id_prefix: str):
         """n choices per prompt; params_for(choice index) gives each its GenerationParams."""
@@ -99,15 +104,30 @@ class Generation:
         self.first_token_at: float | None = None
         self.send, self.recv = trio.open_memory_channel(math.inf)
         self.choices: dict[str, Choice] = {}
+        self.submissions = []
+        for prompt_index, prompt in enumerate(prompts):
+            for i in range(n):
+                index = prompt_index * n + i
+                params = params_for(index)
+                try:
+                    engine.check(prompt, params)
+                except EngineError as e:
+                    raise engine_error(e) from None
+                rid = f"{self.id}-{index}"
+                self.submissions.append((rid, prompt, params))
+                self.choices[rid] = Choice(index, rid, prompt_index, len(prompt))
+
+    def submit(self) -> None:
+        submitted = []
         try:
-            for prompt_index, prompt in enumerate(prompts):
-                for i in range(n):
-                    index = prompt_index * n + i
-                    rid, _ = engine.submit(prompt, params_for(index), request_id=f"{self.id}-{index}",
-                                           channel=self.send)
-                    self.choices[rid] = Choice(index, rid, prompt_index, len(prompt))
+            for rid, prompt, params in self.submissions:
+                self.engine.submit(prompt, params, request_id=rid, channel=self.send)
+                submitted.append(rid)
         except EngineError as e:
-            self.abort()
+            for rid in submitted:
+                self.engine.abort(rid)
+            for choice in self.choices.values():
+                choice.finish_reason = choice.finish_reason or "error"
             raise engine_error(e) from None
 
     def abort(self) -> None:

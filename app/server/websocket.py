@@ -34,6 +34,11 @@ async def serve_websocket(state, check_model, deadline) -> None:
 
     async def run(gid: str, gen) -> None:
         try:
+            try:
+                gen.submit()
+            except APIError as e:
+                await send_error(gid, e)
+                return
             until = deadline()
             while not gen.done:
                 frames = await gen.next_frames(until)
