@@ -129,7 +129,7 @@ async def test_websocket_two_generations_cancel_one_then_close(storm_server):
 
 
 async def test_sigterm_drains_short_streams_and_ends_long_ones():
-    server = LiveServer("--kv-cache-gib", "0.1", "--shutdown-timeout", "4")
+    server = LiveServer("--kv-cache-gib", "0.1", "--shutdown-timeout", "10")
     results: dict[str, bytes] = {"short": b"", "long": b""}
 
     async def client(name: str, max_tokens: int):
@@ -144,7 +144,7 @@ async def test_sigterm_drains_short_streams_and_ends_long_ones():
 
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(client, "short", 40)
+            nursery.start_soon(client, "short", 20)
             nursery.start_soon(client, "long", 3000)
             with trio.fail_after(60):  # both streaming
                 while not all(data.count(b'"content":"') > 2 for data in results.values()):
