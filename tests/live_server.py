@@ -57,6 +57,12 @@ class LiveServer:
     def gauge(self, name: str) -> float:
         return next(v for k, v in self.metrics().items() if k.startswith(f"spool:{name}{{"))
 
+    def wait_gauge(self, name: str, value: float, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while self.gauge(name) != value:
+            assert time.monotonic() < deadline, f"{name} stayed at {self.gauge(name)}, not {value}"
+            time.sleep(0.1)
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

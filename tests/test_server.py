@@ -151,3 +151,17 @@ def test_api_key_guards_every_route_but_health():
             assert c.models.list().data[0].id == "SmolLM2-135M-Instruct"
     finally:
         assert s.stop() == 0
+
+
+def test_request_timeout_ends_generations():
+    s = LiveServer("--kv-cache-gib", "0.05", "--request-timeout", "1")
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True}
+        r = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        with httpx.stream("POST", s.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert '"code": "timeout"' in events[-2] and events[-1] == "data: [DONE]"
+        s.wait_gauge("num_requests_running", 0, timeout=10)  # aborted at the next step
+    finally:
+        assert s.stop() == 0

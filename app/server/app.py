@@ -53,6 +53,18 @@ class ServerState:
     api_key: str | None = None
     request_timeout: float | None = None  # seconds; None: no limit
 
+    def check_model(self, name: str | None) -> None:
+        if name not in (None, "", self.model_name):
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def deadline(self) -> float:
+        return trio.current_time() + self.request_timeout if self.request_timeout else float("inf")
+
+    def timeout_error(self) -> APIError:
+        return APIError(504, f"the request took longer than --request-timeout ({self.request_timeout:g} s)",
+                        code="timeout")
+
 
 def parse(model, raw: bytes):
     try:
@@ -100,17 +112,7 @@ def create_app(state: ServerState) -> QuartTrio:
         log.exception("unhandled error")
         return APIError(500, f"internal error: {type(e).__name__}").response()
 
-    def check_model(name: str | None) -> None:
-        if name not in (None, "", state.model_name):
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {state.model_name!r}",
-                           param="model", code="model_not_found")
-
-    def deadline() -> float:
-        return trio.current_time() + state.request_timeout if state.request_timeout else float("inf")
-
-    def timeout_error() -> APIError:
-        return APIError(504, f"the request took longer than --request-timeout ({state.request_timeout:g} s)",
-                        code="timeout")
+    check_model, deadline, timeout_error = state.check_model, state.deadline, state.timeout_error
 
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id], skip_special_tokens=False)
@@ -305,6 +307,6 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.websocket("/v1/ws")
     async def websocket_route():
-        await serve_websocket(state, check_model, deadline)
+        await serve_websocket(state)
 
     return app

@@ -21,7 +21,7 @@ from app.server.generation import merge, start_generation
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 
 
-async def serve_websocket(state, check_model, deadline) -> None:
+async def serve_websocket(state) -> None:
     lock = trio.Lock()
     generations: dict = {}  # id -> Generation in flight
 
@@ -39,13 +39,12 @@ async def serve_websocket(state, check_model, deadline) -> None:
             except APIError as e:
                 await send_error(gid, e)
                 return
-            until = deadline()
+            until = state.deadline()
             while not gen.done:
                 frames = await gen.next_frames(until)
                 if frames is None:
                     gen.abort()
-                    await send_error(gid, APIError(504, "the request took longer than --request-timeout",
-                                                   code="timeout"))
+                    await send_error(gid, state.timeout_error())
                     return
                 for rid, (text, _, _) in merge(frames).items():
                     choice = gen.choices[rid]
@@ -79,7 +78,7 @@ async def serve_websocket(state, check_model, deadline) -> None:
         if gid in generations:
             raise APIError(400, f"generation {gid!r} is already running on this socket", param="id")
         req = validate(ChatCompletionRequest if "messages" in body else CompletionRequest, body)
-        check_model(req.model)
+        state.check_model(req.model)
         return start_generation(state.engine, state.tokenizer, req, "ws")
 
     async with trio.open_nursery() as nursery:
