@@ -168,6 +168,15 @@ def create_app(state: ServerState) -> QuartTrio:
             gen.abort()
             gen.log()
 
+    def streamed(gen: Generation, req, chunk_for, chunk_model):
+        """The SSE response; with stream_options.include_usage, a last chunk with no choices
+        carries the usage, as OpenAI's does."""
+        usage_chunk = None
+        if req.stream_options and req.stream_options.include_usage:
+            def usage_chunk():
+                return chunk_model(id=gen.id, model=state.model_name, choices=[], usage=gen.usage())
+        return stream(gen, chunk_for, usage_chunk), {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
     async def respond_or_raise(gen: Generation):
         try:
             gen.submit()
@@ -213,11 +222,7 @@ def create_app(state: ServerState) -> QuartTrio:
                     stop_reason=final.stop_reason if final else None)]))
             return chunks
 
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        usage_chunk = (lambda: ChatCompletionChunk(id=gen.id, model=model, choices=[], usage=gen.usage())) \
-            if include_usage else None
-        return stream(gen, chunk_for, usage_chunk), {"Content-Type": "text/event-stream",
-                                                     "Cache-Control": "no-cache"}
+        return streamed(gen, req, chunk_for, ChatCompletionChunk)
 
     @app.post("/v1/completions")
     async def completions():
@@ -253,11 +258,7 @@ def create_app(state: ServerState) -> QuartTrio:
                     stop_reason=final.stop_reason if final else None)]))
             return chunks
 
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        usage_chunk = (lambda: CompletionResponse(id=gen.id, model=model, choices=[], usage=gen.usage())) \
-            if include_usage else None
-        return stream(gen, chunk_for, usage_chunk), {"Content-Type": "text/event-stream",
-                                                     "Cache-Control": "no-cache"}
+        return streamed(gen, req, chunk_for, CompletionResponse)
 
     @app.get("/v1/models")
     async def models():
