@@ -17,6 +17,7 @@ class FakeRunner:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.vocab, self.first_token = vocab, first_token
         self.kv = np.full(num_blocks * block_size, -1, dtype=np.int64)
+        self.ctx = np.zeros(num_blocks * block_size, dtype=np.int64)  # per slot: hash of the prefix
         self.step_cost = step_cost
         self.scripts: dict[tuple, list[int]] = {}  # prompt -> the tokens to generate for it
         self.fail_steps: set[int] = set()  # step numbers that raise
@@ -48,12 +49,21 @@ class FakeRunner:
                 raise RuntimeError("injected runner failure")
             out = []
             for row in plan.rows:
+                table = row.block_table
+                h = int(self.ctx[self.slot(table, row.start_pos - 1)]) if row.start_pos else 0
                 for i, token in enumerate(row.token_ids):
-                    self.kv[self.slot(row.block_table, row.start_pos + i)] = token
+                    h = self.chain(h, token, row.start_pos + i)
+                    self.kv[self.slot(table, row.start_pos + i)] = token
+                    self.ctx[self.slot(table, row.start_pos + i)] = h
                 if row.sample:
                     end = row.start_pos + len(row.token_ids)
-                    context = [int(self.kv[self.slot(row.block_table, p)]) for p in range(end)]
+                    context = [int(self.kv[self.slot(table, p)]) for p in range(end)]
                     assert -1 not in context, f"{row.request_id} read a slot nobody wrote"
+                    h = 0
+                    for p, token in enumerate(context):
+                        h = self.chain(h, token, p)
+                        assert h == self.ctx[self.slot(table, p)], \
+                            f"{row.request_id} read K/V at position {p} computed under another prefix"
                     token = self.next_token(context)
                     bias = row.params.logit_bias.get(token, 0.0)
                     if bias <= -100:  # min_tokens bans: take the next id instead
@@ -61,13 +71,17 @@ class FakeRunner:
                     out.append(Sampled(row.request_id, token))
             return out
 
+    @staticmethod
+    def chain(h: int, token: int, pos: int) -> int:
+        return hash((h, token, pos))
+
     def save_blocks(self, block_ids):
         slots = [b * self.block_size + i for b in block_ids for i in range(self.block_size)]
-        return self.kv[slots].copy()
+        return self.kv[slots].copy(), self.ctx[slots].copy()
 
     def load_blocks(self, block_ids, data):
         slots = [b * self.block_size + i for b in block_ids for i in range(self.block_size)]
-        self.kv[slots] = data
+        self.kv[slots], self.ctx[slots] = data
 
     def expected(self, prompt: list[int], count: int, stop_ids=()) -> list[int]:
         """The tokens a request gets when nothing goes wrong."""
