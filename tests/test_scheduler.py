@@ -223,3 +223,27 @@ def test_prefix_cache_hits_are_confirmed_and_counted(tok):
     pool.block_of[hash(key)] = block  # an index entry that points at the wrong tokens
     assert pool.match_prefix(other) == []
     assert h.final(a).usage.cached_tokens == 0
+
+
+@pytest.mark.parametrize("parent", ["evicted", "duplicate"])
+def test_prefix_cache_never_chains_through_a_reused_parent_id(tok, parent):
+    """A cached block's K/V depends on every token before it. Once its parent's id holds other
+    tokens, the block must not be found behind that id (the fake runner checks the prefix)."""
+    runner, h = make(tok, num_blocks=6 if parent == "evicted" else 8, block_size=2)
+    if parent == "evicted":  # the parent is evicted and its id cached again for other tokens
+        h.submit([3, 4, 5, 6, 7], max_tokens=1)
+        h.run()
+        h.submit([9] * 8, max_tokens=1)  # takes the free blocks, so [7, 7] evicts [3, 4]'s block
+        h.submit([7, 7], max_tokens=1)
+        h.run()
+        reader = [7, 7, 5, 6, 9]
+    else:  # two copies computed at once: the second's first block is never cached, its child is
+        h.submit([3, 4, 5, 6, 7], max_tokens=1)
+        h.submit([3, 4, 5, 6, 7], max_tokens=1)
+        h.run()
+        reader = [8, 9, 10, 11, 5, 6, 7]  # reuses that first block's id for [10, 11], then [5, 6]
+        h.submit(reader, max_tokens=1)
+        h.run()
+    rid = h.submit(reader, max_tokens=2)
+    h.run()
+    assert h.final(rid).finish_reason == "length" and h.tokens(rid) == runner.expected(reader, 2)

@@ -1,7 +1,9 @@
 """Which KV block ids are free, held or cached: the engine's side of the paged cache.
 
 The prefix cache lives here. A full block is keyed by (parent block, its token ids); a hit is
-confirmed by comparing both, so a hash collision can never hand a request the wrong K/V.
+confirmed by comparing both, so a hash collision can never hand a request the wrong K/V. The
+parent is named by its id and its generation (bumped each time the id is handed out), so a child
+cached under a parent whose id was since reused for other tokens is never found again.
 Blocks are refcounted; an unreferenced cached block stays findable until it is evicted, least
 recently used first, when a fresh block is needed.
 """
@@ -15,9 +17,10 @@ class BlockPool:
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.refs = [0] * num_blocks
+        self.gen = [0] * num_blocks  # how many times each block was handed out
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))  # never cached; pop() takes 0 first
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced, LRU first
-        self.key_of: dict[int, tuple] = {}  # cached block -> (parent block, token ids)
+        self.key_of: dict[int, tuple] = {}  # cached block -> ((parent, its gen) or -1, token ids)
         self.block_of: dict[int, int] = {}  # hash of key -> cached block
 
     @property
@@ -43,6 +46,7 @@ class BlockPool:
         else:
             return None
         self.refs[block] = 1
+        self.gen[block] += 1
         return block
 
     def allocate_many(self, count: int) -> list[int] | None:
@@ -76,7 +80,7 @@ class BlockPool:
             if block is None or self.key_of[block] != key:
                 break
             hits.append(block)
-            parent = block
+            parent = (block, self.gen[block])
         for block in hits:
             if self.refs[block] == 0:
                 del self.evictable[block]
@@ -91,7 +95,7 @@ class BlockPool:
             return num_computed - num_computed % bs
         for index in range(num_cached // bs, num_computed // bs):
             block = block_table[index]
-            parent = block_table[index - 1] if index else -1
+            parent = (block_table[index - 1], self.gen[block_table[index - 1]]) if index else -1
             key = (parent, tuple(token_ids[index * bs:(index + 1) * bs]))
             h = hash(key)
             if block not in self.key_of and h not in self.block_of:
