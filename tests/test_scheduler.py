@@ -106,6 +106,18 @@ def test_preemption_neither_repeats_nor_skips_a_token(tok, swap_blocks):
     assert h.pool.used == 0 and h.s.swap_used == 0
 
 
+@pytest.mark.parametrize("swap_blocks", [0, 64], ids=["recompute", "spill"])
+def test_a_victim_that_needs_the_whole_pool_resumes_and_finishes(tok, swap_blocks):
+    runner, h = make(tok, num_blocks=4, block_size=4, immunity_tokens=0, swap_blocks=swap_blocks,
+                     prefix_caching=False)
+    small = h.submit(prompt(3), max_tokens=4)
+    big = h.submit(prompt(11, 1), max_tokens=4)  # 14 tokens: fits the 16-slot pool on its own
+    h.run()  # at 13 tokens it needs its 4th block while `small` holds one, and preempts itself
+    assert h.s.stats.preemptions == 1
+    assert h.final(big).finish_reason == "length" and h.tokens(big) == runner.expected(prompt(11, 1), 4)
+    assert h.final(small).finish_reason == "length"
+
+
 def test_a_victim_that_can_never_fit_gets_an_error(tok):
     runner, h = make(tok, num_blocks=4, block_size=4, max_model_len=64)
     rid = h.submit(prompt(5), max_tokens=40)  # fits at submit, outgrows the 16-token pool

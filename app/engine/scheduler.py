@@ -187,12 +187,13 @@ class Scheduler:
     def resume(self) -> None:
         """Preempted requests come back first, fewest blocks first, with a block of headroom."""
         for request in sorted(self.preempted, key=lambda r: r.num_tokens):
-            needed = self.blocks_for(request.num_tokens) + 1
+            needed = self.blocks_for(request.num_tokens)  # its next step feeds position num_tokens - 1
             if needed > self.pool.num_blocks:
                 self.finish(request, "error", error=f"the request grew to {request.num_tokens} tokens, more"
                             f" than the whole KV cache holds ({self.pool.num_blocks} blocks)")
                 continue
-            if self.running >= self.config.max_seqs or needed > self.pool.available:
+            headroom = min(needed + 1, self.pool.num_blocks)
+            if self.running >= self.config.max_seqs or headroom > self.pool.available:
                 break
             if request.spilled is not None:
                 request.block_table = self.pool.allocate_many(request.spill_blocks)
