@@ -93,6 +93,21 @@ def test_abort_before_the_request_arrives_is_carried(tok):
     assert "early" not in h.s.aborts
 
 
+def test_an_abort_that_arrives_during_the_step_that_finishes_the_request_is_dropped(tok):
+    runner, h = make(tok)
+    rid = h.submit(prompt(5), max_tokens=1)
+    step = runner.step
+
+    def step_and_abort(plan):
+        h.s.abort(rid)  # the client leaves while the forward pass runs
+        return step(plan)
+
+    runner.step = step_and_abort
+    h.tick()
+    assert h.final(rid).finish_reason == "length"
+    assert rid not in h.s.aborts  # not kept pending forever
+
+
 @pytest.mark.parametrize("swap_blocks", [0, 64], ids=["recompute", "spill"])
 def test_preemption_neither_repeats_nor_skips_a_token(tok, swap_blocks):
     runner, h = make(tok, num_blocks=16, block_size=4, swap_blocks=swap_blocks, immunity_tokens=4)

@@ -160,6 +160,7 @@ class Scheduler:
             request.block_table = []
             self.drop_spill(request)
             del self.requests[request.id]
+            self.aborts.discard(request.id)  # one that came in while it finished has nothing to end
             self.stats.request_done(request, now)
             self.send(request, final=True)
         self.finished.clear()
