@@ -38,6 +38,11 @@ class SchedulerConfig:
     swap_blocks: int = 0  # host spill pool, in blocks; 0 means preempt by recompute
     immunity_tokens: int = 16  # a resumed request is not preempted again for this many tokens
 
+    def __post_init__(self):
+        if self.max_batched_tokens < self.max_seqs:
+            raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must be at least max_seqs"
+                             f" ({self.max_seqs}): every running request decodes one token a step")
+
 
 @dataclass
 class Admitted:
