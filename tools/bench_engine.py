@@ -1,0 +1,263 @@
+"""Offline throughput of the Engine (scheduler + Trio tick + model) on the CPU backend: N requests
+with distinct random prompts, all submitted at t=0, greedy, ignore_eos, max_tokens=--output-len.
+
+    python tools/bench_engine.py [--model DIR|FILE.gguf] [--requests 64] [--input-len 128]
+        [--output-len 64] [--max-seqs N] [--prefill-chunk 256] [--max-batched-tokens 1024]
+        [--kv-blocks B] [--prefix-caching on|off] [--profile [FILE]]
+
+The runner is wrapped in a thin timer, so every forward call (runner.step: the model and its
+sampling, in the engine's worker thread) is timed. Engine overhead is everything else: wall time
+minus the forward calls, i.e. the event loop's scheduling, result handling, thread hand-offs and
+the client tasks that drain each request's channel. Per step it is the gap from one forward
+call's start to the next one's, minus the forward. "at N running" keeps only the steps whose
+plan is N = min(requests, max-seqs) decode rows: the steady state once every prompt is
+prefilled. --profile runs cProfile on the event-loop thread (the forward's worker thread is not
+profiled) and prints the top functions to stderr, or writes pstats to FILE; profiling slows the
+event loop, so take the timings from a run without it.
+"""
+
+import argparse
+import bisect
+import cProfile
+import math
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import trio  # noqa: E402
+
+from app.engine import Engine, EngineConfig, GenerationParams  # noqa: E402
+from app.engine.scheduler import SchedulerConfig  # noqa: E402
+from bench_model import blas_info  # noqa: E402
+from model.default import resolve_model  # noqa: E402
+from model.kv_cache import DEFAULT_BLOCK_SIZE  # noqa: E402
+from model.runner import ModelRunner  # noqa: E402
+from model.sampling import SamplingParams  # noqa: E402
+from model.tokenizer import Tokenizer  # noqa: E402
+
+
+class TimedRunner:
+    """The runner contract, passed through, with every step timed (perf_counter)."""
+
+    def __init__(self, runner, events):
+        self.runner = runner
+        self.events = events
+        self.num_blocks = runner.num_blocks
+        self.block_size = runner.block_size
+
+    def step(self, plan):
+        t0 = time.perf_counter()
+        out = self.runner.step(plan)
+        t1 = time.perf_counter()
+        decode = sum(1 for r in plan.rows if len(r.token_ids) == 1 and r.start_pos >= len(r.prompt_ids))
+        self.events.append(("step", t0, t1, len(plan.rows), decode))
+        return out
+
+    def save_blocks(self, block_ids):
+        return self.runner.save_blocks(block_ids)
+
+    def load_blocks(self, block_ids, data):
+        return self.runner.load_blocks(block_ids, data)
+
+
+def timed(events, kind, fn, active, cpu_clock=False):
+    """Time a scheduler method, unless it is called from inside another timed one (schedule()
+    calls flush()); with cpu_clock, also note the event-loop thread's CPU clock (a syscall,
+    about 0.5 us) at its start."""
+    def wrapper(*args, **kwargs):
+        if active:
+            return fn(*args, **kwargs)
+        active.append(kind)
+        cpu, t0 = time.thread_time() if cpu_clock else None, time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            events.append((kind, t0, time.perf_counter(), cpu))
+            active.pop()
+    return wrapper
+
+
+def make_prompts(tokenizer, count, length, seed):
+    """Distinct prompts of random ids from the non-special vocabulary."""
+    special = {i for i, t in tokenizer.hf.get_added_tokens_decoder().items() if t.special}
+    allowed = np.setdiff1d(np.arange(tokenizer.vocab_size), np.fromiter(special, dtype=np.int64))
+    rng = np.random.default_rng(seed)
+    return [rng.choice(allowed, size=length).tolist() for _ in range(count)]
+
+
+async def run_requests(engine, prompts, output_len):
+    """Submit everything at once; one client task per request drains its channel. Returns
+    (wall seconds, generated tokens, finish reasons, start time, event-loop thread CPU seconds)."""
+    params = GenerationParams(sampling=SamplingParams(temperature=0.0), max_tokens=output_len, ignore_eos=True)
+    tokens, reasons = [0], []
+
+    async def client(recv):
+        async with recv:
+            async for frame in recv:
+                tokens[0] += len(frame.token_ids)
+                if frame.finish_reason is not None:
+                    reasons.append(frame.finish_reason)
+                    return
+
+    async with trio.open_nursery() as nursery:
+        cpu, t0 = time.thread_time(), time.perf_counter()
+        for ids in prompts:
+            _, recv = engine.submit(ids, params)
+            nursery.start_soon(client, recv)
+    return time.perf_counter() - t0, tokens[0], reasons, t0, time.thread_time() - cpu
+
+
+def analyse(events, t_end):
+    """One window per step, from its forward call's start to the next one's (the last ends at
+    t_end), with the forward time and the schedule/apply/flush time that fell inside it."""
+    steps = [e for e in events if e[0] == "step"]
+    other = sorted((e for e in events if e[0] != "step"), key=lambda e: e[1])
+    schedules = [e for e in other if e[0] == "schedule"]
+    starts = [e[1] for e in schedules]
+    windows = []
+    j = 0
+    for i, (_, s0, s1, rows, decode) in enumerate(steps):
+        end = steps[i + 1][1] if i + 1 < len(steps) else t_end
+        w = {"period": end - s0, "forward": s1 - s0, "rows": rows, "decode": decode,
+             "schedule": 0.0, "apply": 0.0, "flush": 0.0}
+        while j < len(other) and other[j][1] < s0:
+            j += 1
+        k = j
+        while k < len(other) and other[k][1] < end:
+            w[other[k][0]] += other[k][2] - other[k][1]
+            k += 1
+        at = bisect.bisect_left(starts, s0)  # schedules[at - 1] planned this step
+        has_next = at < len(starts) and starts[at] < end
+        w["loop_cpu"] = schedules[at][3] - schedules[at - 1][3] if at and has_next else None
+        windows.append(w)
+    return windows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--max-seqs", type=int, default=None, help="default: --requests")
+    parser.add_argument("--prefill-chunk", type=int, default=SchedulerConfig.prefill_chunk)
+    parser.add_argument("--max-batched-tokens", type=int, default=None,
+                        help=f"default: the engine's ({SchedulerConfig.max_batched_tokens}), or max-seqs if larger")
+    parser.add_argument("--kv-blocks", type=int, default=None, help="default: enough for every request at once")
+    parser.add_argument("--prefix-caching", choices=("on", "off"), default="on")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    parser.add_argument("--profile", nargs="?", const="-", default=None,
+                        help="cProfile the event-loop thread; print to stderr, or write pstats to FILE")
+    args = parser.parse_args()
+    n = args.requests
+    max_seqs = args.max_seqs or n
+    max_batched = args.max_batched_tokens or max(SchedulerConfig.max_batched_tokens, max_seqs)
+
+    model_dir = resolve_model(args.model)
+    tokenizer = Tokenizer(model_dir)
+    bs = DEFAULT_BLOCK_SIZE
+    per_request = -(-(args.input_len + args.output_len) // bs)
+    kv_blocks = args.kv_blocks or n * per_request
+    runner = ModelRunner.from_dir(model_dir, num_blocks=kv_blocks, block_size=bs, seed=0)
+    events = []
+    timed_runner = TimedRunner(runner, events)
+    config = EngineConfig(max_model_len=runner.config.max_position_embeddings, max_seqs=max_seqs,
+                          prefill_chunk=args.prefill_chunk, max_batched_tokens=max_batched,
+                          max_queue=max(n, SchedulerConfig.max_queue),
+                          prefix_caching=args.prefix_caching == "on", decode_log_interval=0)
+    warmup = make_prompts(tokenizer, 2, min(args.input_len, 32), seed=args.seed + 1)
+    prompts = make_prompts(tokenizer, n, args.input_len, seed=args.seed)
+    assert len({tuple(p) for p in prompts}) == n
+
+    async def bench():
+        engine = Engine(timed_runner, tokenizer, config)
+        s = engine.scheduler
+        active = []
+        for name in ("schedule", "apply", "flush"):
+            setattr(s, name, timed(events, name, getattr(s, name), active, cpu_clock=name == "schedule"))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            await run_requests(engine, warmup, 4)  # code paths and BLAS threads warm
+            events.clear()
+            profiler = cProfile.Profile() if args.profile else None
+            if profiler:
+                profiler.enable()
+            result = await run_requests(engine, prompts, args.output_len)
+            if profiler:
+                profiler.disable()
+            nursery.cancel_scope.cancel()
+        return result + (profiler,)
+
+    wall, generated, reasons, t0, loop_cpu, profiler = trio.run(bench)
+    assert len(reasons) == n and set(reasons) == {"length"}, reasons
+    assert generated == n * args.output_len, generated
+    windows = analyse(events, t0 + wall)
+    forward = sum(w["forward"] for w in windows)
+    full = min(n, max_seqs)  # the most requests that run at once
+    steady = [w for w in windows if w["rows"] == full and w["decode"] == full]
+
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__},"
+          f" {blas_info()}")
+    print(f"# model {model_dir.name}, float32; {n} requests x {args.input_len} prompt + {args.output_len} output"
+          f" tokens, max_seqs {max_seqs}, prefill_chunk {args.prefill_chunk}, max_batched_tokens"
+          f" {max_batched}, {kv_blocks} KV blocks, prefix caching {args.prefix_caching}")
+    print(f"# wall {wall:.2f} s, {len(windows)} steps, output {generated / wall:.1f} tok/s,"
+          f" prompt + output {(n * args.input_len + generated) / wall:.1f} tok/s;"
+          f" engine overhead {100 * (wall - forward) / wall:.1f}% of wall ({wall - forward:.3f} s)")
+
+    labels = ["steps", "ms per step", "forward (runner.step) ms", "overhead ms (step time outside the forward)",
+              "overhead share", "of it: schedule() ms", "of it: apply() ms", "of it: flush() ms",
+              "of it: other ms (thread hop, client tasks, Trio)",
+              "event-loop thread CPU ms (also what overlaps the forward)", "output tok/s"]
+
+    def column(ws, period=None, cpu=None):
+        if not ws:
+            return ["-"] * len(labels)
+        count = len(ws)
+        period = period if period is not None else sum(w["period"] for w in ws)
+        fwd = sum(w["forward"] for w in ws)
+        over = period - fwd
+        sched, app, fl = (sum(w[k] for w in ws) for k in ("schedule", "apply", "flush"))
+        if cpu is None:
+            known = [w["loop_cpu"] for w in ws if w["loop_cpu"] is not None]
+            cpu = sum(known) / len(known) * count if known else math.nan
+        tokps = sum(w["decode"] for w in ws) / period  # one token per decode row
+
+        def ms(x):
+            return f"{1000 * x / count:.2f}"
+
+        return [str(count), ms(period), ms(fwd), ms(over), f"{100 * over / period:.1f}%", ms(sched), ms(app),
+                ms(fl), ms(over - sched - app - fl), ms(cpu), f"{tokps:.1f}"]
+
+    all_col = column(windows, wall, loop_cpu)
+    all_col[-1] = f"{generated / wall:.1f}"  # prefill rows that sample count too
+    steady_col = column(steady)
+    print(f"| measurement | all steps | at {full} running |")
+    print("| --- | ---: | ---: |")
+    for label, a, b in zip(labels, all_col, steady_col):
+        print(f"| {label} | {a} | {b} |")
+    if steady:
+        spread = [1000 * (w["period"] - w["forward"]) for w in steady]
+        print(f"# at {full} running: overhead per step median {statistics.median(spread):.2f} ms,"
+              f" min {min(spread):.2f}, max {max(spread):.2f}")
+
+    if profiler:
+        if args.profile == "-":
+            stats = pstats.Stats(profiler, stream=sys.stderr)
+            stats.sort_stats("tottime").print_stats(25)
+            stats.sort_stats("cumulative").print_stats(30)
+        else:
+            profiler.dump_stats(args.profile)
+            print(f"# profile written to {args.profile}")
+
+
+if __name__ == "__main__":
+    main()
