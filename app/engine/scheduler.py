@@ -292,8 +292,7 @@ class Scheduler:
         self.decoding.remove(request)
         request.state = State.PREEMPTED
         self.stats.preemptions += 1
-        request.num_offered = self.pool.cache_full_blocks(
-            request.block_table, request.all_ids, request.num_offered, request.num_computed)
+        self.offer_full_blocks(request)
         spill_blocks = len(request.block_table)
         if self.swap_used + spill_blocks <= self.config.swap_blocks:
             try:
@@ -318,9 +317,16 @@ class Scheduler:
                 sampling = replace(sampling, logit_bias={**sampling.logit_bias, **{t: BAN for t in banned}})
         return sampling
 
+    def offer_full_blocks(self, request: Request) -> None:
+        """Blocks filled since the last offer go to the prefix cache (skipped when none did:
+        building the token history for every row of every step is not free)."""
+        if request.num_computed - request.num_offered >= self.pool.block_size:
+            request.num_offered = self.pool.cache_full_blocks(
+                request.block_table, request.all_ids, request.num_offered, request.num_computed)
+
     def decode_row(self, request: Request) -> Row:
-        position = request.num_tokens - 1
-        return Row(request.id, [request.all_ids[position]], position, request.block_table, sample=True,
+        last = request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
+        return Row(request.id, [last], request.num_tokens - 1, request.block_table, sample=True,
                    params=self.sampling_params(request), prompt_ids=request.prompt_ids,
                    output_ids=request.output_ids)
 
@@ -354,8 +360,7 @@ class Scheduler:
         for row in plan.rows:
             request = self.requests[row.request_id]
             request.num_computed += len(row.token_ids)
-            request.num_offered = self.pool.cache_full_blocks(
-                request.block_table, request.all_ids, request.num_offered, request.num_computed)
+            self.offer_full_blocks(request)
             if request.state is State.PREFILLING and request.num_computed == request.target:
                 self.prefilling.remove(request)
                 request.state = State.DECODING
