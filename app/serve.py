@@ -1,16 +1,19 @@
 """`python -m app serve`: load the model, start the engine, serve HTTP and WebSocket until a
 signal, then drain.
 
-One nursery holds the engine and Hypercorn. SIGINT or SIGTERM stops admitting (503), lets
+One nursery holds the engine and Hypercorn. The server listens before the model loads, so
+/health answers 503 until it is ready. SIGINT or SIGTERM stops admitting (503), lets
 in-flight requests finish for up to --shutdown-timeout, cancels the rest through the engine's
 abort path, closes the server and exits 0. If the engine crashes, the nursery takes Hypercorn
 down with it: there is never a server without a scheduler.
 """
 
+import functools
 import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -18,7 +21,8 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from app.engine import Engine, EngineConfig
 from app.server.app import ServerState, create_app
-from model.default import resolve_model
+from model.default import DEFAULT_MODEL_NAME, resolve_model
+from model.errors import ModelError
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from model.runner import ModelRunner, load_model
 from model.tokenizer import Tokenizer
@@ -73,31 +77,41 @@ def check(args) -> None:
         raise ValueError("the CUDA backend is not part of this build yet; use --backend cpu")
 
 
-def build(args) -> tuple[Engine, ServerState]:
+def model_name(args) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    if not args.model:
+        return DEFAULT_MODEL_NAME
+    path = Path(args.model)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def load(args, state: ServerState) -> Engine:
+    """Fetch and load the model, and build the engine: runs in a worker thread while the server
+    already answers /health with 503."""
     model_dir = resolve_model(args.model)
-    tokenizer = Tokenizer(model_dir)
+    state.tokenizer = Tokenizer(model_dir)
     model = load_model(model_dir, max_model_len=args.max_model_len)
     config = model.config
-    max_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+    state.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE)
     num_blocks = int(args.kv_cache_gib * GIB // block_bytes)
     if num_blocks < 2:
         raise ValueError(f"--kv-cache-gib {args.kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes")
     runner = ModelRunner(config, model, num_blocks)
-    engine = Engine(runner, tokenizer, EngineConfig(
-        max_model_len=max_len, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
+    engine = Engine(runner, state.tokenizer, EngineConfig(
+        max_model_len=state.max_model_len, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
         swap_blocks=int(args.swap_space * GIB // block_bytes), prefix_caching=not args.no_prefix_caching))
-    state = ServerState(engine=engine, tokenizer=tokenizer, model_name=args.served_model_name or model_dir.name,
-                        max_model_len=max_len, api_key=args.api_key or None,
-                        request_timeout=args.request_timeout or None)
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend cpu,"
              f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB),"
-             f" max_model_len {max_len}")
-    return engine, state
+             f" max_model_len {state.max_model_len}")
+    return engine
 
 
-async def serve(engine: Engine, state: ServerState, args) -> None:
+async def serve(state: ServerState, args, load_engine) -> str | None:
+    """Listen at once, load in a worker thread, then serve until a signal; returns why loading
+    failed, or None."""
     config = HypercornConfig()
     config.bind = [f"{args.host}:{args.port}"]
     config.graceful_timeout = 5.0  # after the drain below, only final frames are left to flush
@@ -108,18 +122,30 @@ async def serve(engine: Engine, state: ServerState, args) -> None:
     async def on_signal():
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                log.info(f"{signal.Signals(signum).name}: draining for up to {args.shutdown_timeout:g} s")
-                await engine.drain(args.shutdown_timeout)
+                if state.engine is not None:
+                    log.info(f"{signal.Signals(signum).name}: draining for up to {args.shutdown_timeout:g} s")
+                    await state.engine.drain(args.shutdown_timeout)
                 stop.set()
                 return
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(engine.run)
+        async def http(task_status=trio.TASK_STATUS_IGNORED):
+            await hypercorn_serve(create_app(state), config, shutdown_trigger=stop.wait, task_status=task_status)
+            nursery.cancel_scope.cancel()  # the server has closed: the engine goes with it
+
         nursery.start_soon(on_signal)
+        await nursery.start(http)
+        log.info(f"listening on http://{args.host}:{args.port}; loading the model")
+        try:
+            engine = await trio.to_thread.run_sync(load_engine)
+        except (ValueError, ModelError) as e:
+            stop.set()
+            return str(e)
+        await nursery.start(engine.run)
+        state.engine = engine
         log.info(f"Spool serving {state.model_name!r} on http://{args.host}:{args.port}")
-        await hypercorn_serve(create_app(state), config, shutdown_trigger=stop.wait)
-        nursery.cancel_scope.cancel()
     log.info("stopped")
+    return None
 
 
 def run_serve(args) -> int:
@@ -127,14 +153,18 @@ def run_serve(args) -> int:
                         stream=sys.stderr)
     try:
         check(args)
-        engine, state = build(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    state = ServerState(model_name=model_name(args), api_key=args.api_key or None,
+                        request_timeout=args.request_timeout or None)
     try:
-        trio.run(serve, engine, state, args)
+        failure = trio.run(serve, state, args, functools.partial(load, args, state))
     except OSError as e:
         print(f"error: cannot listen on {args.host}:{args.port} ({e.strerror or e}); pick another --port",
               file=sys.stderr)
+        return 1
+    if failure:
+        print(f"error: {failure}", file=sys.stderr)
         return 1
     return 0

@@ -1,6 +1,7 @@
 """The serve loop's own promises: a crashed engine takes the server down with it."""
 
 import argparse
+import threading
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ from model.tokenizer import Tokenizer
 async def test_a_crashed_engine_stops_the_server(tiny_dir):
     tok = Tokenizer(tiny_dir)
     engine = Engine(FakeRunner(16, 4, vocab=tok.vocab_size), tok, EngineConfig(max_model_len=64))
-    state = ServerState(engine=engine, tokenizer=tok, model_name="tiny", max_model_len=64)
+    state = ServerState(model_name="tiny", tokenizer=tok, max_model_len=64)
     port = free_port()
     args = argparse.Namespace(host="127.0.0.1", port=port, shutdown_timeout=1.0)
 
@@ -40,7 +41,42 @@ async def test_a_crashed_engine_stops_the_server(tiny_dir):
     with pytest.raises(BaseException) as raised, trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(crash_when_up)
-            await serve(engine, state, args)
+            await serve(state, args, lambda: engine)
     assert "scheduler bug" in repr(raised.value)
     with pytest.raises(httpx.HTTPError):  # nothing listens any more
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+async def test_health_is_503_while_the_model_loads(tiny_dir):
+    tok = Tokenizer(tiny_dir)
+    engine = Engine(FakeRunner(16, 4, vocab=tok.vocab_size), tok, EngineConfig(max_model_len=64))
+    state = ServerState(model_name="tiny", tokenizer=tok, max_model_len=64)
+    port = free_port()
+    args = argparse.Namespace(host="127.0.0.1", port=port, shutdown_timeout=1.0)
+    loaded = threading.Event()
+
+    def slow_load():
+        assert loaded.wait(30)
+        return engine
+
+    def get(path):
+        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve, state, args, slow_load)
+        with trio.fail_after(30):
+            while True:
+                try:
+                    r = await trio.to_thread.run_sync(get, "/health")
+                    break
+                except httpx.HTTPError:
+                    await trio.sleep(0.05)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "loading"
+        r = await trio.to_thread.run_sync(get, "/v1/models")
+        assert r.status_code == 503 and r.headers["Retry-After"]
+        loaded.set()
+        with trio.fail_after(30):
+            while (await trio.to_thread.run_sync(get, "/health")).status_code != 200:
+                await trio.sleep(0.05)
+        assert (await trio.to_thread.run_sync(get, "/v1/models")).json()["data"][0]["id"] == "tiny"
+        nursery.cancel_scope.cancel()

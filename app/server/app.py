@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 
 import trio
-from quart import request
+from quart import request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -46,10 +46,10 @@ MAX_BODY_BYTES = 4 << 20
 
 @dataclass
 class ServerState:
-    engine: object
-    tokenizer: object
     model_name: str
-    max_model_len: int
+    engine: object = None  # None while the model loads
+    tokenizer: object = None
+    max_model_len: int = 0
     api_key: str | None = None
     request_timeout: float | None = None  # seconds; None: no limit
 
@@ -84,10 +84,12 @@ def create_app(state: ServerState) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["RESPONSE_TIMEOUT"] = None  # Spool enforces --request-timeout itself
     app.config["BODY_TIMEOUT"] = 60
-    engine, tokenizer = state.engine, state.tokenizer
 
     @app.before_request
     async def read_body_and_check_key():
+        if state.engine is None and request.path != "/health":
+            raise APIError(503, "the model is still loading; retry shortly", code="loading",
+                           headers={"Retry-After": "5"})
         if state.api_key and request.path != "/health":
             if request.headers.get("Authorization", "") != f"Bearer {state.api_key}":
                 raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
@@ -115,7 +117,7 @@ def create_app(state: ServerState) -> QuartTrio:
     check_model, deadline, timeout_error = state.check_model, state.deadline, state.timeout_error
 
     def token_text(token_id: int) -> str:
-        return tokenizer.decode([token_id], skip_special_tokens=False)
+        return state.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def chat_logprobs(entries) -> ChoiceLogprobs:
         content = []
@@ -193,7 +195,7 @@ def create_app(state: ServerState) -> QuartTrio:
     async def chat_completions():
         req = parse(ChatCompletionRequest, await request.get_data())
         check_model(req.model)
-        gen = start_generation(engine, tokenizer, req, "chatcmpl")
+        gen = start_generation(state.engine, state.tokenizer, req, "chatcmpl")
         model = state.model_name
 
         if not req.stream:
@@ -230,7 +232,7 @@ def create_app(state: ServerState) -> QuartTrio:
         check_model(req.model)
         if req.echo:
             raise APIError(400, "echo is not supported", param="echo")
-        gen = start_generation(engine, tokenizer, req, "cmpl")
+        gen = start_generation(state.engine, state.tokenizer, req, "cmpl")
         model = state.model_name
 
         if not req.stream:
@@ -266,7 +268,9 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.get("/health")
     async def health():
-        status = engine.status()
+        if state.engine is None:
+            return APIError(503, "the model is still loading", code="loading").response()
+        status = state.engine.status()
         if status["running"]:
             return {"status": "ok"}
         reason = "draining" if status["draining"] else "the engine is not running"
@@ -274,7 +278,7 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.get("/metrics")
     async def prometheus():
-        body, content_type = metrics.render(engine, state.model_name)
+        body, content_type = metrics.render(state.engine, state.model_name)
         return body, 200, {"Content-Type": content_type}
 
     @app.post("/tokenize")
@@ -285,22 +289,22 @@ def create_app(state: ServerState) -> QuartTrio:
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         if req.messages is not None:
             try:
-                tokens = tokenizer.encode_chat(chat_messages(req.messages), req.add_generation_prompt)
+                tokens = state.tokenizer.encode_chat(chat_messages(req.messages), req.add_generation_prompt)
             except ChatTemplateError as e:
                 raise APIError(400, str(e), param="messages") from None
         else:
-            tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            tokens = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize():
         req = parse(DetokenizeRequest, await request.get_data())
         check_model(req.model)
-        vocab = tokenizer.vocab_size
+        vocab = state.tokenizer.vocab_size
         bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
-        return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+        return {"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
     @app.get("/openapi.json")
     async def openapi_spec():
@@ -308,6 +312,9 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.websocket("/v1/ws")
     async def websocket_route():
+        if state.engine is None:
+            await websocket.close(1013, "the model is still loading")  # 1013: try again later
+            return
         await serve_websocket(state)
 
     return app
