@@ -274,3 +274,32 @@ def test_prefix_cache_never_chains_through_a_reused_parent_id(tok, parent):
     rid = h.submit(reader, max_tokens=2)
     h.run()
     assert h.final(rid).finish_reason == "length" and h.tokens(rid) == runner.expected(reader, 2)
+
+
+def test_text_held_for_a_stop_string_is_released_when_eos_ends_it(tok):
+    runner, h = make(tok)
+    eos = tok.hf.token_to_id("<|im_end|>")
+    script = script_for(tok, "Hello world")
+    runner.scripts[tuple(prompt(4))] = script + [eos]
+    rid = h.submit(prompt(4), max_tokens=30, stop=("world peace",))
+    h.run()
+    assert h.text(rid) == "Hello world"
+    assert h.final(rid).finish_reason == "stop" and h.final(rid).stop_reason is None
+
+
+def test_a_failed_reload_from_the_spill_pool_falls_back_to_recompute(tok):
+    runner, h = make(tok, num_blocks=16, block_size=4, swap_blocks=64, immunity_tokens=4)
+    failures = []
+
+    def broken_load(block_ids, data):
+        failures.append(block_ids)
+        raise RuntimeError("host copy lost")
+
+    runner.load_blocks = broken_load
+    prompts = [prompt(6 + i, i) for i in range(5)]
+    rids = [h.submit(p, max_tokens=14) for p in prompts]
+    h.run()
+    assert failures and h.s.stats.preemptions > 0
+    for rid, p in zip(rids, prompts):
+        assert h.tokens(rid) == runner.expected(p, 14)
+    assert h.pool.used == 0 and h.s.swap_used == 0

@@ -61,10 +61,10 @@ def oracle(runner: FakeRunner, tok, prompt, params: GenerationParams, max_tokens
         out.append(token)
         context.append(token)
         may_stop = len(out) > params.min_tokens
-        if may_stop and token in eos and not params.ignore_eos:
-            return out, text, "stop", None
+        if may_stop and token in eos and not params.ignore_eos:  # held-back text is released
+            return out, text + stops.feed(detok.flush())[0] + stops.flush(), "stop", None
         if may_stop and token in params.stop_token_ids:
-            return out, text, "stop", token
+            return out, text + stops.feed(detok.flush())[0] + stops.flush(), "stop", token
         piece, stop = detok.add(token), None
         if may_stop:
             piece, stop = stops.feed(piece)

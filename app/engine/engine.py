@@ -12,6 +12,7 @@ the channel cannot be drained by the tick, so a step could run before an abort s
 """
 
 import itertools
+import math
 import logging
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from app.engine.status import StatusReporter
 
 log = logging.getLogger("spool.engine")
 
-CHANNEL_FRAMES = 4096  # per request: a client this far behind is treated as gone
+CHANNEL_FRAMES = 4096  # frames waiting unread: a client this far behind is treated as gone
 
 
 class Draining(EngineError):
@@ -46,7 +47,6 @@ class Engine:
         self.scheduler = Scheduler(config, self.pool, runner, tokenizer)
         self.reporter = StatusReporter(config.decode_log_interval)
         self._wake = trio.Event()
-        self._live: set[str] = set()  # submitted and not yet given their final frame
         self._ids = itertools.count()
         self.draining = False
         self.running = False
@@ -74,19 +74,20 @@ class Engine:
         fit), Overloaded or Draining."""
         max_tokens = self.check(prompt_ids, params)
         request_id = request_id or f"req-{self.next_id()}"
-        if request_id in self._live:
+        if request_id in self.scheduler.requests:
             raise EngineError(f"request id {request_id!r} is already in use")
         send, recv = channel, None
         if channel is None:
-            send, recv = trio.open_memory_channel(CHANNEL_FRAMES)
+            send, recv = trio.open_memory_channel(math.inf)
 
-        def emit(frame, send_nowait=send.send_nowait):
-            if frame.finish_reason is not None:
-                self._live.discard(frame.request_id)
-            send_nowait(frame)
+        def emit(frame):
+            """Deltas stop going out once CHANNEL_FRAMES wait unread (the scheduler then aborts
+            the request); the final frame always goes out, so a reader never waits forever."""
+            if frame.finish_reason is None and send.statistics().current_buffer_used >= CHANNEL_FRAMES:
+                raise trio.WouldBlock
+            send.send_nowait(frame)
 
         request = Request(request_id, list(prompt_ids), params, max_tokens, emit)
-        self._live.add(request_id)
         self.scheduler.add(request)
         self._wake.set()
         return request_id, recv
@@ -94,7 +95,7 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Cancel a request wherever it is; takes effect at the next step boundary. Safe from
         any task, and for ids already finished."""
-        if request_id in self._live:
+        if request_id in self.scheduler.requests:  # unknown or finished ids are ignored
             self.scheduler.abort(request_id)
             self._wake.set()
 
@@ -160,9 +161,9 @@ class Engine:
         the rest through the abort path and wait for their final frames."""
         self.draining = True
         with trio.move_on_after(grace):
-            while self._live:
+            while self.scheduler.requests:
                 await trio.sleep(0.01)
-        for request_id in list(self._live):
+        for request_id in list(self.scheduler.requests):
             self.abort(request_id)
-        while self._live and self.running:
+        while self.scheduler.requests and self.running:
             await trio.sleep(0.01)

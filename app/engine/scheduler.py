@@ -17,11 +17,16 @@ from app.engine.stops import StopMatcher
 from model.runner import Row, Sampled, StepPlan
 from model.tokenizer import IncrementalDetokenizer
 
-BAN = -100.0  # the strongest logit bias the API allows: how min_tokens holds back the stops
+BAN = float("-inf")  # how min_tokens holds back the stops: they cannot be sampled at all
 
 
 class EngineError(ValueError):
-    """A request the engine refuses; the message is fit for an API client."""
+    """A request the engine refuses; the message is fit for an API client, and param names the
+    request field at fault, when one is."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class Overloaded(EngineError):
@@ -81,32 +86,33 @@ class Scheduler:
         """Refuse what could never run; returns max_tokens resolved against the context."""
         limit = self.config.max_model_len
         if not prompt_ids:
-            raise EngineError("the prompt is empty")
+            raise EngineError("the prompt is empty", "prompt")
         vocab = self.tokenizer.vocab_size
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise EngineError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+            raise EngineError(f"token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
         if len(prompt_ids) >= limit:
-            raise EngineError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {limit}")
+            raise EngineError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {limit}", "prompt")
         if self.blocks_for(len(prompt_ids) + 1) > self.pool.num_blocks:
             raise EngineError(f"the prompt needs {self.blocks_for(len(prompt_ids) + 1)} KV blocks and the"
-                              f" cache has {self.pool.num_blocks}; start the server with a larger KV cache")
+                              f" cache has {self.pool.num_blocks}; start the server with a larger KV cache", "prompt")
         room = limit - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else params.max_tokens
         if max_tokens < 1:
-            raise EngineError(f"max_tokens must be at least 1, got {max_tokens}")
+            raise EngineError(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
         if max_tokens > room:
             raise EngineError(f"max_tokens is {max_tokens}, but the context of {limit} leaves {room}"
-                              f" after the {len(prompt_ids)}-token prompt")
+                              f" after the {len(prompt_ids)}-token prompt", "max_tokens")
         if not 0 <= params.min_tokens <= max_tokens:
-            raise EngineError(f"min_tokens must be between 0 and max_tokens ({max_tokens}), got {params.min_tokens}")
+            raise EngineError(f"min_tokens must be between 0 and max_tokens ({max_tokens}), got {params.min_tokens}",
+                              "min_tokens")
         bad = next((t for t in params.stop_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise EngineError(f"stop_token_ids has {bad}, outside the vocabulary [0, {vocab})")
+            raise EngineError(f"stop_token_ids has {bad}, outside the vocabulary [0, {vocab})", "stop_token_ids")
         try:
             params.sampling.validate(vocab)
         except ValueError as e:
-            raise EngineError(str(e)) from None
+            raise EngineError(str(e), str(e).split(" ", 1)[0]) from None
         return max_tokens
 
     def add(self, request: Request) -> None:
@@ -152,7 +158,8 @@ class Scheduler:
         """Mark a request done. It leaves, frees its blocks and gets its final frame in flush()."""
         {State.WAITING: self.waiting, State.PREFILLING: self.prefilling,
          State.DECODING: self.decoding, State.PREEMPTED: self.preempted}[request.state].remove(request)
-        if reason == "length":
+        if reason == "length" or (reason == "stop" and not isinstance(stop_reason, str)):
+            # a natural end that no stop string made: release what was held back
             request.pending_text += request.stops.feed(request.detok.flush())[0] + request.stops.flush()
         request.state = State.FINISHED
         request.finish_reason, request.stop_reason, request.error = reason, stop_reason, error
@@ -201,16 +208,25 @@ class Scheduler:
             headroom = min(needed + 1, self.pool.num_blocks)
             if self.running >= self.config.max_seqs or headroom > self.pool.available:
                 break
-            if request.spilled is not None:
-                request.block_table = self.pool.allocate_many(request.spill_blocks)
-                self.runner.load_blocks(request.block_table, request.spilled)
-                self.drop_spill(request)
+            if request.spilled is not None and self.reload(request):
                 request.state = State.DECODING
                 self.decoding.append(request)
-            elif not self.start_prefill(request, request.all_ids, request.target):
+            elif request.spilled is None and not self.start_prefill(request, request.all_ids, request.target):
                 break
             self.preempted.remove(request)
             request.immune_until = len(request.output_ids) + self.config.immunity_tokens
+
+    def reload(self, request: Request) -> bool:
+        """Bring a spilled request's K/V back; when that fails, it is re-prefilled instead."""
+        request.block_table = self.pool.allocate_many(request.spill_blocks)
+        try:
+            self.runner.load_blocks(request.block_table, request.spilled)
+        except Exception:
+            self.pool.release(request.block_table)
+            request.block_table = []
+            request.num_computed = request.num_offered = 0
+        self.drop_spill(request)
+        return bool(request.block_table)
 
     def start_prefill(self, request: Request, tokens: list[int], target: int) -> bool:
         """Take cached prefix blocks and allocate the rest for target tokens; False (and
