@@ -110,8 +110,8 @@ def load(args, state: ServerState) -> Engine:
 
 
 async def serve(state: ServerState, args, load_engine) -> str | None:
-    """Listen at once, load in a worker thread, then serve until a signal; returns why loading
-    failed, or None."""
+    """Listen at once, load in a worker thread, then serve until a signal; returns why listening
+    or loading failed, or None."""
     config = HypercornConfig()
     config.bind = [f"{args.host}:{args.port}"]
     config.graceful_timeout = 5.0  # after the drain below, only final frames are left to flush
@@ -134,7 +134,16 @@ async def serve(state: ServerState, args, load_engine) -> str | None:
             nursery.cancel_scope.cancel()  # the server has closed: the engine goes with it
 
         nursery.start_soon(on_signal)
-        await nursery.start(http)
+        bind_error = None
+        try:
+            await nursery.start(http)
+        except* OSError as group:  # Hypercorn raises it inside its own nursery
+            bind_error = group
+            while isinstance(bind_error, BaseExceptionGroup):
+                bind_error = bind_error.exceptions[0]
+        if bind_error is not None:
+            nursery.cancel_scope.cancel()
+            return f"cannot listen on {args.host}:{args.port} ({bind_error.strerror or bind_error}); pick another --port"
         log.info(f"listening on http://{args.host}:{args.port}; loading the model")
         try:
             engine = await trio.to_thread.run_sync(load_engine)
@@ -158,12 +167,7 @@ def run_serve(args) -> int:
         return 2
     state = ServerState(model_name=model_name(args), api_key=args.api_key or None,
                         request_timeout=args.request_timeout or None)
-    try:
-        failure = trio.run(serve, state, args, functools.partial(load, args, state))
-    except OSError as e:
-        print(f"error: cannot listen on {args.host}:{args.port} ({e.strerror or e}); pick another --port",
-              file=sys.stderr)
-        return 1
+    failure = trio.run(serve, state, args, functools.partial(load, args, state))
     if failure:
         print(f"error: {failure}", file=sys.stderr)
         return 1

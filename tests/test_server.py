@@ -6,6 +6,8 @@ import json
 import httpx
 import openai
 import pytest
+import trio
+from trio_websocket import ConnectionRejected, open_websocket_url
 
 from live_server import LiveServer
 
@@ -149,6 +151,19 @@ def test_api_key_guards_every_route_but_health():
         assert httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
         with openai.OpenAI(base_url=s.url + "/v1", api_key="sekrit", max_retries=0) as c:
             assert c.models.list().data[0].id == "SmolLM2-135M-Instruct"
+
+        async def websocket_needs_the_key_too():
+            url = f"ws://127.0.0.1:{s.port}/v1/ws"
+            with pytest.raises(ConnectionRejected):  # closed before the handshake completes
+                async with open_websocket_url(url):
+                    pass
+            async with open_websocket_url(url, extra_headers=[(b"Authorization", b"Bearer sekrit")]) as ws:
+                await ws.send_message(json.dumps({"type": "generate", "id": "a", "prompt": "Hi", "max_tokens": 2}))
+                while (frame := json.loads(await ws.get_message()))["type"] != "done":
+                    pass
+                assert frame["usage"]["completion_tokens"] == 2
+
+        trio.run(websocket_needs_the_key_too)
     finally:
         assert s.stop() == 0
 
@@ -165,3 +180,14 @@ def test_request_timeout_ends_generations():
         s.wait_gauge("num_requests_running", 0, timeout=10)  # aborted at the next step
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": QUESTION, "min_tokens": 50, "max_tokens": 5}, "min_tokens"),
+    ({"messages": QUESTION, "max_tokens": 100000}, "max_tokens"),
+    ({"messages": QUESTION, "top_p": 2}, "top_p"),
+    ({"messages": QUESTION, "stop_token_ids": [10 ** 9]}, "stop_token_ids"),
+])
+def test_errors_name_the_field_at_fault(server, body, param):
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

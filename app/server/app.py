@@ -160,9 +160,9 @@ def create_app(state: ServerState) -> QuartTrio:
                     break
                 for payload in chunk_for(frames):
                     yield sse(payload)
-            errors = [c.error for c in gen.choices.values() if c.finish_reason == "error"]
-            if errors:
-                yield sse(json.dumps(APIError(500, errors[0], code="generation_error").body()))
+            failure = gen.failure()
+            if failure:
+                yield sse(json.dumps(failure.body()))
             elif usage_chunk is not None:
                 yield sse(usage_chunk())
             yield "data: [DONE]\n\n"
@@ -187,9 +187,9 @@ def create_app(state: ServerState) -> QuartTrio:
         finally:
             gen.abort()
             gen.log()
-        errors = [c.error for c in gen.choices.values() if c.finish_reason == "error"]
-        if errors:
-            raise APIError(500, errors[0], code="generation_error")
+        failure = gen.failure()
+        if failure:
+            raise failure
 
     @app.post("/v1/chat/completions")
     async def chat_completions():
@@ -312,6 +312,9 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.websocket("/v1/ws")
     async def websocket_route():
+        if state.api_key and websocket.headers.get("Authorization", "") != f"Bearer {state.api_key}":
+            await websocket.close(1008, "missing or invalid API key")  # 1008: policy violation
+            return
         if state.engine is None:
             await websocket.close(1013, "the model is still loading")  # 1013: try again later
             return

@@ -23,12 +23,13 @@ access_log = logging.getLogger("spool.access")
 RETRY_AFTER_SECONDS = 1
 
 
-def sampling_params(req, vocab_size: int, logprobs: int | None, index: int) -> SamplingParams:
+def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
+    """The request's sampling fields with OpenAI's defaults; the engine validates them."""
     try:
         bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
     except ValueError:
         raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
-    params = SamplingParams(
+    return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or 0,
@@ -40,15 +41,9 @@ def sampling_params(req, vocab_size: int, logprobs: int | None, index: int) -> S
         seed=None if req.seed is None else req.seed + index,
         logprobs=logprobs,
     )
-    try:
-        params.validate(vocab_size)
-    except ValueError as e:
-        field_name = str(e).split(" ", 1)[0]
-        raise APIError(400, str(e), param=field_name) from None
-    return params
 
 
-def generation_params(req, vocab_size: int, index: int) -> GenerationParams:
+def generation_params(req, index: int) -> GenerationParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -56,7 +51,7 @@ def generation_params(req, vocab_size: int, index: int) -> GenerationParams:
         max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
         logprobs = req.logprobs
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    return GenerationParams(sampling_params(req, vocab_size, logprobs, index), max_tokens=max_tokens,
+    return GenerationParams(sampling_params(req, logprobs, index), max_tokens=max_tokens,
                             min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
                             ignore_eos=req.ignore_eos)
 
@@ -66,8 +61,7 @@ def engine_error(e: EngineError) -> APIError:
         return APIError(429, str(e), code="overloaded", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     if isinstance(e, Draining):
         return APIError(503, str(e), code="draining")
-    param = "max_tokens" if "max_tokens" in str(e) else ("messages" if "prompt" in str(e) else None)
-    return APIError(400, str(e), param=param)
+    return APIError(400, str(e), param=e.param)
 
 
 @dataclass
@@ -165,6 +159,11 @@ class Generation:
             return frames
         return None
 
+    def failure(self) -> "APIError | None":
+        """The first choice that ended in an engine error, as a 500."""
+        errors = [c.error for c in self.choices.values() if c.finish_reason == "error"]
+        return APIError(500, errors[0], code="generation_error") if errors else None
+
     async def run_to_end(self, deadline: float) -> bool:
         """Collect everything; False when the deadline passed (the choices are then aborted)."""
         while not self.done:
@@ -177,7 +176,10 @@ class Generation:
         prompt = sum({c.prompt_index: c.prompt_tokens for c in choices}.values())  # each prompt once
         completion = sum(c.completion_tokens for c in choices)
         usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-        usage.prompt_tokens_details.cached_tokens = max((c.cached_tokens for c in choices), default=0)
+        cached: dict[int, int] = {}  # per prompt, as prompt_tokens counts each prompt once
+        for c in choices:
+            cached[c.prompt_index] = max(cached.get(c.prompt_index, 0), c.cached_tokens)
+        usage.prompt_tokens_details.cached_tokens = sum(cached.values())
         return usage
 
     def log(self) -> None:
@@ -201,9 +203,8 @@ def merge(frames: list[Frame]) -> dict:
 
 def start_generation(engine, tokenizer, req, id_prefix: str) -> Generation:
     """Submit every choice of a chat or completion request."""
-    vocab = tokenizer.vocab_size
     return Generation(engine, request_prompts(req, tokenizer), req.n,
-                      lambda index: generation_params(req, vocab, index), id_prefix)
+                      lambda index: generation_params(req, index), id_prefix)
 
 
 def chat_messages(messages) -> list[dict]:

@@ -4,11 +4,11 @@ Client frames (JSON text):
   {"type": "generate", "id": "g1", ...a chat body (messages) or a completions body (prompt)}
   {"type": "cancel", "id": "g1"}
 Server frames:
-  {"type": "delta", "id": "g1", "index": 0, "text": "...", "token_ids": [...]}
+  {"type": "delta", "id": "g1", "index": 0, "text": "..."}
   {"type": "done", "id": "g1", "choices": [{"index", "finish_reason", "stop_reason"}], "usage": {...}}
   {"type": "error", "id": "g1" or null, "error": {"message", "type", "param", "code"}}
 A malformed frame gets an error frame and the socket stays open. Closing the socket cancels every
-generation on it.
+generation on it. With --api-key, the upgrade request needs the same Authorization header as HTTP.
 """
 
 import json
