@@ -121,7 +121,7 @@ def attention_meta(query_lens: list[int], context_lens: list[int],
         key_pos = np.arange(max_blocks * block_size)
         query_pos = (ctx - n)[:, None] + qi[None, :]  # (rows, max_q)
         visible = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
-        bias = np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+        bias = np.where(visible, np.float32(0), np.float32(-np.inf))
         chunks.append(AttentionChunk(query_index, query_valid, key_blocks, bias[None, :, None]))
     return chunks
 
@@ -188,25 +188,33 @@ def _apply_penalties(logits: np.ndarray, p: SamplingParams,
 
 def _pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
     """Draw one token by inverse CDF over the kept candidates, taken in a canonical order
-    (probability descending, then token id), so the draw depends only on logits and u."""
+    (probability descending, then token id), so the draw depends only on logits and u.
+
+    Filters: top-k, then top-p over the renormalized top-k, and min-p relative to the most
+    likely token. Only the candidates are sorted, never the whole vocabulary unless top-p
+    needs more than SAMPLING_CANDIDATES tokens."""
     scaled = logits / np.float32(p.temperature)
     scaled -= scaled.max()
     probs = np.exp(scaled)
     probs /= probs.sum()
     vocab = probs.shape[0]
-    top_k = p.top_k if p.top_k > 0 else vocab
-    if top_k == vocab and p.top_p >= 1.0 and p.min_p <= 0.0:
+    top_k = p.top_k if 0 < p.top_k < vocab else 0
+    if not top_k and p.top_p >= 1.0 and p.min_p <= 0.0:
         cdf = np.cumsum(probs)
         return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), vocab - 1))
-    n = min(top_k, SAMPLING_CANDIDATES, vocab)
-    cand = np.argpartition(-probs, n - 1)[:n] if n < vocab else np.arange(vocab)
-    cand = cand[np.lexsort((cand, -probs[cand]))]
-    kept = probs[cand]
-    if n < top_k and kept.sum() < p.top_p:  # the nucleus may reach past the candidates
-        cand = np.lexsort((np.arange(vocab), -probs))[:top_k]
-        kept = probs[cand]
     if p.min_p > 0.0:
-        kept = kept[kept >= p.min_p * kept[0]]
+        cand = np.flatnonzero(probs >= p.min_p * probs.max())
+    elif top_k:
+        cand = np.argpartition(-probs, top_k - 1)[:top_k]
+    else:  # top-p alone: the nucleus is usually small
+        n = min(SAMPLING_CANDIDATES, vocab)
+        cand = np.argpartition(-probs, n - 1)[:n]
+        if probs[cand].sum() < p.top_p:
+            cand = np.arange(vocab)
+    cand = cand[np.lexsort((cand, -probs[cand]))]
+    if top_k:
+        cand = cand[:top_k]
+    kept = probs[cand] / probs[cand].sum()
     if p.top_p < 1.0:
         before = np.cumsum(kept) - kept
         kept = kept[before < p.top_p]
