@@ -15,12 +15,17 @@ from live_server import free_port
 from model.tokenizer import Tokenizer
 
 
-async def test_a_crashed_engine_stops_the_server(tiny_dir):
+def tiny_setup(tiny_dir):
+    """An engine on the fake runner, the server state for it, and serve()'s arguments."""
     tok = Tokenizer(tiny_dir)
     engine = Engine(FakeRunner(16, 4, vocab=tok.vocab_size), tok, EngineConfig(max_model_len=64))
     state = ServerState(model_name="tiny", tokenizer=tok, max_model_len=64)
-    port = free_port()
-    args = argparse.Namespace(host="127.0.0.1", port=port, shutdown_timeout=1.0)
+    return engine, state, argparse.Namespace(host="127.0.0.1", port=free_port(), shutdown_timeout=1.0)
+
+
+async def test_a_crashed_engine_stops_the_server(tiny_dir):
+    engine, state, args = tiny_setup(tiny_dir)
+    port = args.port
 
     def broken_schedule():
         raise RuntimeError("scheduler bug")
@@ -48,11 +53,8 @@ async def test_a_crashed_engine_stops_the_server(tiny_dir):
 
 
 async def test_health_is_503_while_the_model_loads(tiny_dir):
-    tok = Tokenizer(tiny_dir)
-    engine = Engine(FakeRunner(16, 4, vocab=tok.vocab_size), tok, EngineConfig(max_model_len=64))
-    state = ServerState(model_name="tiny", tokenizer=tok, max_model_len=64)
-    port = free_port()
-    args = argparse.Namespace(host="127.0.0.1", port=port, shutdown_timeout=1.0)
+    engine, state, args = tiny_setup(tiny_dir)
+    port = args.port
     loaded = threading.Event()
 
     def slow_load():

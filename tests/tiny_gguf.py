@@ -14,6 +14,8 @@ import gguf
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tiny_model import random_weights
+
 HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 64, 2, 4, 2, 128
 HEAD_DIM = HIDDEN // HEADS
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -77,30 +79,7 @@ def export_vocab(tok: Tokenizer) -> tuple[list[str], list[str]]:
 
 
 def hf_weights(arch: str = "llama", *, tied: bool = True, vocab: int = 400, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    r = lambda *shape: rng.standard_normal(shape).astype(np.float32) * 0.5  # noqa: E731
-    w = {"model.embed_tokens.weight": r(vocab, HIDDEN), "model.norm.weight": 1 + r(HIDDEN)}
-    if not tied:
-        w["lm_head.weight"] = r(vocab, HIDDEN)
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1 + r(HIDDEN)
-        w[p + "post_attention_layernorm.weight"] = 1 + r(HIDDEN)
-        w[p + "self_attn.q_proj.weight"] = r(HEADS * HEAD_DIM, HIDDEN)
-        w[p + "self_attn.k_proj.weight"] = r(KV_HEADS * HEAD_DIM, HIDDEN)
-        w[p + "self_attn.v_proj.weight"] = r(KV_HEADS * HEAD_DIM, HIDDEN)
-        w[p + "self_attn.o_proj.weight"] = r(HIDDEN, HEADS * HEAD_DIM)
-        w[p + "mlp.gate_proj.weight"] = r(FFN, HIDDEN)
-        w[p + "mlp.up_proj.weight"] = r(FFN, HIDDEN)
-        w[p + "mlp.down_proj.weight"] = r(HIDDEN, FFN)
-        if arch == "qwen2":
-            w[p + "self_attn.q_proj.bias"] = r(HEADS * HEAD_DIM)
-            w[p + "self_attn.k_proj.bias"] = r(KV_HEADS * HEAD_DIM)
-            w[p + "self_attn.v_proj.bias"] = r(KV_HEADS * HEAD_DIM)
-        if arch == "qwen3":
-            w[p + "self_attn.q_norm.weight"] = 1 + r(HEAD_DIM)
-            w[p + "self_attn.k_norm.weight"] = 1 + r(HEAD_DIM)
-    return w
+    return random_weights(arch, tied, vocab, seed, LAYERS, HIDDEN, HEADS, KV_HEADS, FFN)
 
 
 _TO_GGUF = {

@@ -37,14 +37,10 @@ def train_tokenizer(vocab_size: int = 400) -> Tokenizer:
     return tok
 
 
-def make_tiny_model(path: Path, variant: str = "llama", tie: bool = True, seed: int = 0,
-                    layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
-                    intermediate: int = 128, max_pos: int = 1024) -> Path:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer()
-    tok.save(str(path / "tokenizer.json"))
-    vocab = tok.get_vocab_size()
+def random_weights(variant: str, tie: bool, vocab: int, seed: int = 0, layers: int = 2, hidden: int = 64,
+                   heads: int = 4, kv_heads: int = 2, intermediate: int = 128) -> dict[str, np.ndarray]:
+    """Random float32 tensors under Hugging Face names, scaled so logits are neither flat nor
+    one-hot."""
     head_dim = hidden // heads
     rng = np.random.default_rng(seed)
 
@@ -75,6 +71,19 @@ def make_tiny_model(path: Path, variant: str = "llama", tie: bool = True, seed: 
         if variant == "qwen3":
             t[p + "self_attn.q_norm.weight"] = norm(head_dim)
             t[p + "self_attn.k_norm.weight"] = norm(head_dim)
+    return t
+
+
+def make_tiny_model(path: Path, variant: str = "llama", tie: bool = True, seed: int = 0,
+                    layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+                    intermediate: int = 128, max_pos: int = 1024) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer()
+    tok.save(str(path / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    head_dim = hidden // heads
+    t = random_weights(variant, tie, vocab, seed, layers, hidden, heads, kv_heads, intermediate)
     save_file(t, str(path / "model.safetensors"))
 
     eos = tok.token_to_id("<|im_end|>")
