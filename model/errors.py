@@ -12,4 +12,6 @@ class ModelError(Exception):
 def one_line(exc: BaseException | str) -> str:
     """An exception's text with its line breaks folded, for use inside a ModelError message."""
     text = " ".join(str(exc).split())
-    return text or type(exc).__name__
+    if not text and isinstance(exc, BaseException):
+        return type(exc).__name__
+    return text

@@ -149,14 +149,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pa
 # ---------------------------------------------------------------------------------------------
 
 
-def one_line(exc: BaseException | str) -> str:
-    text = str(exc) if not isinstance(exc, str) else exc
-    text = " ".join(text.split())
-    if isinstance(exc, BaseException) and not text:
-        text = type(exc).__name__
-    return text
-
-
 def _open_gguf(path: Path):
     import gguf
 

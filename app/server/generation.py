@@ -14,7 +14,7 @@ import trio
 
 from app.engine import Draining, EngineError, Frame, GenerationParams, Overloaded
 from app.server.errors import APIError
-from app.server.schemas import ChatCompletionRequest, CompletionRequest, UsageInfo
+from app.server.schemas import ChatCompletionRequest, UsageInfo
 from model.sampling import SamplingParams
 from model.tokenizer import ChatTemplateError
 
