@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from app.engine import Engine, EngineConfig
+from app.server import limits
 from app.server.app import ServerState, create_app
+from app.server.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
 from model.errors import ModelError
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
@@ -58,6 +58,7 @@ def add_arguments(parser) -> None:
     a("--shutdown-timeout", type=float, default=30.0,
       help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="(default: info)")
+    limits.add_arguments(parser)
 
 
 def check(args) -> None:
@@ -73,6 +74,7 @@ def check(args) -> None:
         raise ValueError("--request-timeout and --shutdown-timeout must not be negative")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    limits.Limits.from_args(args).check()
     if args.backend == "cuda":
         raise ValueError("the CUDA backend is not part of this build yet; use --backend cpu")
 
@@ -112,11 +114,6 @@ def load(args, state: ServerState) -> Engine:
 async def serve(state: ServerState, args, load_engine) -> str | None:
     """Listen at once, load in a worker thread, then serve until a signal; returns why listening
     or loading failed, or None."""
-    config = HypercornConfig()
-    config.bind = [f"{args.host}:{args.port}"]
-    config.graceful_timeout = 5.0  # after the drain below, only final frames are left to flush
-    config.accesslog = None  # Spool writes its own access line per request
-    config.errorlog = logging.getLogger("hypercorn.error")
     stop = trio.Event()
 
     async def on_signal():
@@ -130,14 +127,16 @@ async def serve(state: ServerState, args, load_engine) -> str | None:
 
     async with trio.open_nursery() as nursery:
         async def http(task_status=trio.TASK_STATUS_IGNORED):
-            await hypercorn_serve(create_app(state), config, shutdown_trigger=stop.wait, task_status=task_status)
+            # After the drain below, only final frames are left to flush: 5 s is plenty.
+            await serve_http(create_app(state), state.limits, state.connections, args.host, args.port,
+                             stop.wait, graceful_timeout=5.0, task_status=task_status)
             nursery.cancel_scope.cancel()  # the server has closed: the engine goes with it
 
         nursery.start_soon(on_signal)
         bind_error = None
         try:
             await nursery.start(http)
-        except* OSError as group:  # Hypercorn raises it inside its own nursery
+        except* OSError as group:  # raised inside the listener's nursery
             bind_error = group
             while isinstance(bind_error, BaseExceptionGroup):
                 bind_error = bind_error.exceptions[0]
@@ -166,7 +165,7 @@ def run_serve(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     state = ServerState(model_name=model_name(args), api_key=args.api_key or None,
-                        request_timeout=args.request_timeout or None)
+                        request_timeout=args.request_timeout or None, limits=limits.Limits.from_args(args))
     failure = trio.run(serve, state, args, functools.partial(load, args, state))
     if failure:
         print(f"error: {failure}", file=sys.stderr)

@@ -6,7 +6,7 @@ app, so tests build one per server).
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 from quart import request, websocket
@@ -16,6 +16,8 @@ from werkzeug.exceptions import HTTPException
 from app.server import metrics, openapi
 from app.server.errors import APIError, validate
 from app.server.generation import Generation, chat_messages, merge, start_generation
+from app.server.limits import Limits
+from app.server.listener import ConnectionStats
 from app.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -41,9 +43,6 @@ from model.tokenizer import ChatTemplateError
 
 log = logging.getLogger("spool.server")
 
-MAX_BODY_BYTES = 4 << 20
-
-
 @dataclass
 class ServerState:
     model_name: str
@@ -52,6 +51,8 @@ class ServerState:
     max_model_len: int = 0
     api_key: str | None = None
     request_timeout: float | None = None  # seconds; None: no limit
+    limits: Limits = field(default_factory=Limits)
+    connections: ConnectionStats = field(default_factory=ConnectionStats)
 
     def check_model(self, name: str | None) -> None:
         if name not in (None, "", self.model_name):
@@ -81,9 +82,9 @@ def sse(payload) -> str:
 
 def create_app(state: ServerState) -> QuartTrio:
     app = QuartTrio("spool")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["MAX_CONTENT_LENGTH"] = state.limits.max_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # Spool enforces --request-timeout itself
-    app.config["BODY_TIMEOUT"] = 60
+    app.config["BODY_TIMEOUT"] = state.limits.body_timeout
 
     @app.before_request
     async def read_body_and_check_key():
@@ -100,13 +101,15 @@ def create_app(state: ServerState) -> QuartTrio:
     @app.errorhandler(APIError)
     async def api_error(e: APIError):
         response = e.response()
-        if e.status == 413:
+        if e.status in (408, 413):  # the rest of the body is never read
             response.headers["Connection"] = "close"
         return response
 
     @app.errorhandler(HTTPException)
     async def http_error(e: HTTPException):
-        message = "the request body is too large" if e.code == 413 else (e.description or e.name)
+        message = {413: f"the request body is over --max-body-bytes ({state.limits.max_body_bytes})",
+                   408: f"the request body took longer than --body-timeout ({state.limits.body_timeout:g} s)"
+                   }.get(e.code, e.description or e.name)
         return await api_error(APIError(e.code or 500, message))
 
     @app.errorhandler(Exception)
@@ -278,7 +281,7 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.get("/metrics")
     async def prometheus():
-        body, content_type = metrics.render(state.engine, state.model_name)
+        body, content_type = metrics.render(state.engine, state.model_name, state.connections)
         return body, 200, {"Content-Type": content_type}
 
     @app.post("/tokenize")

@@ -1,10 +1,12 @@
 """GET /metrics: the engine's own counters and histograms in Prometheus text, under vLLM's
-metric names with a `spool:` prefix. A collector reads them at scrape time, so nothing is
-counted twice."""
+metric names with a `spool:` prefix, and the listener's connections. Collectors read them at
+scrape time, so nothing is counted twice."""
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from app.server.listener import CLOSE_REASONS
 
 HISTOGRAMS = {
     "time_to_first_token_seconds": ("time_to_first_token", "Time to first token."),
@@ -59,7 +61,21 @@ class EngineCollector:
             yield family
 
 
-def render(engine, model_name: str) -> tuple[bytes, str]:
+class ConnectionCollector:
+    def __init__(self, stats):
+        self.stats = stats
+
+    def collect(self):
+        yield GaugeMetricFamily("spool:connections_open", "Client connections open now.", value=self.stats.open)
+        closed = CounterMetricFamily("spool:connections_closed", "Client connections closed, by why they closed.",
+                                     labels=["reason"])
+        for reason in CLOSE_REASONS:
+            closed.add_metric([reason], self.stats.closed[reason])
+        yield closed
+
+
+def render(engine, model_name: str, connections) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model_name))
+    registry.register(ConnectionCollector(connections))
     return generate_latest(registry), CONTENT_TYPE_LATEST

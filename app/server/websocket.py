@@ -7,7 +7,8 @@ Server frames:
   {"type": "delta", "id": "g1", "index": 0, "text": "..."}
   {"type": "done", "id": "g1", "choices": [{"index", "finish_reason", "stop_reason"}], "usage": {...}}
   {"type": "error", "id": "g1" or null, "error": {"message", "type", "param", "code"}}
-A malformed frame gets an error frame and the socket stays open. Closing the socket cancels every
+A malformed frame gets an error frame and the socket stays open, as does a generate frame over
+--ws-max-generations (an error frame with status 429). Closing the socket cancels every
 generation on it. With --api-key, the upgrade request needs the same Authorization header as HTTP.
 """
 
@@ -77,6 +78,9 @@ async def serve_websocket(state) -> None:
     def start(gid: str, body: dict):
         if gid in generations:
             raise APIError(400, f"generation {gid!r} is already running on this socket", param="id")
+        if len(generations) >= state.limits.ws_max_generations:
+            raise APIError(429, f"{len(generations)} generations are already running on this socket"
+                                f" (--ws-max-generations)", code="too_many_generations")
         req = validate(ChatCompletionRequest if "messages" in body else CompletionRequest, body)
         state.check_model(req.model)
         return start_generation(state.engine, state.tokenizer, req, "ws")

@@ -1,0 +1,282 @@
+"""One client connection: Hypercorn's HTTP/1.1 and WebSocket protocol code over a Trio socket,
+with Spool's socket handling around it. It replaces Hypercorn's TCPServer for two reasons.
+
+The crash it fixes (hypercorn 0.18): TCPServer writes under a lock, but its close path calls
+`send_eof` outside that lock. An HTTP/2 client that sent GOAWAY while a response was being
+written (SGLang's router does, at start-up) made `send_eof` and `send_all` meet on the socket:
+trio.BusyResourceError, which TCPServer does not catch, escaped into the server's nursery and
+ended the process. Here every write, the EOF included, takes one lock and has a deadline, and
+whatever escapes the protocol code closes this connection only: logged once with the peer's
+address and counted under `spool:connections_closed_total{reason="error"}`.
+
+The timers a production server keeps, which TCPServer does not: request headers must arrive
+within --header-timeout of their first byte (slowloris), an idle keep-alive connection closes,
+a peer that stops reading is dropped, and a WebSocket that sends nothing, not even pongs, is
+closed.
+
+Spool speaks HTTP/1.1 only, as vLLM's, SGLang's and llama.cpp's servers do: HTTP/2 with prior
+knowledge gets a SETTINGS and a GOAWAY frame with HTTP_1_1_REQUIRED, which an HTTP/2 client
+(gRPC's included) reports at once, and an `Upgrade: h2c` header is ignored.
+"""
+
+import json
+import logging
+
+import h2.config
+import h2.connection
+import h2.errors
+import trio
+from hypercorn.events import Closed, RawData, Updated
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.ws_stream import WSStream
+from hypercorn.trio.task_group import TaskGroup
+from hypercorn.typing import ConnectionState
+from wsproto.events import CloseConnection
+from wsproto.utilities import LocalProtocolError
+
+from app.server.errors import APIError
+
+log = logging.getLogger("spool.connection")
+
+MAX_RECV = 1 << 16
+LINGER = 2.0  # after our last byte, read and discard this long so the peer gets it rather than a reset
+APP_EXIT_GRACE = 5.0  # the app's tasks get this long to finish once the connection has ended
+WS_SHUTDOWN_GRACE = 0.5  # on shutdown, a WebSocket's last frames get this long before close 1001
+
+
+def canned_response(status: int, reason: str, message: str, code: str, headers: dict | None = None) -> bytes:
+    """A whole HTTP/1.1 error response with OpenAI's error body, for the socket layer, which
+    answers before (or instead of) the app."""
+    body = json.dumps(APIError(status, message, code=code).body()).encode()
+    head = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close",
+            **(headers or {})}
+    lines = "".join(f"{k}: {v}\r\n" for k, v in head.items())
+    return f"HTTP/1.1 {status} {reason}\r\n{lines}\r\n".encode() + body
+
+
+def http2_refusal() -> bytes:
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    conn.initiate_connection()
+    conn.close_connection(error_code=h2.errors.ErrorCodes.HTTP_1_1_REQUIRED,
+                          additional_data=b"this server speaks HTTP/1.1 only")
+    return conn.data_to_send()
+
+
+HTTP2_REFUSAL = http2_refusal()
+
+
+def address(getname) -> tuple[str, int] | None:
+    """(host, port) of a socket's end, or None once the peer is gone."""
+    try:
+        host, port, *_ = getname()
+        return host, port
+    except (OSError, ValueError):
+        return None
+
+
+class Http2Preface(Exception):
+    """The client opened with HTTP/2's connection preface."""
+
+
+class Http1Protocol(H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol without its HTTP/2 switch, with a header-count limit, and
+    with every malformed request reported to the connection."""
+
+    def __init__(self, *args, max_headers: int, on_bad_request):
+        super().__init__(*args)
+        self.max_headers, self.on_bad_request = max_headers, on_bad_request
+
+    async def _check_protocol(self, event) -> None:
+        if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
+            raise Http2Preface()
+        # An `Upgrade: h2c` header is ignored: the request is answered in HTTP/1.1 (RFC 9110 7.8).
+
+    async def _create_stream(self, request) -> None:
+        if len(request.headers) > self.max_headers:
+            await self._send_error_response(431)
+            await self.send(Closed())
+            return
+        await super()._create_stream(request)
+
+    async def _send_error_response(self, status_code: int) -> None:
+        self.on_bad_request(status_code)
+        await super()._send_error_response(status_code)
+
+
+class Connection:
+    """The socket side of one client: a read loop feeding the protocol, one lock for writes, and
+    a watch task for the deadlines. `reason` says why it closed (the metric's label)."""
+
+    def __init__(self, stream: trio.SocketStream, server):
+        self.stream, self.server, self.limits = stream, server, server.limits
+        self.peer_address = address(stream.socket.getpeername)
+        self.peer = "%s:%s" % self.peer_address if self.peer_address else "unknown peer"
+        now = trio.current_time()
+        self.reason: str | None = None
+        self.busy = False  # a request, or a WebSocket, is in flight
+        self.idle_since = now  # when it last became ready for a request
+        self.partial_since: float | None = None  # first byte of a request whose headers are still coming
+        self.last_received = now
+        self.write_closed = False
+        self.finished = False
+        self.send_lock = trio.Lock()
+        self.read_scope = trio.CancelScope()
+        self.timer = trio.CancelScope()
+        self.protocol: Http1Protocol | None = None
+
+    @property
+    def websocket(self) -> bool:
+        return isinstance(getattr(self.protocol, "stream", None), WSStream)
+
+    @property
+    def waiting_since(self) -> float | None:
+        """When it began to hold a slot without a request in flight; None while one is."""
+        if self.busy or self.write_closed:
+            return None
+        return self.partial_since if self.partial_since is not None else self.idle_since
+
+    def close_reason(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    async def run(self) -> None:
+        server = self.server
+        try:
+            async with TaskGroup() as task_group:
+                self.protocol = Http1Protocol(
+                    server.app, server.config, server.context, task_group,
+                    ConnectionState(server.lifespan_state.copy()), False, self.peer_address,
+                    address(self.stream.socket.getsockname),
+                    self.protocol_send, max_headers=self.limits.max_headers, on_bad_request=self.bad_request)
+                task_group.spawn(self.watch)
+                await self.read()
+                self.close_reason("client")
+                self.finished = True
+                self.timer.cancel()
+                task_group._nursery.cancel_scope.deadline = trio.current_time() + APP_EXIT_GRACE
+                await self.protocol.handle(Closed())  # the app sees the disconnect
+        except* Exception as group:
+            self.reason = "error"
+            error = group.exceptions[0]
+            log.warning(f"connection from {self.peer} failed and was closed: {error!r}", exc_info=group)
+        finally:
+            self.abort(self.reason or "shutdown")
+
+    async def read(self) -> None:
+        """Feed the protocol until the peer closes; after our side closed, discard for LINGER."""
+        with self.read_scope:
+            while True:
+                try:
+                    data = await self.stream.receive_some(MAX_RECV)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                self.last_received = trio.current_time()
+                if self.write_closed:
+                    continue
+                if not self.busy and self.partial_since is None:
+                    self.partial_since = self.last_received
+                    self.timer.cancel()  # the header deadline may come before the keep-alive one
+                try:
+                    await self.protocol.handle(RawData(data))
+                except Http2Preface:
+                    await self.write(HTTP2_REFUSAL)
+                    await self.close("http2")
+
+    async def protocol_send(self, event) -> None:
+        if isinstance(event, RawData):
+            await self.write(event.data)
+        elif isinstance(event, Closed):
+            await self.close("done")
+        elif isinstance(event, Updated):
+            self.busy = not event.idle
+            self.partial_since = None
+            if event.idle:
+                self.idle_since = trio.current_time()
+            self.timer.cancel()  # the deadline depends on what is in flight
+
+    def bad_request(self, status: int) -> None:
+        self.close_reason("bad_request")
+        log.debug(f"{self.peer}: malformed request, answered {status}")
+
+    async def write(self, data: bytes) -> None:
+        async with self.send_lock:
+            if self.write_closed:
+                return
+            # Shielded, so a cancelled writer never leaves half a frame on the wire; bounded, so
+            # a peer that stops reading cannot hold the connection (or a shutdown) forever.
+            with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout) as deadline:
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self.abort("client")
+                    return
+            if deadline.cancelled_caught:
+                self.abort("send_timeout")
+
+    async def close(self, reason: str) -> None:
+        """Our side is done: EOF after the last response, then linger so the peer reads it."""
+        self.close_reason(reason)
+        async with self.send_lock:
+            if self.write_closed:
+                return
+            self.write_closed = True
+            with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout):
+                try:
+                    await self.stream.send_eof()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+        self.read_scope.deadline = min(self.read_scope.deadline, trio.current_time() + LINGER)
+
+    def abort(self, reason: str) -> None:
+        """Close the socket now: a blocked read or write wakes with ClosedResourceError."""
+        self.close_reason(reason)
+        self.write_closed = True
+        self.read_scope.cancel()
+        self.stream.socket.close()
+
+    def deadline(self) -> float:
+        limits, server = self.limits, self.server
+        if self.websocket:
+            deadline = self.last_received + limits.ws_idle_timeout
+            if server.terminating_since is not None:
+                deadline = min(deadline, server.terminating_since + WS_SHUTDOWN_GRACE)
+            return deadline
+        if self.busy or self.write_closed:
+            return float("inf")
+        if server.terminating_since is not None:
+            return server.terminating_since
+        if self.partial_since is not None:
+            return self.partial_since + limits.header_timeout
+        return self.idle_since + limits.keep_alive_timeout
+
+    async def watch(self) -> None:
+        """Sleep until the deadline that the connection's state sets; state changes that bring it
+        closer cancel `timer`, and a deadline found later than first thought is slept to again."""
+        while not self.finished:
+            with trio.CancelScope(deadline=self.deadline()) as self.timer:
+                await trio.sleep_forever()
+            if not self.finished and trio.current_time() >= self.deadline():
+                await self.expire()
+                return
+
+    async def expire(self) -> None:
+        if self.websocket:
+            shutting_down = self.server.terminating_since is not None
+            try:
+                frame = self.protocol.stream.connection.send(CloseConnection(
+                    code=1001, reason="server shutting down" if shutting_down else "idle timeout"))
+            except (AttributeError, LocalProtocolError):  # not accepted yet, or a close is under way
+                frame = b""
+            await self.write(frame)
+            await self.close("shutdown" if shutting_down else "ws_idle")
+        elif self.server.terminating_since is not None:
+            await self.close("shutdown")
+        elif self.partial_since is not None:
+            await self.write(canned_response(
+                408, "Request Timeout", f"the request headers took longer than --header-timeout"
+                f" ({self.limits.header_timeout:g} s)", "header_timeout"))
+            await self.close("header_timeout")
+        else:
+            await self.close("keep_alive")
