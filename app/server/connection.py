@@ -41,7 +41,8 @@ log = logging.getLogger("spool.connection")
 MAX_RECV = 1 << 16
 LINGER = 2.0  # after our last byte, read and discard this long so the peer gets it rather than a reset
 APP_EXIT_GRACE = 5.0  # the app's tasks get this long to finish once the connection has ended
-WS_SHUTDOWN_GRACE = 0.5  # on shutdown, a WebSocket's last frames get this long before close 1001
+WS_SHUTDOWN_GRACE = 0.5
+DISCONNECT_GRACE = 1.0  # the most a closing stream waits to tell the app  # on shutdown, a WebSocket's last frames get this long before close 1001
 
 
 def canned_response(status: int, reason: str, message: str, code: str, headers: dict | None = None) -> bytes:
@@ -92,11 +93,21 @@ class Http1Protocol(H11Protocol):
         # An `Upgrade: h2c` header is ignored: the request is answered in HTTP/1.1 (RFC 9110 7.8).
 
     async def _create_stream(self, request) -> None:
-        if len(request.headers) > self.max_headers:
+        # h11 bounds a head only while it is incomplete; one that arrived whole is measured here.
+        head_bytes = len(request.method) + len(request.target) + sum(len(k) + len(v) + 4 for k, v in request.headers)
+        if len(request.headers) > self.max_headers or head_bytes > self.config.h11_max_incomplete_size:
             await self._send_error_response(431)
             await self.send(Closed())
             return
         await super()._create_stream(request)
+
+    async def _close_stream(self) -> None:
+        """Hypercorn hands the app its disconnect through the app's bounded queue; an app that
+        stopped reading a body (413, 408) never empties it, and the put would hold this
+        connection open forever. The app's tasks end with the connection anyway."""
+        with trio.move_on_after(DISCONNECT_GRACE):
+            await super()._close_stream()
+        self.stream = None
 
     async def _send_error_response(self, status_code: int) -> None:
         self.on_bad_request(status_code)
@@ -217,10 +228,10 @@ class Connection:
 
     async def close(self, reason: str) -> None:
         """Our side is done: EOF after the last response, then linger so the peer reads it."""
-        self.close_reason(reason)
         async with self.send_lock:
             if self.write_closed:
                 return
+            self.close_reason(reason)
             self.write_closed = True
             with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout):
                 try:
