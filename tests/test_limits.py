@@ -130,6 +130,28 @@ async def test_an_idle_keep_alive_connection_is_closed(strict):
     await wait_closed(strict, "keep_alive", before + 1)
 
 
+async def test_pipelined_requests_are_answered_in_order(strict):
+    reply, _ = await exchange(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                                           b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reply.count(b"HTTP/1.1 200 ") == 2 and reply.index(b'"status"') < reply.index(b'"data"')
+
+
+async def test_a_client_that_pipelines_and_leaves_still_aborts_its_generation(strict):
+    """With a second request queued behind a long generation, the server keeps reading, so it
+    sees the client leave and aborts at the next step instead of generating on."""
+    body = json.dumps({"prompt": "Count", "max_tokens": 1000, "ignore_eos": True}).encode()
+    stream = await trio.open_tcp_stream("127.0.0.1", strict.port)
+    await stream.send_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body) + body + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    with trio.fail_after(30):
+        while not strict.gauge("num_requests_running"):
+            await trio.sleep(0.05)
+    await stream.aclose()
+    with trio.fail_after(5):  # 1000 tokens would take half a minute
+        while strict.gauge("num_requests_running"):
+            await trio.sleep(0.05)
+
+
 async def test_http2_upgrade_header_is_answered_in_http1(strict):
     reply, _ = await exchange(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
                                            b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")

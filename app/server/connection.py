@@ -19,14 +19,17 @@ knowledge gets a SETTINGS and a GOAWAY frame with HTTP_1_1_REQUIRED, which an HT
 (gRPC's included) reports at once, and an `Upgrade: h2c` header is ignored.
 """
 
+import functools
 import json
 import logging
 
+import h11
 import h2.config
 import h2.connection
 import h2.errors
 import trio
 from hypercorn.events import Closed, RawData, Updated
+from hypercorn.protocol.events import Data, EndData, Response
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.ws_stream import WSStream
 from hypercorn.trio.task_group import TaskGroup
@@ -79,13 +82,54 @@ class Http2Preface(Exception):
     """The client opened with HTTP/2's connection preface."""
 
 
+class Paused(Exception):
+    """A pipelined request waits in h11's buffer until the response before it is done."""
+
+
+class RaisePaused:
+    """Stands in for Hypercorn's `can_read` event, which it awaits inside the read path when h11
+    pauses on a pipelined request: reading would stop until the response is done, and a client
+    that left meanwhile would go unnoticed, its generation running on. Raising instead hands the
+    pause to the connection, which goes on reading and calls resume() when the response is done."""
+
+    async def set(self) -> None:
+        pass
+
+    async def clear(self) -> None:
+        pass
+
+    async def wait(self) -> None:
+        await trio.lowlevel.checkpoint()
+        raise Paused()
+
+
 class Http1Protocol(H11Protocol):
-    """Hypercorn's HTTP/1.1 protocol without its HTTP/2 switch, with a header-count limit, and
-    with every malformed request reported to the connection."""
+    """Hypercorn's HTTP/1.1 protocol without its HTTP/2 switch, with a header-count limit, with
+    pipelining that never stops reading, and with every malformed request reported to the
+    connection."""
 
     def __init__(self, *args, max_headers: int, on_bad_request):
         super().__init__(*args)
         self.max_headers, self.on_bad_request = max_headers, on_bad_request
+        self.refused_websocket = False
+        self.can_read = RaisePaused()
+
+    async def resume(self, data: bytes) -> None:
+        """Go on with the pipelined request (and any bytes held back since) after a response."""
+        if data:
+            self.connection.receive_data(data)
+        await self._handle_events()
+
+    async def stream_send(self, event) -> None:
+        # Hypercorn's WSStream answers frames sent before its handshake was accepted with a 400
+        # (RFC 6455 4.1 forbids them), but marks itself closed only once that answer is written:
+        # an app that accepts meanwhile sends a 101 after the 400, which h11 refuses. Once a
+        # refusal is on its way, nothing more of that WebSocket goes out.
+        if isinstance(event, Response) and isinstance(self.stream, WSStream) and event.status_code >= 400:
+            self.refused_websocket = True
+        elif self.refused_websocket and isinstance(event, (Response, Data, EndData)):
+            return
+        await super().stream_send(event)
 
     async def _check_protocol(self, event) -> None:
         if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
@@ -130,8 +174,12 @@ class Connection:
         self.last_received = now
         self.write_closed = False
         self.finished = False
+        self.held = b""  # bytes of a pipelined request, while the one before it is answered
+        self.paused = False  # h11 holds a pipelined request until the response before it is done
+        self.resuming = False  # that response is done: hand h11 the held bytes and go on
         self.send_lock = trio.Lock()
         self.read_scope = trio.CancelScope()
+        self.receiving = trio.CancelScope()
         self.timer = trio.CancelScope()
         self.protocol: Http1Protocol | None = None
 
@@ -174,23 +222,41 @@ class Connection:
             self.abort(self.reason or "shutdown")
 
     async def read(self) -> None:
-        """Feed the protocol until the peer closes; after our side closed, discard for LINGER."""
+        """Feed the protocol until the peer closes; after our side closed, discard for LINGER.
+        While h11 holds a pipelined request (paused), later bytes wait in `held` (h11 would
+        buffer them unbounded) and reading goes on, so a client that leaves is seen at once."""
         with self.read_scope:
             while True:
-                try:
-                    data = await self.stream.receive_some(MAX_RECV)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
-                if not data:
-                    return
-                self.last_received = trio.current_time()
-                if self.write_closed:
-                    continue
+                if self.resuming:
+                    data, self.held, self.paused, self.resuming = self.held, b"", False, False
+                    feed = functools.partial(self.protocol.resume, data)
+                else:
+                    with trio.CancelScope() as self.receiving:  # cancelled when a pipelined request may go
+                        try:
+                            data = await self.stream.receive_some(MAX_RECV)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                            return
+                    if self.receiving.cancelled_caught:
+                        continue
+                    if not data:
+                        return
+                    self.last_received = trio.current_time()
+                    if self.write_closed:
+                        continue
+                    if self.paused:
+                        self.held += data
+                        if len(self.held) > self.limits.max_header_bytes + self.limits.max_body_bytes:
+                            self.bad_request(413)
+                            self.abort("bad_request")
+                        continue
+                    feed = functools.partial(self.protocol.handle, RawData(data))
                 if not self.busy and self.partial_since is None:
-                    self.partial_since = self.last_received
+                    self.partial_since = trio.current_time()
                     self.timer.cancel()  # the header deadline may come before the keep-alive one
                 try:
-                    await self.protocol.handle(RawData(data))
+                    await feed()
+                except Paused:
+                    self.paused = True
                 except Http2Preface:
                     await self.write(HTTP2_REFUSAL)
                     await self.close("http2")
@@ -205,6 +271,9 @@ class Connection:
             self.partial_since = None
             if event.idle:
                 self.idle_since = trio.current_time()
+                if self.paused:
+                    self.resuming = True  # the pipelined request's turn
+                    self.receiving.cancel()
             self.timer.cancel()  # the deadline depends on what is in flight
 
     def bad_request(self, status: int) -> None:
@@ -212,32 +281,38 @@ class Connection:
         log.debug(f"{self.peer}: malformed request, answered {status}")
 
     async def write(self, data: bytes) -> None:
-        async with self.send_lock:
-            if self.write_closed:
-                return
-            # Shielded, so a cancelled writer never leaves half a frame on the wire; bounded, so
-            # a peer that stops reading cannot hold the connection (or a shutdown) forever.
-            with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout) as deadline:
+        # Shielded, the wait for the lock included: writers are often app tasks that are being
+        # cancelled, and a write cut short, or skipped after the protocol counted it as sent,
+        # would corrupt the stream. Bounded, so a peer that stops reading cannot hold the
+        # connection (or a shutdown) forever.
+        with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout) as deadline:
+            async with self.send_lock:
+                if self.write_closed:
+                    return
                 try:
                     await self.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     self.abort("client")
                     return
-            if deadline.cancelled_caught:
-                self.abort("send_timeout")
+        if deadline.cancelled_caught:
+            self.abort("send_timeout")
 
     async def close(self, reason: str) -> None:
-        """Our side is done: EOF after the last response, then linger so the peer reads it."""
-        async with self.send_lock:
-            if self.write_closed:
-                return
-            self.close_reason(reason)
-            self.write_closed = True
-            with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout):
+        """Our side is done: EOF after the last response, then linger so the peer reads it.
+        Shielded like write(): the close must happen even if the task asking for it is being
+        cancelled (Quart cancels its response task when the app learns of a disconnect)."""
+        with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout) as deadline:
+            async with self.send_lock:
+                if self.write_closed:
+                    return
+                self.close_reason(reason)
+                self.write_closed = True
                 try:
                     await self.stream.send_eof()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
+        if deadline.cancelled_caught:
+            self.abort("send_timeout")
         self.read_scope.deadline = min(self.read_scope.deadline, trio.current_time() + LINGER)
 
     def abort(self, reason: str) -> None:
