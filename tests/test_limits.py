@@ -3,6 +3,7 @@ documented status or close code, is counted in spool:connections_closed_total, a
 server serving."""
 
 import json
+import random
 import time
 
 import httpx
@@ -134,6 +135,24 @@ async def test_pipelined_requests_are_answered_in_order(strict):
     reply, _ = await exchange(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
                                            b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     assert reply.count(b"HTTP/1.1 200 ") == 2 and reply.index(b'"status"') < reply.index(b'"data"')
+
+
+async def test_back_to_back_and_pipelined_requests_on_one_connection_are_all_answered(strict):
+    """Each next request is sent the moment the last response ends (or several at once), so it
+    often lands before the server has recycled the connection; none may be lost."""
+    rng = random.Random(3)
+    stream = await trio.open_tcp_stream("127.0.0.1", strict.port)
+    buffer = b""
+    with trio.fail_after(60):
+        for _ in range(150):
+            burst = rng.choice([1, 1, 1, 3])
+            await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * burst)
+            while buffer.count(b'{"status":"ok"}') < burst:
+                chunk = await stream.receive_some(65536)
+                assert chunk, "the server closed a connection that had requests pending"
+                buffer += chunk
+            buffer = buffer.replace(b'{"status":"ok"}', b"", burst)
+    await stream.aclose()
 
 
 async def test_a_client_that_pipelines_and_leaves_still_aborts_its_generation(strict):

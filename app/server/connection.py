@@ -86,21 +86,26 @@ class Paused(Exception):
     """A pipelined request waits in h11's buffer until the response before it is done."""
 
 
-class RaisePaused:
+class PauseSignal:
     """Stands in for Hypercorn's `can_read` event, which it awaits inside the read path when h11
     pauses on a pipelined request: reading would stop until the response is done, and a client
-    that left meanwhile would go unnoticed, its generation running on. Raising instead hands the
-    pause to the connection, which goes on reading and calls resume() when the response is done."""
+    that left meanwhile would go unnoticed, its generation running on. Instead of blocking,
+    `wait` raises Paused to the connection, which goes on reading and calls resume() once the
+    response is done; if that happened already, it returns as the event would."""
+
+    def __init__(self):
+        self.ready = True
 
     async def set(self) -> None:
-        pass
+        self.ready = True
 
     async def clear(self) -> None:
-        pass
+        self.ready = False
 
     async def wait(self) -> None:
         await trio.lowlevel.checkpoint()
-        raise Paused()
+        if not self.ready:
+            raise Paused()
 
 
 class Http1Protocol(H11Protocol):
@@ -112,7 +117,7 @@ class Http1Protocol(H11Protocol):
         super().__init__(*args)
         self.max_headers, self.on_bad_request = max_headers, on_bad_request
         self.refused_websocket = False
-        self.can_read = RaisePaused()
+        self.can_read = PauseSignal()
 
     async def resume(self, data: bytes) -> None:
         """Go on with the pipelined request (and any bytes held back since) after a response."""
