@@ -4,7 +4,6 @@ server serving."""
 
 import json
 import random
-import time
 
 import httpx
 import pytest
