@@ -4,6 +4,7 @@ server serving."""
 
 import json
 import random
+import signal
 
 import httpx
 import pytest
@@ -270,3 +271,27 @@ async def test_at_the_connection_limit_with_every_connection_busy_a_newcomer_get
         while crowded.gauge("num_requests_running") or crowded.metrics()["spool:connections_open"] > 1:
             await trio.sleep(0.1)
     await assert_serving(crowded)
+
+
+async def test_on_sigterm_an_idle_connection_closes_at_once_and_a_websocket_gets_1001():
+    server = LiveServer("--kv-cache-gib", "0.1", "--keep-alive-timeout", "60")
+    try:
+        idle = await trio.open_tcp_stream("127.0.0.1", server.port)
+        await idle.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while b'{"status":"ok"}' not in reply:
+            reply += await idle.receive_some(65536)
+        async with open_websocket_url(f"ws://127.0.0.1:{server.port}/v1/ws") as ws:
+            server.proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(5):
+                assert await idle.receive_some(65536) == b""  # not after its 60 s keep-alive
+                with pytest.raises(ConnectionClosed) as raised:
+                    await ws.get_message()
+        assert raised.value.reason.code == 1001
+        await idle.aclose()
+        with trio.fail_after(15):
+            while server.proc.poll() is None:
+                await trio.sleep(0.05)
+        assert server.proc.returncode == 0, server.output()
+    finally:
+        server.stop()
