@@ -258,6 +258,23 @@ async def test_at_the_connection_limit_an_idle_connection_makes_room(crowded):
     await wait_closed(crowded, "evicted", before + 1)
 
 
+async def test_at_the_connection_limit_a_slow_newcomer_evicts_nobody(crowded):
+    """A newcomer that sends no whole request head within a second of arriving gets 503, and the
+    connections already open stay: reconnecting slow clients cannot churn the server."""
+    before = closed(crowded, "evicted")
+    idle = [await trio.open_tcp_stream("127.0.0.1", crowded.port) for _ in range(6)]
+    await trio.sleep(0.2)
+    reply, took = await exchange(crowded.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    status, error = status_and_error(reply)
+    assert status == 503 and error["code"] == "too_many_connections" and 0.9 < took < 5, (reply, took)
+    with trio.move_on_after(0.2):
+        assert await idle[0].receive_some(100) != b"", "an open connection was evicted"
+    for stream in idle:
+        await stream.aclose()
+    await trio.sleep(0.5)
+    assert closed(crowded, "evicted") == before
+
+
 async def test_at_the_connection_limit_with_every_connection_busy_a_newcomer_gets_503(crowded):
     before = closed(crowded, "limit")
     busy = [await open_busy_stream(crowded.port) for _ in range(6)]

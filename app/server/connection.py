@@ -63,7 +63,7 @@ class Connection:
     """The socket side of one client: a read loop feeding the protocol, one lock for writes, and
     a watch task for the deadlines. `reason` says why it closed (the metric's label)."""
 
-    def __init__(self, stream: trio.SocketStream, server):
+    def __init__(self, stream: trio.SocketStream, server, head: bytes = b""):
         self.stream, self.server, self.limits = stream, server, server.limits
         self.peer_address = address(stream.socket.getpeername)
         self.peer = "%s:%s" % self.peer_address if self.peer_address else "unknown peer"
@@ -75,6 +75,7 @@ class Connection:
         self.last_received = now
         self.write_closed = False
         self.finished = False
+        self.head = head  # bytes the listener read before handing the socket over
         self.held = b""  # bytes of a pipelined request, while the one before it is answered
         self.paused = False  # h11 holds a pipelined request until the response before it is done
         self.resuming = False  # that response is done: hand h11 the held bytes and go on
@@ -131,6 +132,9 @@ class Connection:
                 if self.resuming:
                     data, self.held, self.paused, self.resuming = self.held, b"", False, False
                     feed = functools.partial(self.protocol.resume, data)
+                elif self.head:
+                    feed = functools.partial(self.protocol.handle, RawData(self.head))
+                    self.head = b""
                 else:
                     with trio.CancelScope() as self.receiving:  # cancelled when a pipelined request may go
                         try:
