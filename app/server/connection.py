@@ -103,19 +103,20 @@ class Connection:
     async def run(self) -> None:
         server = self.server
         try:
-            async with TaskGroup() as task_group:
-                self.protocol = Http1Protocol(
-                    server.app, server.config, server.context, task_group,
-                    ConnectionState(server.lifespan_state.copy()), False, self.peer_address,
-                    address(self.stream.socket.getsockname),
-                    self.protocol_send, max_headers=self.limits.max_headers, on_bad_request=self.bad_request)
-                task_group.spawn(self.watch)
-                await self.read()
-                self.close_reason("client")
-                self.finished = True
-                self.timer.cancel()
-                task_group._nursery.cancel_scope.deadline = trio.current_time() + APP_EXIT_GRACE
-                await self.protocol.handle(Closed())  # the app sees the disconnect
+            with trio.CancelScope() as ending:
+                async with TaskGroup() as task_group:
+                    self.protocol = Http1Protocol(
+                        server.app, server.config, server.context, task_group,
+                        ConnectionState(server.lifespan_state.copy()), False, self.peer_address,
+                        address(self.stream.socket.getsockname),
+                        self.protocol_send, max_headers=self.limits.max_headers, on_bad_request=self.bad_request)
+                    task_group.spawn(self.watch)
+                    await self.read()
+                    self.close_reason("client")
+                    self.finished = True
+                    self.timer.cancel()
+                    ending.deadline = trio.current_time() + APP_EXIT_GRACE
+                    await self.protocol.handle(Closed())  # the app sees the disconnect
         except* Exception as group:
             self.reason = "error"
             error = group.exceptions[0]
@@ -151,8 +152,7 @@ class Connection:
                     if self.paused:
                         self.held += data
                         if len(self.held) > self.limits.max_header_bytes + self.limits.max_body_bytes:
-                            self.bad_request(413)
-                            self.abort("bad_request")
+                            self.abort("bad_request")  # pipelining more than a whole request
                         continue
                     feed = functools.partial(self.protocol.handle, RawData(data))
                 if not self.busy and self.partial_since is None:

@@ -44,6 +44,9 @@ class ConnectionStats:
 
 
 class HttpServer:
+    """Every connection the listener accepted: the limit, probation and eviction, and shutdown.
+    Connections read their settings (app, Hypercorn config, limits) from here."""
+
     def __init__(self, app, limits: Limits, stats: ConnectionStats):
         self.limits, self.stats = limits, stats
         self.app = ASGIWrapper(app)
