@@ -1,0 +1,40 @@
+// What every Spool kernel shares: storage types to and from fp32, and warp and block sums.
+// Kept to the CUDA subset in README.md, so the CPU shim runs the same source.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// The sum over the block, in every thread. blockDim.x must be a multiple of 32.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < int(blockDim.x >> 5) ? partial[lane] : 0.0f;
+        v = warp_sum(v);
+        if (lane == 0) partial[0] = v;
+    }
+    __syncthreads();
+    v = partial[0];
+    __syncthreads();  // partial is reused by the next call
+    return v;
+}

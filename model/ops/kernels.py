@@ -1,0 +1,32 @@
+"""The CUDA kernels: which .cu file holds which kernels, and where the files are. A kernel is a
+template over its storage type; CuPy names each instance by a C++ name expression such as
+`rms_norm<__nv_bfloat16>`. The GPU launcher and the CPU harness (tests/cuda_harness.py) both
+build from this list, so what CI tests is what the GPU runs."""
+
+from pathlib import Path
+
+CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
+SHIM_DIR = CUDA_DIR / "shim"
+
+# NumPy dtype name -> the C++ storage type kernels are instantiated with.
+STORAGE_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+KERNELS = {
+    "rms_norm.cu": ("rms_norm", "add_rms_norm"),
+    "activation.cu": ("silu_and_mul",),
+    "embedding.cu": ("embedding",),
+    "rotary.cu": ("rotary",),
+}
+
+
+def name_expression(kernel: str, dtype: str) -> str:
+    return f"{kernel}<{STORAGE_TYPES[dtype]}>"
+
+
+def name_expressions(file: str) -> list[str]:
+    return [name_expression(k, d) for k in KERNELS[file] for d in STORAGE_TYPES]
+
+
+def sources(file: str) -> list[Path]:
+    """The files a kernel file's build depends on: itself and the headers it includes."""
+    return [CUDA_DIR / file, CUDA_DIR / "common.cuh"]

@@ -1,0 +1,114 @@
+"""The CPU harness: runs Spool's unmodified .cu kernels on NumPy buffers, so CI tests every kernel
+without a GPU. A kernel file is compiled with g++ and cuda/shim/spool_shim.h (which emulates
+CUDA's execution model with one fiber per CUDA thread), once per source version, into the cache;
+its kernels are then called the way CuPy's RawKernel is: kernel(grid, block, args, shared_mem).
+
+Also here: bfloat16 as NumPy uint16 bit patterns, with the same round-to-nearest-even as CUDA's
+__float2bfloat16_rn, for building inputs and reading outputs.
+"""
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+
+from model.default import cache_root
+from model.ops.kernels import CUDA_DIR, SHIM_DIR, name_expressions, sources
+
+BUILD_DIR = cache_root() / "cuda-harness"
+
+
+SCALARS = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32, "float32": ctypes.c_float}
+
+
+class KernelFailed(RuntimeError):
+    pass
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), rounding to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def storage(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A float32 array in a kernel's storage type: float32, float16, or bfloat16 as uint16 bits."""
+    return {"float32": lambda: x.astype(np.float32), "float16": lambda: x.astype(np.float16),
+            "bfloat16": lambda: to_bf16(x)}[dtype]()
+
+
+def as_float(x: np.ndarray, dtype: str) -> np.ndarray:
+    return from_bf16(x) if dtype == "bfloat16" else x.astype(np.float32)
+
+
+def poisoned(shape, dtype: str) -> np.ndarray:
+    """An output buffer full of NaN, so an element a kernel never writes fails the comparison."""
+    return storage(np.full(shape, np.nan, dtype=np.float32), dtype)
+
+
+class CpuKernel:
+    def __init__(self, function, name: str):
+        self.function, self.name = function, name
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+        keep, pointers = [], (ctypes.c_void_p * max(1, len(args)))()
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                assert a.flags.c_contiguous, f"{self.name}: argument {i} is not contiguous"
+                value = ctypes.c_void_p(a.ctypes.data)
+            elif isinstance(a, np.generic) and a.dtype.name in SCALARS:
+                value = SCALARS[a.dtype.name](a.item())
+            else:
+                raise TypeError(f"{self.name}: pass NumPy arrays or NumPy scalars (np.int32, np.float32), not {a!r}")
+            keep.append(value)
+            pointers[i] = ctypes.cast(ctypes.pointer(value), ctypes.c_void_p)
+        rc = self.function((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), ctypes.c_size_t(shared_mem),
+                           pointers)
+        if rc != 0:
+            raise KernelFailed(f"{self.name} deadlocked in the CPU shim (a barrier some threads never reach)")
+
+
+class CpuModule:
+    """One .cu file built for the CPU, with every kernel instance of model/ops/kernels.py."""
+
+    def __init__(self, file: str):
+        self.expressions = name_expressions(file)
+        unit = "\n".join([f'#include "{CUDA_DIR / file}"', *(
+            f'extern "C" int launch_{i}(const unsigned* g, const unsigned* b, size_t s, void** a)'
+            f" {{ return spool_shim::launch(&{e}, g, b, s, a); }}" for i, e in enumerate(self.expressions))])
+        digest = hashlib.sha256(unit.encode())
+        for path in [*sources(file), SHIM_DIR / "spool_shim.h"]:
+            digest.update(path.read_bytes())
+        library = BUILD_DIR / f"{file.removesuffix('.cu')}-{digest.hexdigest()[:16]}.so"
+        if not library.exists():
+            build(unit, library)
+        self.library = ctypes.CDLL(str(library))
+
+    def get_function(self, expression: str) -> CpuKernel:
+        function = getattr(self.library, f"launch_{self.expressions.index(expression)}")
+        function.restype = ctypes.c_int
+        return CpuKernel(function, expression)
+
+
+def build(unit: str, library) -> None:
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+        source, out = os.path.join(tmp, "unit.cc"), os.path.join(tmp, "unit.so")
+        with open(source, "w") as f:
+            f.write(unit)
+        cmd = ["g++", "-std=c++20", "-O1", "-fPIC", "-shared", "-w", f"-I{SHIM_DIR}", f"-I{CUDA_DIR}",
+               "-include", str(SHIM_DIR / "spool_shim.h"), "-x", "c++", source, "-o", out]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"g++ failed on the CPU shim build:\n{done.stderr[-4000:]}")
+        os.replace(out, library)
