@@ -1,8 +1,10 @@
 """Every CUDA kernel against its NumPy twin, through the CPU harness (no GPU needed): fresh random
-inputs at several shapes, outputs poisoned with NaN first so an element left unwritten fails.
-Tolerances: float32 kernels match to float32 rounding (1e-5 relative); in float16 and bfloat16
-the kernel rounds its output once from fp32, so it may differ from the reference rounded the
-same way by one unit in the last place of the storage type."""
+inputs at several shapes (ragged lengths, GQA ratios 1, 3, 4 and 8, contexts that end on and off
+block boundaries, decode split over the context), outputs poisoned with NaN first so an element
+left unwritten fails. The reference gets the same storage-rounded inputs. Tolerances: float32
+kernels match to float32 rounding (1e-5 relative); in float16 and bfloat16 the kernel rounds
+its output once from fp32 while the reference does not, so they may differ by about two units
+in the last place of the storage type."""
 
 import numpy as np
 import pytest
@@ -23,10 +25,12 @@ def kernel(file: str, name: str, dtype: str):
     return modules[file].get_function(name_expression(name, dtype))
 
 
-def assert_close(got, want, dtype, scale=1.0):
+def assert_close(got, want, dtype, floor=1e-3):
+    """Relative to each value, with an absolute floor for values near zero: an attention output
+    is an average of O(1) values, so its error is O(1) ulps whatever the average comes to."""
     got, want = as_float(got, dtype), np.asarray(want, dtype=np.float32)
     assert not np.isnan(got).any(), "the kernel left elements unwritten"
-    tol = ULP[dtype] * (np.abs(want) + scale * 1e-3) * (1 if dtype == "float32" else 2)
+    tol = ULP[dtype] * (np.abs(want) + floor) * (1 if dtype == "float32" else 2)
     bad = np.abs(got - want) > tol
     assert not bad.any(), f"{bad.sum()} of {bad.size} differ; worst {np.abs(got - want).max()}"
 
@@ -98,3 +102,61 @@ def test_rotary_in_place_on_q_and_k(dtype, q_heads, kv_heads):
                                                              np.int32(head_dim)))
     assert_close(qs, numpy_ops.rope(rounded(q, dtype), cos, sin), dtype)
     assert_close(ks, numpy_ops.rope(rounded(k, dtype), cos, sin), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_through_the_slot_mapping(dtype):
+    rng = np.random.default_rng(7)
+    kv_heads, blocks, block_size, head_dim, tokens = 2, 6, 16, 64, 5
+    cache_k = storage(rng.standard_normal((kv_heads, blocks, block_size, head_dim)), dtype)
+    cache_v = storage(rng.standard_normal((kv_heads, blocks, block_size, head_dim)), dtype)
+    k, v = (storage(rng.standard_normal((tokens, kv_heads, head_dim)), dtype) for _ in range(2))
+    slots = np.array([17, 3, -1, 95, 40], dtype=np.int64)  # -1: a padding row, skipped
+    want_k, want_v = cache_k.copy(), cache_v.copy()
+    live = slots >= 0
+    numpy_ops.write_kv(want_k, want_v, slots[live], k[live], v[live])
+    kernel("kv_write.cu", "write_kv", dtype)((tokens,), (64,), (cache_k, cache_v, k, v, slots, np.int32(kv_heads),
+                                                               np.int32(head_dim), np.int64(blocks * block_size)))
+    assert np.array_equal(cache_k, want_k) and np.array_equal(cache_v, want_v)
+
+
+def decode_attention(q, cache_k, cache_v, tables, context_lens, dtype, split_len):
+    """Both kernels, as the GPU path will launch them: partials per split, then the reduce."""
+    seqs, heads, head_dim = q.shape
+    kv_heads, num_blocks, block_size, _ = cache_k.shape
+    splits = max(1, -(-int(context_lens.max()) // split_len))
+    part_max, part_sum = poisoned((seqs, heads, splits), "float32"), poisoned((seqs, heads, splits), "float32")
+    part_acc = poisoned((seqs, heads, splits, head_dim), "float32")
+    out = poisoned((seqs, heads, head_dim), dtype)
+    kernel("decode_attention.cu", "decode_attention", dtype)(
+        (kv_heads, seqs, splits), (128,),
+        (part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(heads), np.int32(kv_heads),
+         np.int32(head_dim), np.int32(block_size), np.int32(tables.shape[1]), np.int32(num_blocks),
+         np.int32(split_len), np.float32(head_dim ** -0.5)))
+    kernel("decode_attention.cu", "decode_attention_reduce", dtype)(
+        (heads, seqs), (64,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim), np.int32(splits)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64)])
+@pytest.mark.parametrize("split_len", [512, 48])  # one split; several, so the reduce merges them
+def test_paged_decode_attention(dtype, heads, kv_heads, head_dim, split_len):
+    rng = np.random.default_rng(heads * head_dim + split_len)
+    block_size, num_blocks = 16, 40
+    context_lens = np.array([1, 16, 33, 130, 47], dtype=np.int32)  # on and off block boundaries
+    seqs = len(context_lens)
+    blocks_needed = -(-context_lens // block_size)
+    ids = rng.permutation(num_blocks)[:blocks_needed.sum()]  # scattered, never shared
+    tables = np.zeros((seqs, int(blocks_needed.max())), dtype=np.int32)
+    for s, start in enumerate(np.concatenate([[0], np.cumsum(blocks_needed)[:-1]])):
+        tables[s, :blocks_needed[s]] = ids[start:start + blocks_needed[s]]
+    q = rng.standard_normal((seqs, heads, head_dim))
+    cache_k = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
+    cache_v = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
+    got = decode_attention(storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), tables, context_lens,
+                           dtype, split_len)
+    meta = numpy_ops.attention_meta([1] * seqs, context_lens.tolist(), tables.tolist(), block_size)
+    want = numpy_ops.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
+                                     head_dim ** -0.5).reshape(seqs, heads, head_dim)
+    assert_close(got, want, dtype, floor=1.0)

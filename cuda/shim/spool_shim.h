@@ -41,6 +41,7 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 template <typename T> inline T __ldg(const T* p) { return *p; }
 
 // Half and bfloat16: storage types with CUDA's conversion functions (round to nearest even).

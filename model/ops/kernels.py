@@ -16,6 +16,8 @@ KERNELS = {
     "activation.cu": ("silu_and_mul",),
     "embedding.cu": ("embedding",),
     "rotary.cu": ("rotary",),
+    "kv_write.cu": ("write_kv",),
+    "decode_attention.cu": ("decode_attention", "decode_attention_reduce"),
 }
 
 
