@@ -160,3 +160,40 @@ def test_paged_decode_attention(dtype, heads, kv_heads, head_dim, split_len):
     want = numpy_ops.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
                                      head_dim ** -0.5).reshape(seqs, heads, head_dim)
     assert_close(got, want, dtype, floor=1.0)
+
+
+def paged_cache(rng, context_lens, kv_heads, head_dim, block_size=16):
+    """Random caches and block tables with each sequence's blocks scattered over the pool."""
+    blocks_needed = -(-np.asarray(context_lens) // block_size)
+    num_blocks = int(blocks_needed.sum()) + 5
+    ids = rng.permutation(num_blocks)
+    tables = np.zeros((len(context_lens), int(blocks_needed.max())), dtype=np.int32)
+    for s, start in enumerate(np.concatenate([[0], np.cumsum(blocks_needed)[:-1]])):
+        tables[s, :blocks_needed[s]] = ids[start:start + blocks_needed[s]]
+    shape = (kv_heads, num_blocks, block_size, head_dim)
+    return rng.standard_normal(shape), rng.standard_normal(shape), tables
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64)])
+def test_paged_prefill_attention(dtype, heads, kv_heads, head_dim):
+    """Whole prompts, chunks on a cached prefix (on and off block boundaries), and a decode row,
+    in one launch."""
+    rng = np.random.default_rng(heads * head_dim)
+    query_lens = [37, 16, 5, 1, 20]
+    context_lens = [37, 48, 21, 30, 52]  # 37: a whole prompt; the rest: chunks after a prefix
+    cache_k, cache_v, tables = paged_cache(rng, context_lens, kv_heads, head_dim)
+    tokens = sum(query_lens)
+    q = rng.standard_normal((tokens, heads, head_dim))
+    starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    out = poisoned((tokens, heads, head_dim), dtype)
+    rows_per_block = 16
+    kernel("prefill_attention.cu", "prefill_attention", dtype)(
+        (-(-max(query_lens) * (heads // kv_heads) // rows_per_block), len(query_lens), kv_heads), (128,),
+        (out, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), starts,
+         np.array(context_lens, dtype=np.int32), tables, np.int32(heads), np.int32(kv_heads), np.int32(head_dim),
+         np.int32(16), np.int32(tables.shape[1]), np.int32(cache_k.shape[1]), np.float32(head_dim ** -0.5)))
+    meta = numpy_ops.attention_meta(query_lens, context_lens, tables.tolist(), 16)
+    want = numpy_ops.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
+                                     head_dim ** -0.5).reshape(tokens, heads, head_dim)
+    assert_close(out, want, dtype, floor=1.0)

@@ -18,6 +18,7 @@ KERNELS = {
     "rotary.cu": ("rotary",),
     "kv_write.cu": ("write_kv",),
     "decode_attention.cu": ("decode_attention", "decode_attention_reduce"),
+    "prefill_attention.cu": ("prefill_attention",),
 }
 
 

@@ -1,0 +1,115 @@
+// Paged prefill attention, causal, on top of a cached prefix: one kernel serves whole prompts
+// and chunked prefill alike. Each sequence's new query tokens are the last query_len of its
+// context_len tokens, whose K/V are already in the cache (written by write_kv), so a query at
+// position p sees keys 0..p, read through the block table.
+//
+// Flash-style tiles: grid (ceil(query_len * group / 16), seqs, kv_heads), 128 threads. A block
+// takes 16 query rows, a row being one (token, head) pair of the KV head's group, so the rows
+// of a GQA group share every K/V tile. Per tile of 32 keys, the block stages K and V in shared
+// memory; each warp scores its 4 rows against the tile (a lane per key), keeps an online
+// softmax per row in fp32, and accumulates the output (4 dims a lane).
+//
+// q, out: (tokens, heads, head_dim), the step's query tokens, sequence after sequence;
+// query_starts: (seqs + 1) int32 offsets into them; context_lens: (seqs) int32;
+// block_tables: (seqs, max_blocks) int32; caches: (kv_heads, blocks, block_size, head_dim).
+// Limits: head_dim <= 128.
+#include "common.cuh"
+
+#define PA_ROWS 16
+#define PA_ROWS_PER_WARP 4
+#define PA_KEYS 32
+#define PA_DIMS 4
+
+template <typename T>
+__global__ void __launch_bounds__(128) prefill_attention(
+    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
+    const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
+    int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale) {
+    int seq = blockIdx.y, kv_head = blockIdx.z;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int group = heads / kv_heads;
+    int first = query_starts[seq], query_len = query_starts[seq + 1] - first;
+    int context = context_lens[seq], offset = context - query_len;  // position of query token 0
+    int row0 = blockIdx.x * PA_ROWS;
+    if (row0 >= query_len * group) return;
+
+    __shared__ float s_q[PA_ROWS][PA_DIMS * 32];
+    __shared__ float s_k[PA_KEYS][PA_DIMS * 32 + 1];  // +1: lanes read different rows, no bank conflicts
+    __shared__ float s_v[PA_KEYS][PA_DIMS * 32];
+
+    // Stage the block's queries (row = token * group + g), scaled.
+    for (int j = threadIdx.x; j < PA_ROWS * head_dim; j += blockDim.x) {
+        int r = j / head_dim, d = j % head_dim, row = row0 + r;
+        float value = 0.0f;
+        if (row < query_len * group) {
+            int token = row / group, g = row % group;
+            value = to_float(q[(size_t(first + token) * heads + kv_head * group + g) * head_dim + d]) * scale;
+        }
+        s_q[r][d] = value;
+    }
+    int last_row = min(row0 + PA_ROWS, query_len * group) - 1;
+    int keys_end = offset + last_row / group + 1;  // the block's last query sees keys < keys_end
+
+    float acc[PA_ROWS_PER_WARP][PA_DIMS], run_max[PA_ROWS_PER_WARP], run_sum[PA_ROWS_PER_WARP];
+#pragma unroll
+    for (int i = 0; i < PA_ROWS_PER_WARP; ++i) {
+        run_max[i] = neg_inf();
+        run_sum[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PA_DIMS; ++j) acc[i][j] = 0.0f;
+    }
+
+    const int* table = block_tables + size_t(seq) * max_blocks;
+    size_t head_base = size_t(kv_head) * num_blocks * block_size;
+    for (int tile = 0; tile < keys_end; tile += PA_KEYS) {
+        __syncthreads();  // the previous tile is no longer read (and s_q is staged, on the first)
+        for (int j = threadIdx.x; j < PA_KEYS * head_dim; j += blockDim.x) {
+            int key = j / head_dim, d = j % head_dim, pos = tile + key;
+            float k = 0.0f, v = 0.0f;
+            if (pos < keys_end) {
+                size_t at = (head_base + size_t(table[pos / block_size]) * block_size + pos % block_size) * head_dim + d;
+                k = to_float(cache_k[at]);
+                v = to_float(cache_v[at]);
+            }
+            s_k[key][d] = k;
+            s_v[key][d] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < PA_ROWS_PER_WARP; ++i) {
+            int r = warp * PA_ROWS_PER_WARP + i, row = row0 + r;
+            if (row > last_row) break;  // warp-uniform
+            int visible = offset + row / group;  // this row's query sees keys 0..visible
+            int pos = tile + lane;
+            float score = 0.0f;
+            for (int d = 0; d < head_dim; ++d) score += s_q[r][d] * s_k[lane][d];
+            if (pos > visible) score = neg_inf();
+            float tile_max = score;
+            for (int o = 16; o > 0; o >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+            float new_max = fmaxf(run_max[i], tile_max);
+            if (new_max == neg_inf()) continue;  // no key of this tile is visible to the row yet
+            float p = __expf(score - new_max), correction = __expf(run_max[i] - new_max);
+            run_sum[i] = run_sum[i] * correction + warp_sum(p);
+            run_max[i] = new_max;
+#pragma unroll
+            for (int j = 0; j < PA_DIMS; ++j) acc[i][j] *= correction;
+            for (int key = 0; key < PA_KEYS; ++key) {
+                float pk = __shfl_sync(0xffffffffu, p, key);
+#pragma unroll
+                for (int j = 0; j < PA_DIMS; ++j)
+                    if (lane + 32 * j < head_dim) acc[i][j] += pk * s_v[key][lane + 32 * j];
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < PA_ROWS_PER_WARP; ++i) {
+        int row = row0 + warp * PA_ROWS_PER_WARP + i;
+        if (row > last_row) break;
+        int token = row / group, g = row % group;
+        size_t base = (size_t(first + token) * heads + kv_head * group + g) * head_dim;
+#pragma unroll
+        for (int j = 0; j < PA_DIMS; ++j)
+            if (lane + 32 * j < head_dim) out[base + lane + 32 * j] = from_float<T>(acc[i][j] / run_sum[i]);
+    }
+}
