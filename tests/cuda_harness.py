@@ -112,3 +112,15 @@ def build(unit: str, library) -> None:
         if done.returncode != 0:
             raise RuntimeError(f"g++ failed on the CPU shim build:\n{done.stderr[-4000:]}")
         os.replace(out, library)
+
+
+class CpuLauncher:
+    """The launcher interface of model/ops/cuda_ops.py, on the CPU: function(file, name_expression)."""
+
+    def __init__(self):
+        self.modules: dict[str, CpuModule] = {}
+
+    def function(self, file: str, expression: str) -> CpuKernel:
+        if file not in self.modules:
+            self.modules[file] = CpuModule(file)
+        return self.modules[file].get_function(expression)

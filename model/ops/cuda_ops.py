@@ -1,0 +1,132 @@
+"""The CUDA ops: numpy_ops' surface, with every op but the GEMMs done by Spool's kernels (cuda/).
+
+CudaOps is written against an array module and a launcher, not against CuPy: on a GPU the
+arrays are CuPy's and the launcher compiles the .cu files with CuPy's RawModule; in CI the
+arrays are NumPy's and the launcher is the CPU harness (tests/cuda_harness.py), which runs the
+same .cu files. So the whole forward pass of model/llama.py is tested through the kernels
+without a GPU. A launcher has one method, `function(file, name_expression)`, returning a
+callable `(grid, block, args, shared_mem=0)`, as CuPy's RawKernel is called.
+
+Storage is float32 for now: model/llama.py's residual adds run on the arrays themselves, which
+NumPy (and CuPy) cannot do on bfloat16 bit patterns. Sampling is not here yet, so a runner on
+these ops computes logits (`ModelRunner.logits`) but cannot sample.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.ops.kernels import name_expression
+
+THREADS = 128
+DECODE_SPLIT = 512  # context tokens per decode block; longer contexts are split and reduced
+PREFILL_ROWS = 16  # (token, head) rows per prefill attention block
+
+
+@dataclass
+class AttentionMeta:
+    """A step's attention plan on the device, built once and reused by every layer."""
+
+    decode: bool  # every row has one query token: the split-context decode kernel
+    query_lens: list
+    query_starts: object  # (seqs + 1) int32
+    context_lens: object  # (seqs) int32
+    block_tables: object  # (seqs, max_blocks) int32
+    max_context: int
+
+
+class CudaOps:
+    def __init__(self, xp, launcher, dtype: str = "float32"):
+        self.xp, self.launcher, self.dtype = xp, launcher, dtype
+        self.np_dtype = np.dtype(dtype)
+
+    def kernel(self, file: str, name: str):
+        return self.launcher.function(file, name_expression(name, self.dtype))
+
+    def asarray(self, x, dtype=np.float32):
+        return self.xp.asarray(x, dtype=dtype)
+
+    def to_host(self, x) -> np.ndarray:
+        return x.get() if hasattr(x, "get") else np.asarray(x)
+
+    def zeros(self, shape, dtype=np.float32):
+        return self.xp.zeros(shape, dtype=dtype)
+
+    def linear(self, x, w):
+        """x @ w.T: cuBLAS on a GPU, BLAS in the harness."""
+        return self.xp.matmul(x, w.T)
+
+    def contiguous(self, x):
+        return self.xp.ascontiguousarray(x, dtype=self.np_dtype)
+
+    def rms_norm(self, x, weight, eps: float):
+        x = self.contiguous(x)
+        hidden = x.shape[-1]
+        out = self.xp.empty_like(x)
+        rows = x.size // hidden
+        self.kernel("rms_norm.cu", "rms_norm")((rows,), (THREADS,),
+                                              (out, x, self.contiguous(weight), np.int32(hidden), np.float32(eps)))
+        return out
+
+    def rope(self, x, cos, sin):
+        out = self.xp.array(x, dtype=self.np_dtype, order="C", copy=True)  # the kernel works in place
+        tokens, heads, head_dim = out.shape
+        cos, sin = self.xp.ascontiguousarray(cos, dtype=np.float32), self.xp.ascontiguousarray(sin, dtype=np.float32)
+        self.kernel("rotary.cu", "rotary")((tokens,), (THREADS,),
+                                          (out, out, cos, sin, np.int32(heads), np.int32(0), np.int32(head_dim)))
+        return out
+
+    def silu_and_mul(self, gate_up):
+        gate_up = self.contiguous(gate_up)
+        tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = self.xp.empty((tokens, inter), dtype=self.np_dtype)
+        self.kernel("activation.cu", "silu_and_mul")(((inter + THREADS - 1) // THREADS, tokens), (THREADS,),
+                                                    (out, gate_up, np.int32(inter)))
+        return out
+
+    def write_kv(self, cache_k, cache_v, slots, k, v) -> None:
+        tokens, kv_heads, head_dim = k.shape
+        cache_slots = cache_k.shape[1] * cache_k.shape[2]
+        self.kernel("kv_write.cu", "write_kv")(
+            (tokens,), (THREADS,), (cache_k, cache_v, self.contiguous(k), self.contiguous(v),
+                                    self.xp.ascontiguousarray(slots, dtype=np.int64), np.int32(kv_heads),
+                                    np.int32(head_dim), np.int64(cache_slots)))
+
+    def attention_meta(self, query_lens, context_lens, block_tables, block_size: int) -> AttentionMeta:
+        width = max(1, max(len(t) for t in block_tables))
+        tables = np.zeros((len(block_tables), width), dtype=np.int32)
+        for i, t in enumerate(block_tables):
+            tables[i, :len(t)] = t
+        starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+        return AttentionMeta(decode=all(n == 1 for n in query_lens), query_lens=list(query_lens),
+                             query_starts=self.xp.asarray(starts), block_tables=self.xp.asarray(tables),
+                             context_lens=self.xp.asarray(np.asarray(context_lens, dtype=np.int32)),
+                             max_context=int(max(context_lens)))
+
+    def paged_attention(self, q, cache_k, cache_v, meta: AttentionMeta, scale: float):
+        q = self.contiguous(q)
+        tokens, heads, head_dim = q.shape
+        kv_heads, num_blocks, block_size, _ = cache_k.shape
+        seqs = len(meta.query_lens)
+        common = (np.int32(heads), np.int32(kv_heads), np.int32(head_dim), np.int32(block_size),
+                  np.int32(meta.block_tables.shape[1]), np.int32(num_blocks))
+        out = self.xp.empty((tokens, heads, head_dim), dtype=self.np_dtype)
+        if meta.decode:
+            splits = -(-meta.max_context // DECODE_SPLIT)
+            part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)
+            part_sum = self.xp.empty((seqs, heads, splits), dtype=np.float32)
+            part_acc = self.xp.empty((seqs, heads, splits, head_dim), dtype=np.float32)
+            self.kernel("decode_attention.cu", "decode_attention")(
+                (kv_heads, seqs, splits), (THREADS,),
+                (part_max, part_sum, part_acc, q, cache_k, cache_v, meta.block_tables, meta.context_lens, *common,
+                 np.int32(DECODE_SPLIT), np.float32(scale)))
+            self.kernel("decode_attention.cu", "decode_attention_reduce")(
+                (heads, seqs), (THREADS,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim),
+                                            np.int32(splits)))
+        else:
+            tiles = -(-max(meta.query_lens) * (heads // kv_heads) // PREFILL_ROWS)
+            self.kernel("prefill_attention.cu", "prefill_attention")(
+                (tiles, seqs, kv_heads), (THREADS,),
+                (out, q, cache_k, cache_v, meta.query_starts, meta.context_lens, meta.block_tables, *common,
+                 np.float32(scale)))
+        return out.reshape(tokens, heads * head_dim)
