@@ -124,3 +124,38 @@ class CpuLauncher:
         if file not in self.modules:
             self.modules[file] = CpuModule(file)
         return self.modules[file].get_function(expression)
+
+
+class DeviceKernel:
+    """A CuPy kernel called on NumPy arrays: copied to the device, and every array argument
+    copied back after the launch, so the CPU harness's tests run unchanged on a GPU."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        import cupy
+
+        device = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+        self.function(tuple(grid), tuple(block), tuple(device), shared_mem=shared_mem)
+        for host, dev in zip(args, device):
+            if isinstance(host, np.ndarray):
+                host[...] = dev.get()
+
+
+class DeviceLauncher:
+    def __init__(self):
+        from model.ops.cupy_ops import RawModuleLauncher
+
+        self.launcher = RawModuleLauncher()
+
+    def function(self, file: str, expression: str) -> DeviceKernel:
+        return DeviceKernel(self.launcher.function(file, expression))
+
+
+def gpu_available() -> bool:
+    try:
+        from model.ops.cupy_ops import available
+    except ImportError:  # no CuPy installed
+        return False
+    return available()

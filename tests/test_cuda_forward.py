@@ -1,5 +1,5 @@
 """The tiny model's whole forward pass through the CUDA kernels, on the CPU harness behind the
-launcher interface cupy_ops uses, against the NumPy backend: prefill (whole prompts and a chunk
+launcher interface cupy_ops uses (and through CuPy on a GPU), against the NumPy backend: prefill (whole prompts and a chunk
 on a cached prefix) and decode steps, GEMMs on both sides by the same BLAS.
 
 Tolerance: 1e-5 of the largest logit. Both sides run in float32, but the kernels sum in another
@@ -8,16 +8,28 @@ measured 3e-7 to 5e-7 here, with or without the decode split. A wrong mask or sl
 by far more."""
 
 import numpy as np
+import pytest
 
-from cuda_harness import CpuLauncher
+from cuda_harness import CpuLauncher, gpu_available
 from model.ops.cuda_ops import CudaOps
 from model.runner import ModelRunner, Row, StepPlan
 from test_model import Blocks, rel_err
 
 
-def test_tiny_model_forward_through_the_kernels_matches_numpy(tiny_dir):
+def cuda_ops(backend: str) -> CudaOps:
+    if backend == "cpu":
+        return CudaOps(np, CpuLauncher())
+    if not gpu_available():
+        pytest.skip("no GPU: CuPy is not installed or sees no device")
+    from model.ops import cupy_ops
+
+    return cupy_ops.create()
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_tiny_model_forward_through_the_kernels_matches_numpy(tiny_dir, backend):
     runners = [ModelRunner.from_dir(tiny_dir, num_blocks=64),
-               ModelRunner.from_dir(tiny_dir, num_blocks=64, ops=CudaOps(np, CpuLauncher()))]
+               ModelRunner.from_dir(tiny_dir, num_blocks=64, ops=cuda_ops(backend))]
     blocks = Blocks(runners[0])
     rng = np.random.default_rng(0)
     prompts = {"a": rng.integers(3, 390, 37).tolist(), "b": rng.integers(3, 390, 20).tolist(),

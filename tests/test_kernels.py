@@ -9,20 +9,28 @@ in the last place of the storage type."""
 import numpy as np
 import pytest
 
-from cuda_harness import CpuModule, as_float, poisoned, storage
+from cuda_harness import CpuLauncher, DeviceLauncher, as_float, gpu_available, poisoned, storage
 from model.ops import numpy_ops
 from model.ops.kernels import name_expression
 
 DTYPES = ["float32", "float16", "bfloat16"]
 ULP = {"float32": 1e-5, "float16": 2 ** -10, "bfloat16": 2 ** -7}
 
-modules: dict = {}
+launchers: dict = {}
 
 
-def kernel(file: str, name: str, dtype: str):
-    if file not in modules:
-        modules[file] = CpuModule(file)
-    return modules[file].get_function(name_expression(name, dtype))
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def launcher(request):
+    """Every test runs through the CPU harness, and through CuPy where a GPU is present."""
+    if request.param == "gpu" and not gpu_available():
+        pytest.skip("no GPU: CuPy is not installed or sees no device")
+    if request.param not in launchers:
+        launchers[request.param] = CpuLauncher() if request.param == "cpu" else DeviceLauncher()
+    return launchers[request.param]
+
+
+def kernel(launcher, file: str, name: str, dtype: str):
+    return launcher.function(file, name_expression(name, dtype))
 
 
 def assert_close(got, want, dtype, floor=1e-3):
@@ -42,25 +50,25 @@ def rounded(x, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,hidden", [(1, 64), (3, 100), (5, 576)])
-def test_rms_norm(dtype, rows, hidden):
+def test_rms_norm(launcher, dtype, rows, hidden):
     rng = np.random.default_rng(rows * hidden)
     x, w = rng.standard_normal((rows, hidden)) * 3, rng.standard_normal(hidden)
     xs, ws = storage(x, dtype), storage(w, dtype)
     out = poisoned((rows, hidden), dtype)
-    kernel("rms_norm.cu", "rms_norm", dtype)((rows,), (128,), (out, xs, ws, np.int32(hidden), np.float32(1e-5)))
+    kernel(launcher, "rms_norm.cu", "rms_norm", dtype)((rows,), (128,), (out, xs, ws, np.int32(hidden), np.float32(1e-5)))
     want = numpy_ops.rms_norm(rounded(x, dtype), rounded(w, dtype), 1e-5)
     assert_close(out, want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,hidden", [(2, 64), (4, 200)])
-def test_add_rms_norm_writes_the_sum_and_the_norm(dtype, rows, hidden):
+def test_add_rms_norm_writes_the_sum_and_the_norm(launcher, dtype, rows, hidden):
     rng = np.random.default_rng(hidden)
     x, res, w = (rng.standard_normal((rows, hidden)), rng.standard_normal((rows, hidden)),
                  rng.standard_normal(hidden))
     xs, residual, ws = storage(x, dtype), storage(res, dtype), storage(w, dtype)
     out = poisoned((rows, hidden), dtype)
-    kernel("rms_norm.cu", "add_rms_norm", dtype)((rows,), (64,), (out, residual, xs, ws, np.int32(hidden),
+    kernel(launcher, "rms_norm.cu", "add_rms_norm", dtype)((rows,), (64,), (out, residual, xs, ws, np.int32(hidden),
                                                                    np.float32(1e-6)))
     summed = rounded(rounded(res, dtype) + rounded(x, dtype), dtype)
     assert_close(residual, summed, dtype)
@@ -69,43 +77,43 @@ def test_add_rms_norm_writes_the_sum_and_the_norm(dtype, rows, hidden):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,inter", [(1, 32), (3, 100), (7, 1536)])
-def test_silu_and_mul(dtype, tokens, inter):
+def test_silu_and_mul(launcher, dtype, tokens, inter):
     rng = np.random.default_rng(inter)
     gate_up = rng.standard_normal((tokens, 2 * inter)) * 4
     out = poisoned((tokens, inter), dtype)
     block = 128
-    kernel("activation.cu", "silu_and_mul", dtype)(((inter + block - 1) // block, tokens), (block,),
+    kernel(launcher, "activation.cu", "silu_and_mul", dtype)(((inter + block - 1) // block, tokens), (block,),
                                                    (out, storage(gate_up, dtype), np.int32(inter)))
     assert_close(out, numpy_ops.silu_and_mul(rounded(gate_up, dtype)), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_embedding_gather(dtype):
+def test_embedding_gather(launcher, dtype):
     rng = np.random.default_rng(1)
     table = storage(rng.standard_normal((50, 72)), dtype)
     ids = rng.integers(0, 50, size=9).astype(np.int32)
     out = poisoned((9, 72), dtype)
-    kernel("embedding.cu", "embedding", dtype)((9,), (64,), (out, table, ids, np.int32(72)))
+    kernel(launcher, "embedding.cu", "embedding", dtype)((9,), (64,), (out, table, ids, np.int32(72)))
     assert np.array_equal(out, table[ids])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("q_heads,kv_heads", [(4, 4), (8, 2), (16, 2)])  # GQA ratios 1, 4 and 8
-def test_rotary_in_place_on_q_and_k(dtype, q_heads, kv_heads):
+def test_rotary_in_place_on_q_and_k(launcher, dtype, q_heads, kv_heads):
     rng = np.random.default_rng(q_heads)
     tokens, head_dim = 5, 64
     q, k = rng.standard_normal((tokens, q_heads, head_dim)), rng.standard_normal((tokens, kv_heads, head_dim))
     angles = rng.uniform(0, 50, (tokens, head_dim // 2)).astype(np.float32)
     cos, sin = np.cos(angles), np.sin(angles)
     qs, ks = storage(q, dtype), storage(k, dtype)
-    kernel("rotary.cu", "rotary", dtype)((tokens,), (128,), (qs, ks, cos, sin, np.int32(q_heads), np.int32(kv_heads),
+    kernel(launcher, "rotary.cu", "rotary", dtype)((tokens,), (128,), (qs, ks, cos, sin, np.int32(q_heads), np.int32(kv_heads),
                                                              np.int32(head_dim)))
     assert_close(qs, numpy_ops.rope(rounded(q, dtype), cos, sin), dtype)
     assert_close(ks, numpy_ops.rope(rounded(k, dtype), cos, sin), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_write_kv_through_the_slot_mapping(dtype):
+def test_write_kv_through_the_slot_mapping(launcher, dtype):
     rng = np.random.default_rng(7)
     kv_heads, blocks, block_size, head_dim, tokens = 2, 6, 16, 64, 5
     cache_k = storage(rng.standard_normal((kv_heads, blocks, block_size, head_dim)), dtype)
@@ -115,12 +123,12 @@ def test_write_kv_through_the_slot_mapping(dtype):
     want_k, want_v = cache_k.copy(), cache_v.copy()
     live = slots >= 0
     numpy_ops.write_kv(want_k, want_v, slots[live], k[live], v[live])
-    kernel("kv_write.cu", "write_kv", dtype)((tokens,), (64,), (cache_k, cache_v, k, v, slots, np.int32(kv_heads),
+    kernel(launcher, "kv_write.cu", "write_kv", dtype)((tokens,), (64,), (cache_k, cache_v, k, v, slots, np.int32(kv_heads),
                                                                np.int32(head_dim), np.int64(blocks * block_size)))
     assert np.array_equal(cache_k, want_k) and np.array_equal(cache_v, want_v)
 
 
-def decode_attention(q, cache_k, cache_v, tables, context_lens, dtype, split_len):
+def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, split_len):
     """Both kernels, as the GPU path will launch them: partials per split, then the reduce."""
     seqs, heads, head_dim = q.shape
     kv_heads, num_blocks, block_size, _ = cache_k.shape
@@ -128,12 +136,12 @@ def decode_attention(q, cache_k, cache_v, tables, context_lens, dtype, split_len
     part_max, part_sum = poisoned((seqs, heads, splits), "float32"), poisoned((seqs, heads, splits), "float32")
     part_acc = poisoned((seqs, heads, splits, head_dim), "float32")
     out = poisoned((seqs, heads, head_dim), dtype)
-    kernel("decode_attention.cu", "decode_attention", dtype)(
+    kernel(launcher, "decode_attention.cu", "decode_attention", dtype)(
         (kv_heads, seqs, splits), (128,),
         (part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(heads), np.int32(kv_heads),
          np.int32(head_dim), np.int32(block_size), np.int32(tables.shape[1]), np.int32(num_blocks),
          np.int32(split_len), np.float32(head_dim ** -0.5)))
-    kernel("decode_attention.cu", "decode_attention_reduce", dtype)(
+    kernel(launcher, "decode_attention.cu", "decode_attention_reduce", dtype)(
         (heads, seqs), (64,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim), np.int32(splits)))
     return out
 
@@ -141,7 +149,7 @@ def decode_attention(q, cache_k, cache_v, tables, context_lens, dtype, split_len
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64)])
 @pytest.mark.parametrize("split_len", [512, 48])  # one split; several, so the reduce merges them
-def test_paged_decode_attention(dtype, heads, kv_heads, head_dim, split_len):
+def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, split_len):
     rng = np.random.default_rng(heads * head_dim + split_len)
     block_size, num_blocks = 16, 40
     context_lens = np.array([1, 16, 33, 130, 47], dtype=np.int32)  # on and off block boundaries
@@ -154,7 +162,8 @@ def test_paged_decode_attention(dtype, heads, kv_heads, head_dim, split_len):
     q = rng.standard_normal((seqs, heads, head_dim))
     cache_k = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
     cache_v = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
-    got = decode_attention(storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), tables, context_lens,
+    got = decode_attention(launcher, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), tables,
+                           context_lens,
                            dtype, split_len)
     meta = numpy_ops.attention_meta([1] * seqs, context_lens.tolist(), tables.tolist(), block_size)
     want = numpy_ops.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
@@ -176,7 +185,7 @@ def paged_cache(rng, context_lens, kv_heads, head_dim, block_size=16):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64)])
-def test_paged_prefill_attention(dtype, heads, kv_heads, head_dim):
+def test_paged_prefill_attention(launcher, dtype, heads, kv_heads, head_dim):
     """Whole prompts, chunks on a cached prefix (on and off block boundaries), and a decode row,
     in one launch."""
     rng = np.random.default_rng(heads * head_dim)
@@ -188,7 +197,7 @@ def test_paged_prefill_attention(dtype, heads, kv_heads, head_dim):
     starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     out = poisoned((tokens, heads, head_dim), dtype)
     rows_per_block = 16
-    kernel("prefill_attention.cu", "prefill_attention", dtype)(
+    kernel(launcher, "prefill_attention.cu", "prefill_attention", dtype)(
         (-(-max(query_lens) * (heads // kv_heads) // rows_per_block), len(query_lens), kv_heads), (128,),
         (out, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), starts,
          np.array(context_lens, dtype=np.int32), tables, np.int32(heads), np.int32(kv_heads), np.int32(head_dim),
