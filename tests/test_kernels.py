@@ -206,3 +206,68 @@ def test_paged_prefill_attention(launcher, dtype, heads, kv_heads, head_dim):
     want = numpy_ops.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
                                      head_dim ** -0.5).reshape(tokens, heads, head_dim)
     assert_close(out, want, dtype, floor=1.0)
+
+
+def run_sample(launcher, logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, uniform=None):
+    rows, vocab = logits.shape
+    per_row = lambda v, t: np.full(rows, v, dtype=t)  # noqa: E731
+    out = np.full(rows, -7, dtype=np.int32)
+    uniform = per_row(0.5, np.float32) if uniform is None else np.asarray(uniform, dtype=np.float32)
+    launcher.function("sampling.cu", "sample")((rows,), (64,), (
+        out, np.ascontiguousarray(logits, dtype=np.float32), per_row(temperature, np.float32),
+        per_row(top_k, np.int32), per_row(top_p, np.float32), per_row(min_p, np.float32), uniform, np.int32(vocab)))
+    return out
+
+
+def kept_set(logits, temperature, top_k=0, top_p=1.0, min_p=0.0) -> set:
+    """numpy_ops._pick's candidates, as a set: min-p, then top-k, then top-p of what is left."""
+    probs = np.exp((logits - logits.max()) / temperature)
+    probs /= probs.sum()
+    order = np.lexsort((np.arange(len(probs)), -probs))
+    order = order[probs[order] >= min_p * probs.max()]
+    if top_k:
+        order = order[:top_k]
+    kept = probs[order] / probs[order].sum()
+    return set(order[(np.cumsum(kept) - kept) < top_p].tolist())
+
+
+def test_greedy_is_the_argmax(launcher):
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((6, 1000)).astype(np.float32)
+    logits[2, [10, 500]] = 9.0  # a tie: the lowest id wins, as np.argmax
+    assert np.array_equal(run_sample(launcher, logits, temperature=0.0), np.argmax(logits, axis=1))
+
+
+def test_draws_follow_the_distribution(launcher):
+    """Evenly spaced uniforms: token j is drawn about N * p_j times (inverse CDF in id order)."""
+    rng = np.random.default_rng(1)
+    row = rng.standard_normal(100).astype(np.float32) * 2
+    n = 1000
+    picks = run_sample(launcher, np.repeat(row[None], n, axis=0), temperature=0.7, uniform=(np.arange(n) + 0.5) / n)
+    probs = np.exp((row - row.max()) / 0.7)
+    probs /= probs.sum()
+    counts = np.bincount(picks, minlength=100)
+    assert np.abs(counts - n * probs).max() <= 2
+
+
+@pytest.mark.parametrize("filters", [{"top_k": 5}, {"top_p": 0.6}, {"min_p": 0.2}, {"top_k": 20, "top_p": 0.8},
+                                     {"min_p": 0.05, "top_k": 8, "top_p": 0.9}])
+def test_filters_never_pick_outside_the_kept_set(launcher, filters):
+    rng = np.random.default_rng(len(filters))
+    row = rng.standard_normal(400).astype(np.float32) * 3
+    kept = kept_set(row, 0.9, **filters)
+    n = 40
+    picks = run_sample(launcher, np.repeat(row[None], n, axis=0), temperature=0.9, uniform=rng.random(n), **filters)
+    assert set(picks.tolist()) <= kept
+    assert len(set(picks.tolist())) >= min(len(kept), 3)  # and the draws do spread over it
+
+
+def test_a_seeded_row_draws_the_same_token_alone_and_in_a_batch(launcher):
+    from model.sampling import seeded_uniform
+
+    rng = np.random.default_rng(3)
+    batch = rng.standard_normal((8, 500)).astype(np.float32)
+    u = [seeded_uniform(1234, 5)] + rng.random(7).tolist()
+    alone = run_sample(launcher, batch[:1], temperature=1.0, top_p=0.95, uniform=u[:1])
+    together = run_sample(launcher, batch, temperature=1.0, top_p=0.95, uniform=u)
+    assert alone[0] == together[0]

@@ -240,6 +240,11 @@ template <typename T> inline T atomicAdd(T* address, T value) {
     *address = old + value;
     return old;
 }
+template <typename T> inline T atomicMin(T* address, T value) {
+    T old = *address;
+    *address = std::min(old, value);
+    return old;
+}
 template <typename T> inline T atomicMax(T* address, T value) {
     T old = *address;
     *address = std::max(old, value);

@@ -19,15 +19,17 @@ KERNELS = {
     "kv_write.cu": ("write_kv",),
     "decode_attention.cu": ("decode_attention", "decode_attention_reduce"),
     "prefill_attention.cu": ("prefill_attention",),
+    "sampling.cu": ("sample",),
 }
+UNTYPED = {"sample"}  # fp32 logits whatever the model's storage type
 
 
 def name_expression(kernel: str, dtype: str) -> str:
-    return f"{kernel}<{STORAGE_TYPES[dtype]}>"
+    return kernel if kernel in UNTYPED else f"{kernel}<{STORAGE_TYPES[dtype]}>"
 
 
 def name_expressions(file: str) -> list[str]:
-    return [name_expression(k, d) for k in KERNELS[file] for d in STORAGE_TYPES]
+    return list(dict.fromkeys(name_expression(k, d) for k in KERNELS[file] for d in STORAGE_TYPES))
 
 
 def sources(file: str) -> list[Path]:
