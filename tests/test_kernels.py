@@ -271,3 +271,47 @@ def test_a_seeded_row_draws_the_same_token_alone_and_in_a_batch(launcher):
     alone = run_sample(launcher, batch[:1], temperature=1.0, top_p=0.95, uniform=u[:1])
     together = run_sample(launcher, batch, temperature=1.0, top_p=0.95, uniform=u)
     assert alone[0] == together[0]
+
+
+def test_penalties_and_logit_bias_match_numpy_ops(launcher):
+    """Counts kept on the device and updated by count_tokens step by step give the same adjusted
+    logits as numpy_ops' penalties over the whole history, bias included."""
+    from model.sampling import SamplingParams
+
+    rng = np.random.default_rng(4)
+    rows, vocab = 4, 300
+    params = [SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2,
+                             logit_bias={5: 3.0, 17: -100.0}),
+              SamplingParams(repetition_penalty=0.8),
+              SamplingParams(frequency_penalty=-0.4, logit_bias={299: 1.5}),
+              SamplingParams()]
+    prompts = [rng.integers(0, vocab, rng.integers(1, 30)).tolist() for _ in range(rows)]
+    outputs = [[] for _ in range(rows)]
+    counts = np.zeros((rows, vocab), dtype=np.int32)
+    seen = np.zeros((rows, vocab), dtype=np.uint8)
+    for r, prompt in enumerate(prompts):
+        seen[r, prompt] = 1
+    for _ in range(12):  # steps: each row's sampled token joins its counts on the device
+        tokens = rng.integers(0, vocab, rows).astype(np.int32)
+        tokens[0] = 5  # a biased token, repeated
+        launcher.function("penalties.cu", "count_tokens")((1,), (32,), (counts, tokens, np.int32(rows),
+                                                                          np.int32(vocab)))
+        for r in range(rows):
+            outputs[r].append(int(tokens[r]))
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    offsets = np.cumsum([0] + [len(p.logit_bias) for p in params]).astype(np.int32)
+    bias_ids = np.array([t for p in params for t in p.logit_bias], dtype=np.int32)
+    bias_values = np.array([v for p in params for v in p.logit_bias.values()], dtype=np.float32)
+    got = logits.copy()
+    launcher.function("penalties.cu", "apply_penalties")((rows,), (64,), (
+        got, counts, seen, np.array([p.repetition_penalty for p in params], dtype=np.float32),
+        np.array([p.presence_penalty for p in params], dtype=np.float32),
+        np.array([p.frequency_penalty for p in params], dtype=np.float32), offsets, bias_ids, bias_values,
+        np.int32(vocab)))
+    for r, p in enumerate(params):
+        want = logits[r].copy()
+        if p.logit_bias:
+            want[list(p.logit_bias)] += np.array(list(p.logit_bias.values()), dtype=np.float32)
+        numpy_ops._apply_penalties(want, p, prompts[r], outputs[r])
+        np.testing.assert_allclose(got[r], want, rtol=1e-6, atol=1e-5)
+    assert not np.array_equal(got[0], logits[0])  # the penalties did something

@@ -20,8 +20,9 @@ KERNELS = {
     "decode_attention.cu": ("decode_attention", "decode_attention_reduce"),
     "prefill_attention.cu": ("prefill_attention",),
     "sampling.cu": ("sample",),
+    "penalties.cu": ("apply_penalties", "count_tokens"),
 }
-UNTYPED = {"sample"}  # fp32 logits whatever the model's storage type
+UNTYPED = {"sample", "apply_penalties", "count_tokens"}  # fp32 logits whatever the model's storage type
 
 
 def name_expression(kernel: str, dtype: str) -> str:
