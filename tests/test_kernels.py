@@ -315,3 +315,27 @@ def test_penalties_and_logit_bias_match_numpy_ops(launcher):
         numpy_ops._apply_penalties(want, p, prompts[r], outputs[r])
         np.testing.assert_allclose(got[r], want, rtol=1e-6, atol=1e-5)
     assert not np.array_equal(got[0], logits[0])  # the penalties did something
+
+
+def test_logprobs_of_the_token_and_the_top_n_match_numpy_ops(launcher):
+    from model.sampling import SamplingParams
+
+    rng = np.random.default_rng(6)
+    rows, vocab, max_n = 3, 500, 5
+    logits = (rng.standard_normal((rows, vocab)) * 4).astype(np.float32)
+    logits[1, [40, 7]] = logits[1].max() + 1  # a tie at the top: the lower id first
+    top_n = np.array([5, 3, 0], dtype=np.int32)
+    params = [SamplingParams(temperature=0.0, logprobs=int(n)) for n in top_n]
+    tokens, want_chosen, want_top = numpy_ops.sample(logits, params, [[]] * rows, [[]] * rows, rng)
+    tokens[2] = 123  # any token's logprob, not only the argmax
+    want_chosen[2] = float((logits[2] - np.log(np.exp(logits[2] - logits[2].max()).sum()) - logits[2].max())[123])
+    chosen = np.full(rows, np.nan, dtype=np.float32)
+    top_ids = np.full((rows, max_n), -1, dtype=np.int32)
+    top_values = np.full((rows, max_n), np.nan, dtype=np.float32)
+    launcher.function("logprobs.cu", "logprobs")((rows,), (64,), (
+        chosen, top_ids, top_values, logits, tokens.astype(np.int32), top_n, np.int32(vocab), np.int32(max_n)))
+    np.testing.assert_allclose(chosen, want_chosen, rtol=1e-5, atol=1e-5)
+    for r in range(rows):
+        assert top_ids[r, :top_n[r]].tolist() == [t for t, _ in want_top[r]]
+        np.testing.assert_allclose(top_values[r, :top_n[r]], [v for _, v in want_top[r]], rtol=1e-5, atol=1e-5)
+    assert top_ids[1, :2].tolist() == [7, 40]

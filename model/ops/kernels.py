@@ -21,8 +21,9 @@ KERNELS = {
     "prefill_attention.cu": ("prefill_attention",),
     "sampling.cu": ("sample",),
     "penalties.cu": ("apply_penalties", "count_tokens"),
+    "logprobs.cu": ("logprobs",),
 }
-UNTYPED = {"sample", "apply_penalties", "count_tokens"}  # fp32 logits whatever the model's storage type
+UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs"}  # fp32 logits whatever the model's storage type
 
 
 def name_expression(kernel: str, dtype: str) -> str:
