@@ -44,3 +44,21 @@ def test_tiny_model_forward_through_the_kernels_matches_numpy(tiny_dir, backend)
                          for rid, ids, start in rows])
         want, got = (r.ops.to_host(r.logits(plan)) for r in runners)
         assert got.shape == want.shape and rel_err(got, want) < 1e-5, rel_err(got, want)
+
+
+def test_the_kernel_benchmark_runs_through_the_harness(tmp_path):
+    """tools/bench_kernels.py is what a GPU session runs first; its --backend cpu --small mode
+    checks the script itself (every launch, every shape) without one."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "tools/bench_kernels.py", "--backend", "cpu", "--small", "--json", str(out)],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"copy", "rms_norm", "decode_attention"}
+    assert all(r["seconds"] > 0 and r["bytes"] > 0 for r in results.values())
