@@ -185,39 +185,38 @@ class Connection:
         self.close_reason("bad_request")
         log.debug(f"{self.peer}: malformed request, answered {status}")
 
-    async def write(self, data: bytes) -> None:
-        # Shielded, the wait for the lock included: writers are often app tasks that are being
-        # cancelled, and a write cut short, or skipped after the protocol counted it as sent,
-        # would corrupt the stream. Bounded, so a peer that stops reading cannot hold the
-        # connection (or a shutdown) forever.
+    async def on_socket(self, action) -> None:
+        """The one way to write: under the send lock, so data and the EOF never meet on the
+        socket. Shielded, the wait for the lock included: writers are often app tasks that are
+        being cancelled, and a write cut short, or skipped after the protocol counted it as sent,
+        would corrupt the stream. Bounded, so a peer that stops reading cannot hold the
+        connection (or a shutdown) forever."""
         with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout) as deadline:
             async with self.send_lock:
                 if self.write_closed:
                     return
                 try:
-                    await self.stream.send_all(data)
+                    await action()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     self.abort("client")
                     return
         if deadline.cancelled_caught:
             self.abort("send_timeout")
 
+    async def write(self, data: bytes) -> None:
+        await self.on_socket(functools.partial(self.stream.send_all, data))
+
     async def close(self, reason: str) -> None:
-        """Our side is done: EOF after the last response, then linger so the peer reads it.
-        Shielded like write(): the close must happen even if the task asking for it is being
-        cancelled (Quart cancels its response task when the app learns of a disconnect)."""
-        with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout) as deadline:
-            async with self.send_lock:
-                if self.write_closed:
-                    return
-                self.close_reason(reason)
-                self.write_closed = True
-                try:
-                    await self.stream.send_eof()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-        if deadline.cancelled_caught:
-            self.abort("send_timeout")
+        """Our side is done: EOF after the last response, then linger so the peer reads it. The
+        close must happen even if the task asking for it is being cancelled (Quart cancels its
+        response task when the app learns of a disconnect): on_socket shields it."""
+
+        async def send_eof():
+            self.close_reason(reason)
+            self.write_closed = True
+            await self.stream.send_eof()
+
+        await self.on_socket(send_eof)
         self.read_scope.deadline = min(self.read_scope.deadline, trio.current_time() + LINGER)
 
     def abort(self, reason: str) -> None:
