@@ -1,4 +1,4 @@
-// What every Spool kernel shares: storage types to and from fp32, and warp and block sums.
+// What every Spool kernel shares: storage types to and from fp32, and warp and block reductions.
 // Kept to the CUDA subset in README.md, so the CPU shim runs the same source.
 #pragma once
 
@@ -18,21 +18,29 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+struct Sum {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op> __device__ __forceinline__ float warp_reduce(float v, Op op) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
 }
 
-// The sum over the block, in every thread. blockDim.x must be a multiple of 32.
-__device__ __forceinline__ float block_sum(float v) {
+// The reduction over the block, in every thread; identity is op's (0 for Sum, -inf for Max).
+// blockDim.x must be a multiple of 32.
+template <typename Op> __device__ __forceinline__ float block_reduce(float v, float identity, Op op) {
     __shared__ float partial[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     if (lane == 0) partial[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = lane < int(blockDim.x >> 5) ? partial[lane] : 0.0f;
-        v = warp_sum(v);
+        v = lane < int(blockDim.x >> 5) ? partial[lane] : identity;
+        v = warp_reduce(v, op);
         if (lane == 0) partial[0] = v;
     }
     __syncthreads();
@@ -40,3 +48,7 @@ __device__ __forceinline__ float block_sum(float v) {
     __syncthreads();  // partial is reused by the next call
     return v;
 }
+
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, Sum()); }
+__device__ __forceinline__ float block_sum(float v) { return block_reduce(v, 0.0f, Sum()); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce(v, neg_inf(), Max()); }

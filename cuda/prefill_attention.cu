@@ -84,8 +84,7 @@ __global__ void __launch_bounds__(128) prefill_attention(
             float score = 0.0f;
             for (int d = 0; d < head_dim; ++d) score += s_q[r][d] * s_k[lane][d];
             if (pos > visible) score = neg_inf();
-            float tile_max = score;
-            for (int o = 16; o > 0; o >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+            float tile_max = warp_reduce(score, Max());
             float new_max = fmaxf(run_max[i], tile_max);
             if (new_max == neg_inf()) continue;  // no key of this tile is visible to the row yet
             float p = __expf(score - new_max), correction = __expf(run_max[i] - new_max);

@@ -10,23 +10,6 @@
 
 #define SAMPLE_BISECTIONS 40
 
-__device__ __forceinline__ float block_max(float v) {
-    __shared__ float partial[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < int(blockDim.x >> 5) ? partial[lane] : neg_inf();
-        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-        if (lane == 0) partial[0] = v;
-    }
-    __syncthreads();
-    v = partial[0];
-    __syncthreads();
-    return v;
-}
-
 // Probability of token i relative to the most likely one (which is 1), at temperature t.
 __device__ __forceinline__ float weight(const float* row, int i, float top, float inv_t) {
     return __expf((row[i] - top) * inv_t);
