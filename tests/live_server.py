@@ -63,6 +63,23 @@ class LiveServer:
             assert time.monotonic() < deadline, f"{name} stayed at {self.gauge(name)}, not {value}"
             time.sleep(0.1)
 
+    def closed(self, reason: str) -> float:
+        """spool:connections_closed_total for one reason."""
+        return self.metrics()[f'spool:connections_closed_total{{reason="{reason}"}}']
+
+    def wait_closed(self, reason: str, at_least: float, timeout: float = 15) -> None:
+        """A connection is counted once the server has let go of it (after its linger)."""
+        deadline = time.monotonic() + timeout
+        while self.closed(reason) < at_least:
+            assert time.monotonic() < deadline, f"{reason}: {self.closed(reason)} < {at_least}"
+            time.sleep(0.05)
+
+    def assert_serving(self) -> None:
+        """Alive, and a real completion comes back whole."""
+        assert self.proc.poll() is None, self.output()
+        r = httpx.post(self.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

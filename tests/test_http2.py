@@ -33,24 +33,6 @@ def server():
     assert s.stop() == 0, s.output()
 
 
-def closed(server, reason: str) -> float:
-    return server.metrics()[f'spool:connections_closed_total{{reason="{reason}"}}']
-
-
-def wait_closed(server, reason: str, at_least: float) -> None:
-    """A connection is counted once the server has let go of it (after its linger)."""
-    deadline = time.monotonic() + 10
-    while closed(server, reason) < at_least:
-        assert time.monotonic() < deadline, f"{reason}: {closed(server, reason)} < {at_least}"
-        time.sleep(0.05)
-
-
-def assert_serving(server) -> None:
-    assert server.proc.poll() is None, server.output()
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=30)
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
-
-
 def h2_client() -> h2.connection.H2Connection:
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
@@ -67,7 +49,7 @@ async def read_events(stream, conn) -> list:
 
 
 async def test_http2_prior_knowledge_gets_goaway_http_1_1_required(server):
-    before = closed(server, "http2")
+    before = server.closed("http2")
     conn = h2_client()
     stream = await trio.open_tcp_stream("127.0.0.1", server.port)
     conn.send_headers(1, GRPC_HEADERS)
@@ -78,8 +60,8 @@ async def test_http2_prior_knowledge_gets_goaway_http_1_1_required(server):
     assert goaway and goaway[0].error_code == h2.errors.ErrorCodes.HTTP_1_1_REQUIRED, events
     assert not [e for e in events if isinstance(e, h2.events.ResponseReceived)]
     await stream.aclose()
-    wait_closed(server, "http2", before + 1)
-    assert_serving(server)
+    server.wait_closed("http2", before + 1, timeout=10)
+    server.assert_serving()
 
 
 async def h2_chaos_client(port: int, rng: random.Random) -> None:
@@ -132,7 +114,7 @@ async def test_http2_clients_that_reset_and_close_at_random_moments(server):
         assert server.proc.poll() is None, f"round {round_} killed the server:\n{server.output()}"
         r = await trio.to_thread.run_sync(lambda: httpx.get(server.url + "/health", timeout=5))
         assert r.status_code == 200
-    assert_serving(server)
+    server.assert_serving()
 
 
 @pytest.mark.skipif(not list(FIXTURES.glob("grpc-health-probe-*.bin")), reason="no captured probes in shared/")
@@ -150,7 +132,7 @@ async def test_the_captured_router_probes_replayed_in_pieces(server):
         events = await read_events(stream, h2_client())  # the probe carried the client's preface
         assert any(isinstance(e, h2.events.ConnectionTerminated) for e in events), events
         await stream.aclose()
-    assert_serving(server)
+    server.assert_serving()
 
 
 @pytest.mark.slow
@@ -158,7 +140,7 @@ async def test_the_captured_router_probes_replayed_in_pieces(server):
 def test_sglang_router_start_up_probe_20_times(server):
     """The router's real start-up: its gRPC probe over HTTP/2, then HTTP; after each, the
     worker is registered, and Spool is alive and answers through the router."""
-    before = closed(server, "http2")
+    before = server.closed("http2")
     for attempt in range(20):
         port, metrics_port = free_port(), free_port()
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"sglang-router-{port}.log"
@@ -183,5 +165,5 @@ def test_sglang_router_start_up_probe_20_times(server):
             except subprocess.TimeoutExpired:
                 router.kill()
                 router.wait()
-        assert_serving(server)
-    wait_closed(server, "http2", before + 20)  # every start-up probed over HTTP/2, and was refused
+        server.assert_serving()
+    server.wait_closed("http2", before + 20, timeout=10)  # every start-up probed over HTTP/2, and was refused

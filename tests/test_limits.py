@@ -35,17 +35,11 @@ def crowded():
     assert s.stop() == 0, s.output()
 
 
-def closed(server, reason: str) -> float:
-    return server.metrics()[f'spool:connections_closed_total{{reason="{reason}"}}']
-
-
 async def wait_closed(server, reason: str, at_least: float) -> None:
-    with trio.fail_after(15):
-        while await trio.to_thread.run_sync(closed, server, reason) < at_least:
-            await trio.sleep(0.05)
+    await trio.to_thread.run_sync(server.wait_closed, reason, at_least)
 
 
-async def exchange(port: int, data: bytes, pause: float = 0) -> tuple[bytes, float]:
+async def exchange(port: int, data: bytes) -> tuple[bytes, float]:
     """Send data, then read until the server closes; the reply and how long that took."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     start = trio.current_time()
@@ -65,13 +59,11 @@ def status_and_error(reply: bytes) -> tuple[int, dict]:
 
 
 async def assert_serving(server) -> None:
-    r = await trio.to_thread.run_sync(lambda: httpx.post(
-        server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=30))
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    await trio.to_thread.run_sync(server.assert_serving)
 
 
 async def test_oversized_request_head_gets_431(strict):
-    before = closed(strict, "bad_request")
+    before = strict.closed("bad_request")
     reply, _ = await exchange(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 431 ")
     reply, _ = await exchange(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\n"
@@ -82,7 +74,7 @@ async def test_oversized_request_head_gets_431(strict):
 
 
 async def test_headers_that_trickle_in_get_408_after_the_header_timeout(strict):
-    before = closed(strict, "header_timeout")
+    before = strict.closed("header_timeout")
     stream = await trio.open_tcp_stream("127.0.0.1", strict.port)
     start = trio.current_time()
     reply = b""
@@ -125,7 +117,7 @@ async def test_a_body_over_the_limit_gets_413(strict):
 
 
 async def test_an_idle_keep_alive_connection_is_closed(strict):
-    before = closed(strict, "keep_alive")
+    before = strict.closed("keep_alive")
     reply, took = await exchange(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200 ") and 0.9 < took < 4, (reply, took)
     await wait_closed(strict, "keep_alive", before + 1)
@@ -217,7 +209,7 @@ async def silent_websocket(port: int) -> tuple[list, float]:
 
 
 async def test_a_websocket_that_answers_no_pings_is_closed_1001(strict):
-    before = closed(strict, "ws_idle")
+    before = strict.closed("ws_idle")
     events, took = await silent_websocket(strict.port)
     assert isinstance(events[0], AcceptConnection)
     assert sum(isinstance(e, Ping) for e in events) >= 2  # pinged every 0.3 s
@@ -246,7 +238,7 @@ async def open_busy_stream(port: int) -> trio.SocketStream:
 
 
 async def test_at_the_connection_limit_an_idle_connection_makes_room(crowded):
-    before = closed(crowded, "evicted")
+    before = crowded.closed("evicted")
     idle = [await trio.open_tcp_stream("127.0.0.1", crowded.port) for _ in range(6)]
     await trio.sleep(0.2)
     r = await trio.to_thread.run_sync(lambda: httpx.get(crowded.url + "/health", timeout=10))
@@ -261,7 +253,7 @@ async def test_at_the_connection_limit_an_idle_connection_makes_room(crowded):
 async def test_at_the_connection_limit_a_slow_newcomer_evicts_nobody(crowded):
     """A newcomer that sends no whole request head within a second of arriving gets 503, and the
     connections already open stay: reconnecting slow clients cannot churn the server."""
-    before = closed(crowded, "evicted")
+    before = crowded.closed("evicted")
     idle = [await trio.open_tcp_stream("127.0.0.1", crowded.port) for _ in range(6)]
     await trio.sleep(0.2)
     reply, took = await exchange(crowded.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -272,18 +264,18 @@ async def test_at_the_connection_limit_a_slow_newcomer_evicts_nobody(crowded):
     for stream in idle:
         await stream.aclose()
     await trio.sleep(0.5)
-    assert closed(crowded, "evicted") == before
+    assert crowded.closed("evicted") == before
 
 
 async def test_at_the_connection_limit_with_every_connection_busy_a_newcomer_gets_503(crowded):
-    before = closed(crowded, "limit")
+    before = crowded.closed("limit")
     busy = [await open_busy_stream(crowded.port) for _ in range(6)]
     reply, _ = await exchange(crowded.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     status, error = status_and_error(reply)
     assert status == 503 and error["code"] == "too_many_connections" and b"retry-after: 1" in reply.lower()
     for stream in busy:
         await stream.aclose()
-    assert closed(crowded, "limit") == before + 1  # scraped once there is room again
+    assert crowded.closed("limit") == before + 1  # scraped once there is room again
     with trio.fail_after(30):
         while crowded.gauge("num_requests_running") or crowded.metrics()["spool:connections_open"] > 1:
             await trio.sleep(0.1)
