@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the CPU harness
 
+from cuda_harness import to_bf16  # noqa: E402
 from model.ops.cuda_ops import DECODE_SPLIT  # noqa: E402
 from model.ops.kernels import name_expression  # noqa: E402
 
@@ -58,9 +59,8 @@ def backend(name: str):
 
 
 def bf16_random(xp, shape, rng):
-    """Random bf16 bit patterns of values in about [-2, 2): uint16 arrays, as the kernels read them."""
-    values = rng.standard_normal(shape).astype(np.float32)
-    return xp.asarray((values.view(np.uint32) >> 16).astype(np.uint16))
+    """Random normal values as bf16 bit patterns (uint16), as the kernels read them."""
+    return xp.asarray(to_bf16(rng.standard_normal(shape).astype(np.float32)))
 
 
 def main(argv=None) -> int:
