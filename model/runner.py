@@ -97,9 +97,13 @@ class ModelRunner:
             return []
         ids, logprobs, top = self.ops.sample(
             logits, [r.params for r in sampling], [r.prompt_ids for r in sampling],
-            [r.output_ids for r in sampling], self.rng)
+            [r.output_ids for r in sampling], self.rng, [r.request_id for r in sampling])
         ids = self.ops.to_host(ids)
         return [Sampled(r.request_id, int(ids[i]), logprobs[i], top[i]) for i, r in enumerate(sampling)]
+
+    def release(self, request_id) -> None:
+        """The request has ended: the sampler may drop what it kept for it."""
+        self.ops.release(request_id)
 
     def save_blocks(self, block_ids) -> np.ndarray:
         return self.cache.save_blocks(block_ids)

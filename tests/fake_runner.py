@@ -24,6 +24,7 @@ class FakeRunner:
         self.eos_id, self.eos_after = eos_id, eos_after
         self.steps = 0
         self.rows_seen: list[list] = []  # per step, the request ids planned
+        self.released: list = []  # request ids, in the order the engine said they ended
         self.lock = threading.Lock()
 
     def next_token(self, context: list[int]) -> int:
@@ -74,6 +75,9 @@ class FakeRunner:
     @staticmethod
     def chain(h: int, token: int, pos: int) -> int:
         return hash((h, token, pos))
+
+    def release(self, request_id) -> None:
+        self.released.append(request_id)
 
     def save_blocks(self, block_ids):
         slots = [b * self.block_size + i for b in block_ids for i in range(self.block_size)]

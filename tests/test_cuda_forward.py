@@ -1,6 +1,7 @@
 """The tiny model's whole forward pass through the CUDA kernels, on the CPU harness behind the
-launcher interface cupy_ops uses (and through CuPy on a GPU), against the NumPy backend: prefill (whole prompts and a chunk
-on a cached prefix) and decode steps, GEMMs on both sides by the same BLAS.
+launcher interface cupy_ops uses (and through CuPy on a GPU), against the NumPy backend: prefill
+(whole prompts and a chunk on a cached prefix) and decode steps, GEMMs on both sides by the same
+BLAS; then the scheduler driving a runner on the kernels, sampling on the "device" included.
 
 Tolerance: 1e-5 of the largest logit. Both sides run in float32, but the kernels sum in another
 order than NumPy (warp trees, online softmax), so the two differ by float32 rounding per op:
@@ -11,8 +12,11 @@ import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher, gpu_available
+from engine_harness import Harness
 from model.ops.cuda_ops import CudaOps
 from model.runner import ModelRunner, Row, StepPlan
+from model.sampling import SamplingParams
+from model.tokenizer import Tokenizer
 from test_model import Blocks, rel_err
 
 
@@ -44,6 +48,60 @@ def test_tiny_model_forward_through_the_kernels_matches_numpy(tiny_dir, backend)
                          for rid, ids, start in rows])
         want, got = (r.ops.to_host(r.logits(plan)) for r in runners)
         assert got.shape == want.shape and rel_err(got, want) < 1e-5, rel_err(got, want)
+
+
+PENALIZED = [  # (sampling, min_tokens): every path of the device sampler, greedy so both backends agree
+    (SamplingParams(temperature=0.0, repetition_penalty=1.5, logprobs=3), 0),
+    (SamplingParams(temperature=0.0, presence_penalty=1.2, frequency_penalty=0.7, logit_bias={42: 2.0}), 0),
+    (SamplingParams(temperature=0.0, logprobs=0), 4),  # min_tokens: stop tokens banned by logit bias
+    (SamplingParams(temperature=0.0, frequency_penalty=-0.5), 0),
+]
+
+
+def serve(runner, tok, prompts, **config):
+    h = Harness(runner, tok, **config)
+    rids = [h.submit(p, sampling=sampling, min_tokens=min_tokens, max_tokens=14)
+            for p, (sampling, min_tokens) in zip(prompts, PENALIZED)]
+    h.run()
+    return [h.tokens(r) for r in rids], [[lp for f in h.frames[r] for lp in f.logprobs or []] for r in rids], h
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_the_scheduler_on_the_kernels_generates_what_numpy_does(tiny_dir, backend):
+    """Greedy tokens with penalties, bias and min_tokens equal the NumPy backend's, logprobs agree
+    to 1e-4, through preemption by recompute (penalty counts then survive the request's
+    re-prefill), and every request's device slot is free at the end."""
+    tok = Tokenizer(tiny_dir)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 390, n).tolist() for n in (9, 23, 5, 14)]
+    config = dict(num_blocks=16, block_size=4)
+    want_tokens, want_logprobs, _ = serve(ModelRunner.from_dir(tiny_dir, **config), tok, prompts, immunity_tokens=2)
+    ops = cuda_ops(backend)
+    tokens, logprobs, h = serve(ModelRunner.from_dir(tiny_dir, ops=ops, **config), tok, prompts, immunity_tokens=2)
+    assert h.s.stats.preemptions > 0
+    assert tokens == want_tokens
+    for got, want in zip(logprobs, want_logprobs):
+        assert [(t, [i for i, _ in top]) for t, _, top in got] == [(t, [i for i, _ in top]) for t, _, top in want]
+        np.testing.assert_allclose([lp for _, lp, _ in got], [lp for _, lp, _ in want], atol=1e-4)
+    assert ops.sampler.fills == sum(s.penalized for s, _ in PENALIZED)  # then counted on the device only
+    assert not ops.sampler.slots and len(ops.sampler.free) >= 3
+
+
+def test_the_device_sampler_refills_a_slot_whose_history_moved_on(tiny_dir):
+    """Counts are kept per request; if the history the engine hands over is not the one counted
+    (a step failed after sampling), the slot is rebuilt rather than trusted."""
+    ops = CudaOps(np, CpuLauncher())
+    rng = np.random.default_rng(8)
+    logits = (rng.standard_normal((1, 300)) * 2).astype(np.float32)
+    p = [SamplingParams(temperature=0.0, frequency_penalty=2.0)]
+    history = [int(np.argmax(logits))] * 3
+    ops.sample(logits, p, [[1]], [history[:1]], rng, keys=["r"])
+    got, _, _ = ops.sample(logits, p, [[1]], [history], rng, keys=["r"])  # two tokens it never counted
+    assert ops.sampler.fills == 2
+    from model.ops import numpy_ops
+
+    want, _, _ = numpy_ops.sample(logits, p, [[1]], [history], rng)
+    assert int(got[0]) == int(want[0]) != history[0]
 
 
 def test_the_kernel_benchmark_runs_through_the_harness(tmp_path):

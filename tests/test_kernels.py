@@ -274,37 +274,41 @@ def test_a_seeded_row_draws_the_same_token_alone_and_in_a_batch(launcher):
 
 
 def test_penalties_and_logit_bias_match_numpy_ops(launcher):
-    """Counts kept on the device and updated by count_tokens step by step give the same adjusted
-    logits as numpy_ops' penalties over the whole history, bias included."""
+    """Counts kept on the device in each request's slot and updated by count_tokens step by step
+    give the same adjusted logits as numpy_ops' penalties over the whole history, bias included;
+    a row without a slot (-1) gets its bias only."""
     from model.sampling import SamplingParams
 
     rng = np.random.default_rng(4)
-    rows, vocab = 4, 300
+    rows, vocab, slots = 4, 300, 6
     params = [SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2,
                              logit_bias={5: 3.0, 17: -100.0}),
               SamplingParams(repetition_penalty=0.8),
               SamplingParams(frequency_penalty=-0.4, logit_bias={299: 1.5}),
-              SamplingParams()]
+              SamplingParams(logit_bias={3: -2.0})]
+    count_rows = np.array([5, 0, 2, -1], dtype=np.int32)
     prompts = [rng.integers(0, vocab, rng.integers(1, 30)).tolist() for _ in range(rows)]
     outputs = [[] for _ in range(rows)]
-    counts = np.zeros((rows, vocab), dtype=np.int32)
-    seen = np.zeros((rows, vocab), dtype=np.uint8)
-    for r, prompt in enumerate(prompts):
-        seen[r, prompt] = 1
-    for _ in range(12):  # steps: each row's sampled token joins its counts on the device
+    counts = np.zeros((slots, vocab), dtype=np.int32)
+    seen = np.zeros((slots, vocab), dtype=np.uint8)
+    for slot, prompt in zip(count_rows, prompts):
+        if slot >= 0:
+            seen[slot, prompt] = 1
+    for _ in range(12):  # steps: each row's sampled token joins its slot's counts on the device
         tokens = rng.integers(0, vocab, rows).astype(np.int32)
         tokens[0] = 5  # a biased token, repeated
-        launcher.function("penalties.cu", "count_tokens")((1,), (32,), (counts, tokens, np.int32(rows),
+        launcher.function("penalties.cu", "count_tokens")((1,), (32,), (counts, count_rows, tokens, np.int32(rows),
                                                                           np.int32(vocab)))
         for r in range(rows):
             outputs[r].append(int(tokens[r]))
+    assert counts[[1, 3, 4]].sum() == 0  # slots no row holds stay untouched
     logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
     offsets = np.cumsum([0] + [len(p.logit_bias) for p in params]).astype(np.int32)
     bias_ids = np.array([t for p in params for t in p.logit_bias], dtype=np.int32)
     bias_values = np.array([v for p in params for v in p.logit_bias.values()], dtype=np.float32)
     got = logits.copy()
     launcher.function("penalties.cu", "apply_penalties")((rows,), (64,), (
-        got, counts, seen, np.array([p.repetition_penalty for p in params], dtype=np.float32),
+        got, counts, seen, count_rows, np.array([p.repetition_penalty for p in params], dtype=np.float32),
         np.array([p.presence_penalty for p in params], dtype=np.float32),
         np.array([p.frequency_penalty for p in params], dtype=np.float32), offsets, bias_ids, bias_values,
         np.int32(vocab)))

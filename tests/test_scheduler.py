@@ -56,6 +56,7 @@ def test_idle_engine_holds_zero_blocks(tok):
         h.submit(prompt(9 + i, i), max_tokens=5)
     h.run()
     assert h.pool.used == 0 and h.pool.available == h.pool.num_blocks
+    assert len(runner.released) == len(set(runner.released)) == 5
 
 
 @pytest.mark.parametrize("state", ["waiting", "prefilling", "decoding", "preempted"])
@@ -81,6 +82,7 @@ def test_abort_in_every_state_returns_blocks_and_sends_one_final(tok, state, spi
     assert h.pool.used == 0
     for rid in (older, victim, waiting):
         h.final(rid)
+    assert sorted(runner.released) == sorted([older, victim, waiting])  # once each: the sampler's slots
 
 
 def test_abort_before_the_request_arrives_is_carried(tok):

@@ -61,6 +61,9 @@ class TimedRunner:
         self.events.append(("step", t0, t1, len(plan.rows), decode))
         return out
 
+    def release(self, request_id):
+        self.runner.release(request_id)
+
     def save_blocks(self, block_ids):
         return self.runner.save_blocks(block_ids)
 

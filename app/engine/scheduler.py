@@ -171,6 +171,7 @@ class Scheduler:
             self.pool.release(request.block_table)
             request.block_table = []
             self.drop_spill(request)
+            self.runner.release(request.id)
             del self.requests[request.id]
             self.aborts.discard(request.id)  # one that came in while it finished has nothing to end
             self.stats.request_done(request, now)

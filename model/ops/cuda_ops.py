@@ -8,14 +8,15 @@ without a GPU. A launcher has one method, `function(file, name_expression)`, ret
 callable `(grid, block, args, shared_mem=0)`, as CuPy's RawKernel is called.
 
 Storage is float32 for now: model/llama.py's residual adds run on the arrays themselves, which
-NumPy (and CuPy) cannot do on bfloat16 bit patterns. Sampling is not here yet, so a runner on
-these ops computes logits (`ModelRunner.logits`) but cannot sample.
+NumPy (and CuPy) cannot do on bfloat16 bit patterns. Sampling runs on the device too
+(model/ops/cuda_sampler.py).
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from model.ops.cuda_sampler import DeviceSampler
 from model.ops.kernels import name_expression
 
 THREADS = 128
@@ -39,6 +40,7 @@ class CudaOps:
     def __init__(self, xp, launcher, dtype: str = "float32"):
         self.xp, self.launcher, self.dtype = xp, launcher, dtype
         self.np_dtype = np.dtype(dtype)
+        self.sampler = DeviceSampler(self)
 
     def kernel(self, file: str, name: str):
         return self.launcher.function(file, name_expression(name, self.dtype))
@@ -130,3 +132,11 @@ class CudaOps:
                 (out, q, cache_k, cache_v, meta.query_starts, meta.context_lens, meta.block_tables, *common,
                  np.float32(scale)))
         return out.reshape(tokens, heads * head_dim)
+
+    def sample(self, logits, params, prompts, outputs, rng, keys=None):
+        """numpy_ops.sample's contract; the ids stay on the device (to_host them)."""
+        return self.sampler.sample(logits, params, prompts, outputs, rng, keys)
+
+    def release(self, key) -> None:
+        """The request named key has ended: its penalty counts' slot is free again."""
+        self.sampler.release(key)

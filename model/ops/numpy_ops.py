@@ -223,11 +223,12 @@ def _pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
 
 
 def sample(logits: np.ndarray, params: list[SamplingParams], prompts: list, outputs: list,
-           rng: np.random.Generator):
+           rng: np.random.Generator, keys=None):
     """Sample one token per row of logits (rows, vocab).
 
     Returns (token_ids, logprobs, top_logprobs): logprobs are of the model's raw
-    distribution (before penalties and temperature), None where not asked for.
+    distribution (before penalties and temperature), None where not asked for. keys (each row's
+    request) let a backend keep per-request state; this one reads the history every step.
     """
     token_ids = np.empty(len(params), dtype=np.int64)
     logprobs: list = [None] * len(params)
@@ -256,3 +257,7 @@ def sample(logits: np.ndarray, params: list[SamplingParams], prompts: list, outp
             else:
                 top[r] = []
     return token_ids, logprobs, top
+
+
+def release(key) -> None:
+    """A request has ended; this sampler keeps nothing per request (see sample's keys)."""

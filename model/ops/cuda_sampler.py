@@ -1,0 +1,128 @@
+"""Sampling on the device: penalties, the draw and logprobs for a whole batch, with the token
+counts the penalties need kept on the device per request.
+
+A request that asks for penalties holds a slot: one row of output counts and one of
+prompt-seen flags, filled once from its history when it first samples, then updated on the
+device by count_tokens after every step (nothing is rebuilt from the history). The engine
+releases the slot when the request ends. The slot also records how many output tokens it has
+counted: a row whose history no longer matches (a step that failed after sampling) is refilled.
+
+What crosses to the device per step is small host data (each row's parameters, uniforms and
+bias entries); what comes back is the sampled ids, and logprobs only when a row asks.
+"""
+
+import numpy as np
+
+from model.sampling import seeded_uniform
+
+SAMPLE_THREADS = 1024  # sampling.cu: a power of two, at most 1024
+ROW_THREADS = 256  # penalties.cu and logprobs.cu
+
+
+class DeviceSampler:
+    def __init__(self, ops):
+        self.ops, self.xp = ops, ops.xp
+        self.counts = self.seen = None  # (slots, vocab): int32 output counts, uint8 prompt-seen
+        self.slots: dict = {}  # key -> slot
+        self.counted: dict = {}  # key -> output tokens its slot has counted
+        self.free: list[int] = []
+        self.fills = 0  # slots filled from a history: once per penalized request, unless a step failed
+
+    def release(self, key) -> None:
+        slot = self.slots.pop(key, None)
+        if slot is not None:
+            del self.counted[key]
+            self.free.append(slot)
+
+    def _slot(self, key, vocab: int, prompt, output) -> int:
+        """The key's slot, filled from the history when new or out of step with it."""
+        slot = self.slots.get(key)
+        if slot is None:
+            if not self.free:
+                self._grow(vocab)
+            slot = self.slots[key] = self.free.pop()
+        elif self.counted[key] == len(output):
+            return slot
+        counts = np.bincount(np.asarray(output, dtype=np.int64), minlength=vocab).astype(np.int32)
+        seen = np.zeros(vocab, dtype=np.uint8)
+        seen[np.asarray(prompt, dtype=np.int64)] = 1
+        self.counts[slot] = self.xp.asarray(counts)
+        self.seen[slot] = self.xp.asarray(seen)
+        self.counted[key] = len(output)
+        self.fills += 1
+        return slot
+
+    def _grow(self, vocab: int) -> None:
+        old = 0 if self.counts is None else self.counts.shape[0]
+        new = max(8, 2 * old)
+        counts, seen = self.xp.zeros((new, vocab), dtype=np.int32), self.xp.zeros((new, vocab), dtype=np.uint8)
+        if old:
+            counts[:old], seen[:old] = self.counts, self.seen
+        self.counts, self.seen = counts, seen
+        self.free.extend(range(new - 1, old - 1, -1))
+
+    def sample(self, logits, params, prompts, outputs, rng, keys=None):
+        """numpy_ops.sample's contract on device logits (rows, vocab) fp32. keys name each row's
+        request, so its counts persist across steps; without keys every slot is temporary."""
+        ops, xp = self.ops, self.xp
+        rows, vocab = logits.shape
+        temporary = keys is None
+        keys = [object() for _ in params] if temporary else keys
+        count_rows = np.array([self._slot(k, vocab, prompts[r], outputs[r]) if p.penalized else -1
+                               for r, (k, p) in enumerate(zip(keys, params))], dtype=np.int32)
+        host = lambda values, dtype: ops.asarray(np.asarray(values, dtype=dtype), dtype)  # noqa: E731
+        device_rows = host(count_rows, np.int32)
+        adjusted = logits
+        if any(p.penalized or p.logit_bias for p in params):
+            adjusted = logits.copy()  # logprobs are of the raw distribution
+            offsets = np.cumsum([0] + [len(p.logit_bias) for p in params])
+            ops.kernel("penalties.cu", "apply_penalties")((rows,), (ROW_THREADS,), (
+                adjusted, self._table(self.counts, np.int32), self._table(self.seen, np.uint8), device_rows,
+                host([p.repetition_penalty for p in params], np.float32),
+                host([p.presence_penalty for p in params], np.float32),
+                host([p.frequency_penalty for p in params], np.float32), host(offsets, np.int32),
+                host([t for p in params for t in p.logit_bias] or [0], np.int32),
+                host([v for p in params for v in p.logit_bias.values()] or [0], np.float32), np.int32(vocab)))
+        uniform = [0.0 if p.greedy else seeded_uniform(p.seed, len(outputs[r])) if p.seed is not None
+                   else rng.random() for r, p in enumerate(params)]
+        ids = ops.zeros(rows, np.int32)
+        ops.kernel("sampling.cu", "sample")((rows,), (SAMPLE_THREADS,), (
+            ids, adjusted, host([p.temperature for p in params], np.float32),
+            host([p.top_k if p.top_k > 0 else 0 for p in params], np.int32), host([p.top_p for p in params], np.float32),
+            host([p.min_p for p in params], np.float32), host(uniform, np.float32), np.int32(vocab)))
+        if (count_rows >= 0).any():
+            ops.kernel("penalties.cu", "count_tokens")((-(-rows // 32),), (32,), (
+                self.counts, device_rows, ids, np.int32(rows), np.int32(vocab)))
+            for k, slot in zip(keys, count_rows):
+                if slot >= 0:
+                    self.counted[k] += 1
+        if temporary:
+            for k in keys:
+                self.release(k)
+        logprobs, top = self._logprobs(logits, ids, params)
+        return ids, logprobs, top
+
+    def _table(self, table, dtype):
+        """The counts (or seen) table, or a one-element stand-in when no slot exists yet."""
+        return table if table is not None else self.ops.zeros(1, dtype)
+
+    def _logprobs(self, logits, ids, params):
+        rows, vocab = logits.shape
+        logprobs: list = [None] * rows
+        top: list = [None] * rows
+        wanted = [p.logprobs for p in params]
+        if all(n is None for n in wanted):
+            return logprobs, top
+        ops = self.ops
+        max_n = max(1, max(n or 0 for n in wanted))
+        chosen = ops.zeros(rows, np.float32)
+        top_ids, top_values = ops.zeros((rows, max_n), np.int32), ops.zeros((rows, max_n), np.float32)
+        top_n = ops.asarray(np.array([n or 0 for n in wanted], dtype=np.int32), np.int32)
+        ops.kernel("logprobs.cu", "logprobs")((rows,), (ROW_THREADS,), (
+            chosen, top_ids, top_values, logits, ids, top_n, np.int32(vocab), np.int32(max_n)))
+        chosen, top_ids, top_values = ops.to_host(chosen), ops.to_host(top_ids), ops.to_host(top_values)
+        for r, n in enumerate(wanted):
+            if n is not None:
+                logprobs[r] = float(chosen[r])
+                top[r] = [(int(top_ids[r, k]), float(top_values[r, k])) for k in range(n)]
+        return logprobs, top
