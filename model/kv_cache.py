@@ -19,8 +19,8 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
-        self.k = [ops.zeros(shape) for _ in range(config.num_layers)]
-        self.v = [ops.zeros(shape) for _ in range(config.num_layers)]
+        self.k = [ops.zeros(shape, ops.storage_dtype) for _ in range(config.num_layers)]
+        self.v = [ops.zeros(shape, ops.storage_dtype) for _ in range(config.num_layers)]
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, itemsize: int = 4) -> int:
@@ -43,5 +43,5 @@ class KVCache:
         """Write blocks saved by save_blocks back, possibly under other block ids."""
         ids = np.asarray(block_ids, dtype=np.int64)
         for layer, (k, v) in enumerate(zip(self.k, self.v)):
-            k[:, ids] = self.ops.asarray(data[layer, 0])
-            v[:, ids] = self.ops.asarray(data[layer, 1])
+            k[:, ids] = self.ops.asarray(data[layer, 0], data.dtype)
+            v[:, ids] = self.ops.asarray(data[layer, 1], data.dtype)

@@ -46,28 +46,29 @@ class Llama:
         self.cos = ops.asarray(np.cos(angles))
         self.sin = ops.asarray(np.sin(angles))
         self.w = Weights(
-            embed=ops.asarray(weights.embed),
-            layers=[replace(layer, **{k: ops.asarray(v) for k, v in vars(layer).items() if v is not None})
+            embed=ops.weight(weights.embed),
+            layers=[replace(layer, **{k: ops.weight(v) for k, v in vars(layer).items() if v is not None})
                     for layer in weights.layers],
-            norm=ops.asarray(weights.norm),
+            norm=ops.weight(weights.norm),
             lm_head=None,
         )
-        self.w.lm_head = self.w.embed if weights.lm_head is weights.embed else ops.asarray(weights.lm_head)
+        self.w.lm_head = self.w.embed if weights.lm_head is weights.embed else ops.weight(weights.lm_head)
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
     def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index):
         """Hidden states for all tokens of a step, K/V written to the cache, and logits (fp32)
-        for the tokens at logit_index only."""
+        for the tokens at logit_index only.
+
+        The residual stream x is only ever touched through ops (add_rms_norm adds each block's
+        output, delta, and normalises in one pass), so the arrays may hold any storage type."""
         ops, c, w = self.ops, self.config, self.w
         eps = c.rms_norm_eps
         tokens = token_ids.shape[0]
         cos, sin = self.cos[positions], self.sin[positions]
-        x = w.embed[token_ids]
+        x, delta = ops.embedding(w.embed, token_ids), None
         for i, layer in enumerate(w.layers):
-            h = ops.rms_norm(x, layer.attn_norm, eps)
-            qkv = ops.linear(h, layer.wqkv)
-            if layer.bqkv is not None:
-                qkv += layer.bqkv
+            x, h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
+            qkv = ops.linear(h, layer.wqkv, layer.bqkv)
             q = qkv[:, :c.q_size].reshape(tokens, c.num_heads, c.head_dim)
             k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(tokens, c.num_kv_heads, c.head_dim)
             v = qkv[:, c.q_size + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
@@ -78,8 +79,7 @@ class Llama:
             k = ops.rope(k, cos, sin)
             ops.write_kv(cache.k[i], cache.v[i], slots, k, v)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale)
-            x = x + ops.linear(attn, layer.wo)
-            h = ops.rms_norm(x, layer.mlp_norm, eps)
-            x = x + ops.linear(ops.silu_and_mul(ops.linear(h, layer.w_gate_up)), layer.w_down)
-        h = ops.rms_norm(x[logit_index], w.norm, eps)
-        return ops.linear(h, w.lm_head)
+            x, h = ops.add_rms_norm(x, ops.linear(attn, layer.wo), layer.mlp_norm, eps)
+            delta = ops.linear(ops.silu_and_mul(ops.linear(h, layer.w_gate_up)), layer.w_down)
+        _, h = ops.add_rms_norm(x[logit_index], delta[logit_index], w.norm, eps)
+        return ops.logits(h, w.lm_head)

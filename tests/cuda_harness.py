@@ -3,8 +3,8 @@ without a GPU. A kernel file is compiled with g++ and cuda/shim/spool_shim.h (wh
 CUDA's execution model with one fiber per CUDA thread), once per source version, into the cache;
 its kernels are then called the way CuPy's RawKernel is: kernel(grid, block, args, shared_mem).
 
-Also here: bfloat16 as NumPy uint16 bit patterns, with the same round-to-nearest-even as CUDA's
-__float2bfloat16_rn, for building inputs and reading outputs.
+Its launcher also does the GEMMs, as cuBLAS would: in fp32, the result rounded once to the
+output's storage type.
 """
 
 import ctypes
@@ -16,6 +16,7 @@ import tempfile
 import numpy as np
 
 from model.default import cache_root
+from model.ops.dtypes import dtype_name, to_float32, to_storage
 from model.ops.kernels import CUDA_DIR, SHIM_DIR, name_expressions, sources
 
 BUILD_DIR = cache_root() / "cuda-harness"
@@ -28,26 +29,13 @@ class KernelFailed(RuntimeError):
     pass
 
 
-def to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits (uint16), rounding to nearest even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(x)
-    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
 def storage(x: np.ndarray, dtype: str) -> np.ndarray:
     """A float32 array in a kernel's storage type: float32, float16, or bfloat16 as uint16 bits."""
-    return {"float32": lambda: x.astype(np.float32), "float16": lambda: x.astype(np.float16),
-            "bfloat16": lambda: to_bf16(x)}[dtype]()
+    return to_storage(np.asarray(x, dtype=np.float32), dtype)
 
 
 def as_float(x: np.ndarray, dtype: str) -> np.ndarray:
-    return from_bf16(x) if dtype == "bfloat16" else x.astype(np.float32)
+    return to_float32(x, dtype)
 
 
 def poisoned(shape, dtype: str) -> np.ndarray:
@@ -115,7 +103,8 @@ def build(unit: str, library) -> None:
 
 
 class CpuLauncher:
-    """The launcher interface of model/ops/cuda_ops.py, on the CPU: function(file, name_expression)."""
+    """The launcher interface of model/ops/cuda_ops.py, on the CPU: function(file,
+    name_expression) for the kernels, and linear(x, w, bias, out) for the GEMMs."""
 
     def __init__(self):
         self.modules: dict[str, CpuModule] = {}
@@ -124,6 +113,15 @@ class CpuLauncher:
         if file not in self.modules:
             self.modules[file] = CpuModule(file)
         return self.modules[file].get_function(expression)
+
+    @staticmethod
+    def linear(x, w, bias, out) -> None:
+        """out = x @ w.T (+ bias), in fp32, rounded once to out's storage type."""
+        dtype = dtype_name(x.dtype)
+        result = to_float32(x, dtype) @ to_float32(w, dtype).T
+        if bias is not None:
+            result += to_float32(bias, dtype)
+        out[...] = to_storage(result, dtype_name(out.dtype))
 
 
 class DeviceKernel:

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the CPU harness
 
-from cuda_harness import to_bf16  # noqa: E402
+from model.ops.dtypes import to_bf16  # noqa: E402
 from model.ops.cuda_ops import DECODE_SPLIT  # noqa: E402
 from model.ops.kernels import name_expression  # noqa: E402
 

@@ -4,11 +4,13 @@ CudaOps is written against an array module and a launcher, not against CuPy: on 
 arrays are CuPy's and the launcher compiles the .cu files with CuPy's RawModule; in CI the
 arrays are NumPy's and the launcher is the CPU harness (tests/cuda_harness.py), which runs the
 same .cu files. So the whole forward pass of model/llama.py is tested through the kernels
-without a GPU. A launcher has one method, `function(file, name_expression)`, returning a
-callable `(grid, block, args, shared_mem=0)`, as CuPy's RawKernel is called.
+without a GPU. A launcher has two methods: `function(file, name_expression)`, returning a
+callable `(grid, block, args, shared_mem=0)` as CuPy's RawKernel is called, and
+`linear(x, w, bias, out)`, the GEMM (cuBLAS on a GPU).
 
-Storage is float32 for now: model/llama.py's residual adds run on the arrays themselves, which
-NumPy (and CuPy) cannot do on bfloat16 bit patterns. Sampling runs on the device too
+Weights, activations and K/V are in the storage type (float32, float16, or bfloat16 held as
+uint16 bits, model/ops/dtypes.py); model/llama.py never does arithmetic on them itself, only
+through these ops. Logits are fp32, and sampling runs on the device too
 (model/ops/cuda_sampler.py).
 """
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.ops.cuda_sampler import DeviceSampler
+from model.ops.dtypes import ARRAY_DTYPES, to_storage
 from model.ops.kernels import name_expression
 
 THREADS = 128
@@ -39,7 +42,7 @@ class AttentionMeta:
 class CudaOps:
     def __init__(self, xp, launcher, dtype: str = "float32"):
         self.xp, self.launcher, self.dtype = xp, launcher, dtype
-        self.np_dtype = np.dtype(dtype)
+        self.storage_dtype = ARRAY_DTYPES[dtype]
         self.sampler = DeviceSampler(self)
 
     def kernel(self, file: str, name: str):
@@ -54,12 +57,31 @@ class CudaOps:
     def zeros(self, shape, dtype=np.float32):
         return self.xp.zeros(shape, dtype=dtype)
 
-    def linear(self, x, w):
-        """x @ w.T: cuBLAS on a GPU, BLAS in the harness."""
-        return self.xp.matmul(x, w.T)
+    def weight(self, x):
+        """A host float32 weight on the device in the storage type (rounded there, on a GPU)."""
+        return to_storage(self.xp.asarray(x, dtype=np.float32), self.dtype, self.xp)
+
+    def linear(self, x, w, bias=None):
+        """x @ w.T (+ bias) in the storage type, accumulated in fp32: cuBLAS on a GPU."""
+        out = self.xp.empty((x.shape[0], w.shape[0]), dtype=self.storage_dtype)
+        self.launcher.linear(self.contiguous(x), w, bias, out)
+        return out
+
+    def logits(self, h, w):
+        """h @ w.T in fp32, for the sampler."""
+        out = self.xp.empty((h.shape[0], w.shape[0]), dtype=np.float32)
+        self.launcher.linear(self.contiguous(h), w, None, out)
+        return out
 
     def contiguous(self, x):
-        return self.xp.ascontiguousarray(x, dtype=self.np_dtype)
+        return self.xp.ascontiguousarray(x)
+
+    def embedding(self, table, token_ids):
+        hidden = table.shape[1]
+        out = self.xp.empty((token_ids.shape[0], hidden), dtype=self.storage_dtype)
+        self.kernel("embedding.cu", "embedding")((token_ids.shape[0],), (THREADS,), (
+            out, table, self.xp.ascontiguousarray(token_ids, dtype=np.int32), np.int32(hidden)))
+        return out
 
     def rms_norm(self, x, weight, eps: float):
         x = self.contiguous(x)
@@ -70,8 +92,18 @@ class CudaOps:
                                               (out, x, self.contiguous(weight), np.int32(hidden), np.float32(eps)))
         return out
 
+    def add_rms_norm(self, x, delta, weight, eps: float):
+        """numpy_ops.add_rms_norm: x += delta in place, and its norm, in one kernel."""
+        if delta is None:
+            return x, self.rms_norm(x, weight, eps)
+        hidden = x.shape[-1]
+        out = self.xp.empty_like(x)
+        self.kernel("rms_norm.cu", "add_rms_norm")((x.size // hidden,), (THREADS,), (
+            out, x, self.contiguous(delta), weight, np.int32(hidden), np.float32(eps)))
+        return x, out
+
     def rope(self, x, cos, sin):
-        out = self.xp.array(x, dtype=self.np_dtype, order="C", copy=True)  # the kernel works in place
+        out = self.xp.array(x, order="C", copy=True)  # the kernel works in place
         tokens, heads, head_dim = out.shape
         cos, sin = self.xp.ascontiguousarray(cos, dtype=np.float32), self.xp.ascontiguousarray(sin, dtype=np.float32)
         self.kernel("rotary.cu", "rotary")((tokens,), (THREADS,),
@@ -81,7 +113,7 @@ class CudaOps:
     def silu_and_mul(self, gate_up):
         gate_up = self.contiguous(gate_up)
         tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
-        out = self.xp.empty((tokens, inter), dtype=self.np_dtype)
+        out = self.xp.empty((tokens, inter), dtype=self.storage_dtype)
         self.kernel("activation.cu", "silu_and_mul")(((inter + THREADS - 1) // THREADS, tokens), (THREADS,),
                                                     (out, gate_up, np.int32(inter)))
         return out
@@ -112,7 +144,7 @@ class CudaOps:
         seqs = len(meta.query_lens)
         common = (np.int32(heads), np.int32(kv_heads), np.int32(head_dim), np.int32(block_size),
                   np.int32(meta.block_tables.shape[1]), np.int32(num_blocks))
-        out = self.xp.empty((tokens, heads, head_dim), dtype=self.np_dtype)
+        out = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         if meta.decode:
             splits = -(-meta.max_context // DECODE_SPLIT)
             part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)

@@ -1,18 +1,28 @@
-"""CudaOps on an NVIDIA GPU: CuPy arrays, GEMMs by cuBLAS (cupy.matmul), and Spool's kernels
-compiled from cuda/*.cu by NVRTC through CuPy's RawModule, once per process (CuPy caches the
-binaries on disk, under CUPY_CACHE_DIR). Needs the `cuda12` or `cuda13` extra and a device."""
+"""CudaOps on an NVIDIA GPU: CuPy arrays, GEMMs by cuBLAS, and Spool's kernels compiled from
+cuda/*.cu by NVRTC through CuPy's RawModule, once per process (CuPy caches the binaries on disk,
+under CUPY_CACHE_DIR). Needs the `cuda12` or `cuda13` extra and a device."""
 
 import cupy
+import numpy as np
+from cupy_backends.cuda.libs import cublas
 
 from model.ops.cuda_ops import CudaOps
+from model.ops.dtypes import dtype_name
 from model.ops.kernels import CUDA_DIR, name_expressions
+
+# cudaDataType_t of each storage type, and cuBLAS's fp32 compute type (cublas_api.h).
+CUDA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 14}
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
 
 
 class RawModuleLauncher:
-    """The launcher interface of cuda_ops on a GPU: function(file, name_expression)."""
+    """The launcher interface of cuda_ops on a GPU: function(file, name_expression) and
+    linear(x, w, bias, out)."""
 
     def __init__(self):
         self.modules: dict[str, cupy.RawModule] = {}
+        self.one, self.zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
 
     def function(self, file: str, expression: str):
         if file not in self.modules:
@@ -20,6 +30,26 @@ class RawModuleLauncher:
                                                 options=("-std=c++17", f"-I{CUDA_DIR}"),
                                                 name_expressions=name_expressions(file))
         return self.modules[file].get_function(expression)
+
+    def linear(self, x, w, bias, out) -> None:
+        """out = x @ w.T (+ bias) through cublasGemmEx, accumulating in fp32 whatever the storage
+        (CuPy's matmul knows no bfloat16). Row-major out (m, n) is column-major out.T = w @ x.T:
+        w (n, k) row-major is w.T column-major, hence OP_T on it."""
+        m, k = x.shape
+        n = w.shape[0]
+        if bias is not None:
+            out[...] = bias
+        beta = self.one if bias is not None else self.zero
+        storage = CUDA_TYPES[dtype_name(x.dtype)]
+        handle = cupy.cuda.device.get_cublas_handle()
+        mode = cublas.getPointerMode(handle)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        try:
+            cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, self.one.ctypes.data,
+                          w.data.ptr, storage, k, x.data.ptr, storage, k, beta.ctypes.data,
+                          out.data.ptr, CUDA_TYPES[dtype_name(out.dtype)], n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+        finally:
+            cublas.setPointerMode(handle, mode)
 
 
 def available() -> bool:
@@ -30,5 +60,5 @@ def available() -> bool:
         return False
 
 
-def create(dtype: str = "float32") -> CudaOps:
+def create(dtype: str = "bfloat16") -> CudaOps:
     return CudaOps(cupy, RawModuleLauncher(), dtype)

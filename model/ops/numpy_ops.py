@@ -21,6 +21,7 @@ SKINNY_ROWS = 64
 SAMPLING_CANDIDATES = 256
 
 name = "numpy"
+storage_dtype = np.dtype(np.float32)  # of weights, activations and K/V
 
 
 def asarray(x, dtype=np.float32) -> np.ndarray:
@@ -35,16 +36,36 @@ def zeros(shape, dtype=np.float32) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
 
-def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x @ w.T for activations x (tokens, in) and a weight w (out, in)."""
-    if x.shape[0] <= SKINNY_ROWS:
-        return (w @ x.T).T
-    return x @ w.T
+def weight(x) -> np.ndarray:
+    return asarray(x)
+
+
+def embedding(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    return table[token_ids]
+
+
+def linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """x @ w.T (+ bias) for activations x (tokens, in) and a weight w (out, in)."""
+    out = (w @ x.T).T if x.shape[0] <= SKINNY_ROWS else x @ w.T
+    if bias is not None:
+        out += bias
+    return out
+
+
+logits = linear  # float32 already
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     variance = np.mean(np.square(x), axis=-1, keepdims=True)
     return x / np.sqrt(variance + np.float32(eps)) * weight
+
+
+def add_rms_norm(x: np.ndarray, delta: np.ndarray | None, weight: np.ndarray, eps: float):
+    """The residual stream's step: x += delta (in place; none before the first layer), then
+    (x, rms_norm(x))."""
+    if delta is not None:
+        x += delta
+    return x, rms_norm(x, weight, eps)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
