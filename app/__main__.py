@@ -12,6 +12,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
 
     from app.serve import add_arguments
+    from model.backend import BACKENDS, DTYPES
 
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API over HTTP and WebSocket",
                            description="Serve the OpenAI-compatible API (HTTP with SSE, and WebSocket).")
@@ -27,6 +28,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0, off)")
     gen.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling (default: none)")
+    gen.add_argument("--backend", choices=BACKENDS, default="auto",
+                     help="auto picks cuda when CuPy is installed and sees a GPU, else cpu (default: auto)")
+    gen.add_argument("--dtype", choices=DTYPES, default="auto",
+                     help="cuda: bfloat16 (auto), float16 or float32; cpu: float32 only (default: auto)")
     return parser.parse_args(argv)
 
 

@@ -5,14 +5,20 @@ import sys
 import trio
 
 from app.engine import Engine, EngineConfig, EngineError, GenerationParams
+from model.backend import resolve
 from model.default import resolve_model
 from model.kv_cache import DEFAULT_BLOCK_SIZE
-from model.runner import ModelRunner, load_model
+from model.runner import ModelRunner
 from model.sampling import SamplingParams
 from model.tokenizer import ChatTemplateError, Tokenizer
 
 
 def run_generate(args) -> int:
+    try:
+        backend = resolve(args.backend, args.dtype)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model_dir = resolve_model(args.model)
     tokenizer = Tokenizer(model_dir)
     try:
@@ -20,7 +26,11 @@ def run_generate(args) -> int:
     except ChatTemplateError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model = load_model(model_dir)
+    try:
+        model = backend.load(model_dir)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     context = min(len(prompt) + max(args.max_tokens, 1), model.config.max_position_embeddings)
     runner = ModelRunner(model.config, model, num_blocks=-(-context // DEFAULT_BLOCK_SIZE))
     engine = Engine(runner, tokenizer, EngineConfig(max_model_len=model.config.max_position_embeddings,

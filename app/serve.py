@@ -22,9 +22,10 @@ from app.server import limits
 from app.server.app import ServerState, create_app
 from app.server.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
+from model.backend import BACKENDS, DTYPES, resolve
 from model.errors import ModelError
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
-from model.runner import ModelRunner, load_model
+from model.runner import ModelRunner
 from model.tokenizer import Tokenizer
 
 log = logging.getLogger("spool")
@@ -39,11 +40,13 @@ def add_arguments(parser) -> None:
     a("--served-model-name", default=None, help="the model name clients use (default: the directory's name)")
     a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     a("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-    a("--backend", choices=("auto", "cpu", "cuda"), default="auto",
-      help="numerics backend: auto picks cuda when a GPU backend is available, else cpu (default: auto)")
+    a("--backend", choices=BACKENDS, default="auto",
+      help="numerics backend: auto picks cuda when CuPy is installed and sees a GPU, else cpu (default: auto)")
+    a("--dtype", choices=DTYPES, default="auto",
+      help="weights, activations and KV cache: cuda takes all three (auto: bfloat16), cpu float32 only (default: auto)")
     a("--max-seqs", type=int, default=64, help="most requests running at once (default: 64)")
     a("--max-model-len", type=int, default=None, help="context length, prompt plus output (default: the model's)")
-    a("--kv-cache-gib", type=float, default=1.0, help="CPU: memory for the paged KV cache in GiB (default: 1.0)")
+    a("--kv-cache-gib", type=float, default=1.0, help="memory for the paged KV cache in GiB (default: 1.0)")
     a("--gpu-memory-utilization", type=float, default=0.9,
       help="CUDA: share of GPU memory for weights and KV cache (default: 0.9)")
     a("--prefill-chunk", type=int, default=256, help="most prompt tokens prefilled per step (default: 256)")
@@ -75,8 +78,6 @@ def check(args) -> None:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     limits.Limits.from_args(args).check()
-    if args.backend == "cuda":
-        raise ValueError("the CUDA backend is not part of this build yet; use --backend cpu")
 
 
 def model_name(args) -> str:
@@ -91,12 +92,13 @@ def model_name(args) -> str:
 def load(args, state: ServerState) -> Engine:
     """Fetch and load the model, and build the engine: runs in a worker thread while the server
     already answers /health with 503."""
+    backend = resolve(args.backend, args.dtype)
     model_dir = resolve_model(args.model)
     state.tokenizer = Tokenizer(model_dir)
-    model = load_model(model_dir, max_model_len=args.max_model_len)
+    model = backend.load(model_dir, args.max_model_len)
     config = model.config
     state.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-    block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE)
+    block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE, backend.ops.storage_dtype.itemsize)
     num_blocks = int(args.kv_cache_gib * GIB // block_bytes)
     if num_blocks < 2:
         raise ValueError(f"--kv-cache-gib {args.kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes")
@@ -105,7 +107,8 @@ def load(args, state: ServerState) -> Engine:
         max_model_len=state.max_model_len, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
         swap_blocks=int(args.swap_space * GIB // block_bytes), prefix_caching=not args.no_prefix_caching))
-    log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend cpu,"
+    log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
+             f" ({backend.dtype}),"
              f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB),"
              f" max_model_len {state.max_model_len}")
     return engine

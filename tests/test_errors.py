@@ -94,3 +94,45 @@ def test_cli_rejects_bad_sampling_flags(tiny_dir):
     proc = subprocess.run([sys.executable, "-m", "app", "generate", "--model", str(tiny_dir),
                            "--top-p", "1.5", "Hello"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: top_p must be in (0, 1], got 1.5"
+
+
+def cli_error(*argv) -> str:
+    """The one line a refused command prints (exit 1 or 2), with no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "app", *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_cli_refuses_a_backend_or_dtype_it_cannot_run(tiny_dir):
+    from cuda_harness import gpu_available
+
+    assert "--backend cuda" in cli_error("generate", "--model", str(tiny_dir), "--dtype", "float16", "hi")
+    if gpu_available():
+        pytest.skip("this machine has a GPU: --backend cuda would run")
+    line = cli_error("generate", "--model", str(tiny_dir), "--backend", "cuda", "hi")
+    assert "needs CuPy" in line or "no CUDA device" in line
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    line = cli_error("serve", "--model", str(tiny_dir), "--backend", "cuda", "--port", str(port))
+    assert "--backend cpu" in line
+
+
+@pytest.mark.parametrize("change,shown", [({"head_dim": 256}, "256"), ({"num_kv_heads": 1}, "16")])
+def test_the_cuda_backend_refuses_a_model_its_kernels_cannot_run(tiny_dir, change, shown):
+    from dataclasses import replace
+
+    from model.backend import Backend, check_model
+    from model.config import ModelConfig
+
+    config = ModelConfig.load(tiny_dir)
+    check_model(Backend("cuda", "bfloat16", None), config)  # the tiny model fits
+    config = replace(config, num_heads=16, **change)
+    with pytest.raises(ValueError, match=shown) as e:
+        check_model(Backend("cuda", "bfloat16", None), config)
+    assert "--backend cpu" in str(e.value)
+    check_model(Backend("cpu", "float32", None), config)  # NumPy runs anything

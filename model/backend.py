@@ -1,0 +1,69 @@
+"""--backend and --dtype, resolved once per process to an ops module for model/llama.py.
+
+cpu: NumPy in float32 (the reference). cuda: Spool's kernels through CuPy, in bfloat16 unless
+asked otherwise (float16 or float32). auto: cuda when CuPy is installed and sees a device,
+else cpu. Every refusal is a ValueError of one line that says what to do instead.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from model.config import ModelConfig
+from model.llama import Llama
+from model.ops import numpy_ops
+from model.runner import load_model
+
+BACKENDS = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+# What the attention kernels hold in registers (cuda/decode_attention.cu, prefill_attention.cu).
+CUDA_MAX_HEAD_DIM = 128
+CUDA_MAX_GROUP = 8
+
+
+@dataclass
+class Backend:
+    name: str  # cpu or cuda
+    dtype: str  # of weights, activations and K/V
+    ops: object
+
+    def load(self, model_dir: Path, max_model_len: int | None = None) -> Llama:
+        """The model's weights on this backend, after check_model."""
+        check_model(self, ModelConfig.load(Path(model_dir)))
+        return load_model(model_dir, self.ops, max_model_len)
+
+
+def cuda_available() -> bool:
+    try:
+        from model.ops import cupy_ops
+    except ImportError:
+        return False
+    return cupy_ops.available()
+
+
+def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
+    if backend == "auto":
+        backend = "cuda" if cuda_available() else "cpu"
+    if backend == "cpu":
+        if dtype not in ("auto", "float32"):
+            raise ValueError(f"the CPU backend computes in float32; --dtype {dtype} needs --backend cuda")
+        return Backend("cpu", "float32", numpy_ops)
+    try:
+        from model.ops import cupy_ops
+    except ImportError:
+        raise ValueError("--backend cuda needs CuPy: pip install -e '.[cuda12]' (or '.[cuda13]'),"
+                         " or use --backend cpu") from None
+    if not cupy_ops.available():
+        raise ValueError("--backend cuda: CuPy sees no CUDA device (or no driver); use --backend cpu")
+    dtype = "bfloat16" if dtype == "auto" else dtype
+    return Backend("cuda", dtype, cupy_ops.create(dtype))
+
+
+def check_model(backend: Backend, config: ModelConfig) -> None:
+    """Refuse, before loading weights, a model the backend's kernels cannot run."""
+    if backend.name != "cuda":
+        return
+    group = config.num_heads // config.num_kv_heads
+    if config.head_dim > CUDA_MAX_HEAD_DIM or group > CUDA_MAX_GROUP:
+        raise ValueError(f"the CUDA kernels take head_dim <= {CUDA_MAX_HEAD_DIM} and at most {CUDA_MAX_GROUP}"
+                         f" query heads per KV head; this model has {config.head_dim} and {group};"
+                         " use --backend cpu")
