@@ -34,3 +34,4 @@ def test_kernel_file_compiles_without_spills(file, arch, tmp_path):
     assert len(functions) == len(name_expressions(file)), report
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(spills) >= len(functions) and all(s == ("0", "0") for s in spills), report
+

@@ -5,7 +5,9 @@ build from this list, so what CI tests is what the GPU runs."""
 
 from pathlib import Path
 
-CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
+# In a checkout the files are the repository's cuda/; an installed wheel carries them as model/cuda.
+_INSTALLED = Path(__file__).resolve().parents[1] / "cuda"
+CUDA_DIR = _INSTALLED if _INSTALLED.is_dir() else Path(__file__).resolve().parents[2] / "cuda"
 SHIM_DIR = CUDA_DIR / "shim"
 
 # NumPy dtype name -> the C++ storage type kernels are instantiated with.

@@ -1,0 +1,27 @@
+"""What a non-editable install carries: the kernels' sources, where model/ops/kernels.py looks."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from model.ops.kernels import CUDA_DIR, KERNELS, sources
+
+
+def test_an_installed_copy_carries_every_kernel_source(tmp_path):
+    """A non-editable install (what setuptools' build_py lays out for a wheel) holds cuda/ as
+    model/cuda, and kernels.py finds the files there; never as a top-level `cuda` (the trap)."""
+    root = Path(__file__).resolve().parent.parent
+    lib = tmp_path / "lib"
+    done = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py",
+                           "--build-lib", str(lib)], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not (lib / "cuda").exists()
+    installed = lib / "model" / "cuda"
+    for file in KERNELS:
+        for source in sources(file):
+            assert (installed / source.relative_to(CUDA_DIR)).is_file(), source
+    assert (installed / "shim" / "spool_shim.h").is_file()
+    found = subprocess.run([sys.executable, "-c", "from model.ops.kernels import CUDA_DIR; print(CUDA_DIR)"],
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(lib)}, capture_output=True, text=True)
+    assert found.stdout.strip() == str(installed), found.stderr
