@@ -10,10 +10,8 @@ from model.ops.cuda_ops import CudaOps
 from model.ops.dtypes import dtype_name
 from model.ops.kernels import CUDA_DIR, name_expressions
 
-# cudaDataType_t of each storage type, and cuBLAS's fp32 compute type (cublas_api.h).
+# cudaDataType_t of each storage type (library_types.h: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF).
 CUDA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 14}
-CUBLAS_COMPUTE_32F = 68
-CUBLAS_GEMM_DEFAULT = -1
 
 
 class RawModuleLauncher:
@@ -47,7 +45,8 @@ class RawModuleLauncher:
         try:
             cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, self.one.ctypes.data,
                           w.data.ptr, storage, k, x.data.ptr, storage, k, beta.ctypes.data,
-                          out.data.ptr, CUDA_TYPES[dtype_name(out.dtype)], n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                          out.data.ptr, CUDA_TYPES[dtype_name(out.dtype)], n, cublas.CUBLAS_COMPUTE_32F,
+                          cublas.CUBLAS_GEMM_DEFAULT)
         finally:
             cublas.setPointerMode(handle, mode)
 
