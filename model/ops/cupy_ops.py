@@ -4,8 +4,8 @@ under CUPY_CACHE_DIR). Needs the `cuda12` or `cuda13` extra and a device."""
 
 import cupy
 import numpy as np
-from cupy_backends.cuda.libs import cublas
 
+from model.errors import one_line
 from model.ops.cuda_ops import CudaOps
 from model.ops.dtypes import dtype_name
 from model.ops.kernels import CUDA_DIR, name_expressions
@@ -19,6 +19,9 @@ class RawModuleLauncher:
     linear(x, w, bias, out)."""
 
     def __init__(self):
+        from cupy_backends.cuda.libs import cublas  # loads libcublas: ImportError where it is missing
+
+        self.cublas = cublas
         self.modules: dict[str, cupy.RawModule] = {}
         self.one, self.zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
 
@@ -39,7 +42,7 @@ class RawModuleLauncher:
             out[...] = bias
         beta = self.one if bias is not None else self.zero
         storage = CUDA_TYPES[dtype_name(x.dtype)]
-        handle = cupy.cuda.device.get_cublas_handle()
+        cublas, handle = self.cublas, cupy.cuda.device.get_cublas_handle()
         mode = cublas.getPointerMode(handle)
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         try:
@@ -60,4 +63,9 @@ def available() -> bool:
 
 
 def create(dtype: str = "bfloat16") -> CudaOps:
-    return CudaOps(cupy, RawModuleLauncher(), dtype)
+    try:
+        launcher = RawModuleLauncher()
+    except ImportError as e:
+        raise ValueError(f"CuPy cannot load cuBLAS ({one_line(e)}); install the CUDA libraries with the cuda12 or cuda13"
+                         " extra, which brings CuPy's [ctk]") from None
+    return CudaOps(cupy, launcher, dtype)
