@@ -1,8 +1,9 @@
 """--backend and --dtype, resolved once per process to an ops module for model/llama.py.
 
-cpu: NumPy in float32 (the reference). cuda: Spool's kernels through CuPy, in bfloat16 unless
-asked otherwise (float16 or float32). auto: cuda when CuPy is installed and sees a device,
-else cpu. Every refusal is a ValueError of one line that says what to do instead.
+cpu: NumPy in float32 (the reference). cuda: Spool's kernels through CuPy, in float16 when the
+checkpoint says it was trained in float16, else bfloat16, unless --dtype says otherwise. auto:
+cuda when CuPy is installed and sees a device, else cpu. Every refusal is a ValueError of one
+line that says what to do instead.
 """
 
 from dataclasses import dataclass
@@ -23,12 +24,19 @@ CUDA_MAX_GROUP = 8
 @dataclass
 class Backend:
     name: str  # cpu or cuda
-    dtype: str  # of weights, activations and K/V
-    ops: object
+    dtype: str  # of weights, activations and K/V; auto until a model is loaded
+    ops: object = None  # set once the dtype is known
 
     def load(self, model_dir: Path, max_model_len: int | None = None) -> Llama:
         """The model's weights on this backend, after check_model."""
-        check_model(self, ModelConfig.load(Path(model_dir)))
+        config = ModelConfig.load(Path(model_dir))
+        check_model(self, config)
+        if self.ops is None:
+            from model.ops import cupy_ops
+
+            if self.dtype == "auto":
+                self.dtype = "float16" if config.torch_dtype == "float16" else "bfloat16"
+            self.ops = cupy_ops.create(self.dtype)
         return load_model(model_dir, self.ops, max_model_len)
 
 
@@ -54,8 +62,7 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
                          " or use --backend cpu") from None
     if not cupy_ops.available():
         raise ValueError("--backend cuda: CuPy sees no CUDA device (or no driver); use --backend cpu")
-    dtype = "bfloat16" if dtype == "auto" else dtype
-    return Backend("cuda", dtype, cupy_ops.create(dtype))
+    return Backend("cuda", dtype)
 
 
 def check_model(backend: Backend, config: ModelConfig) -> None:

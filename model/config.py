@@ -38,6 +38,7 @@ class ModelConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    torch_dtype: str | None = None  # what the checkpoint was trained in: the GPU's default --dtype
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
@@ -85,6 +86,7 @@ class ModelConfig:
                 qk_norm=qk_norm,
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
+                torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelError(

@@ -144,3 +144,34 @@ def test_a_bfloat16_cache_spills_and_reloads_bit_for_bit(tiny_dir):
     assert saved.dtype == np.uint16
     for k in cache.k + cache.v:
         assert np.array_equal(k[:, [3, 0]], k[:, [1, 6]])
+
+
+@pytest.mark.parametrize("checkpoint,asked,expected", [("float16", "auto", "float16"), ("bfloat16", "auto", "bfloat16"),
+                                                       (None, "auto", "bfloat16"), ("float16", "float32", "float32")])
+def test_the_cuda_backend_loads_in_the_checkpoint_dtype_unless_told(tiny_dir, tmp_path, monkeypatch,
+                                                                     checkpoint, asked, expected):
+    """--backend cuda resolved and loaded as serve does, with CuPy stood in for by the harness."""
+    import json
+    import shutil
+    import sys
+    import types
+
+    import model.ops
+    from model.backend import resolve
+
+    standin = types.SimpleNamespace(available=lambda: True, create=lambda dtype: CudaOps(np, CpuLauncher(), dtype))
+    monkeypatch.setitem(sys.modules, "model.ops.cupy_ops", standin)
+    monkeypatch.setattr(model.ops, "cupy_ops", standin, raising=False)
+    path = shutil.copytree(tiny_dir, tmp_path / "model")
+    config = json.loads((path / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    if checkpoint:
+        config["torch_dtype"] = checkpoint
+    (path / "config.json").write_text(json.dumps(config))
+    backend = resolve("auto", asked)
+    llama = backend.load(path)
+    assert backend.name == "cuda" and backend.dtype == expected
+    assert llama.w.embed.dtype == {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[expected]
+    runner = ModelRunner(llama.config, llama, num_blocks=8, block_size=4)
+    assert runner.cache.k[0].dtype == llama.w.embed.dtype
+    assert runner.step(StepPlan([Row("r", [5, 6, 7], 0, [0], sample=True)]))[0].token_id >= 0
