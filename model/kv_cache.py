@@ -35,13 +35,13 @@ class KVCache:
     def save_blocks(self, block_ids) -> np.ndarray:
         """Copy blocks to host memory (the spill pool):
         (layers, 2, kv_heads, len(block_ids), block_size, head_dim)."""
-        ids = np.asarray(block_ids, dtype=np.int64)
+        ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
         return np.stack([np.stack([self.ops.to_host(k[:, ids]), self.ops.to_host(v[:, ids])])
                          for k, v in zip(self.k, self.v)])
 
     def load_blocks(self, block_ids, data: np.ndarray) -> None:
         """Write blocks saved by save_blocks back, possibly under other block ids."""
-        ids = np.asarray(block_ids, dtype=np.int64)
+        ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
         for layer, (k, v) in enumerate(zip(self.k, self.v)):
             k[:, ids] = self.ops.asarray(data[layer, 0], data.dtype)
             v[:, ids] = self.ops.asarray(data[layer, 1], data.dtype)
