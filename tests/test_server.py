@@ -106,6 +106,9 @@ def test_metrics_use_vllm_names(server, client):
         assert any(k.startswith(f"spool:{name}{{") for k in m), name
     assert any(k.startswith('spool:request_success_total{finished_reason="length"') for k in m)
     assert server.gauge("generation_tokens_total") > 0
+    page = httpx.get(server.url + "/metrics").text  # the process's own, for leak watching (tools/soak.py)
+    rss = next(float(line.split()[1]) for line in page.splitlines() if line.startswith("process_resident_memory_bytes"))
+    assert rss > 50e6  # the model alone is bigger than that
 
 
 BAD = [

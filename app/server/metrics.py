@@ -1,8 +1,9 @@
 """GET /metrics: the engine's own counters and histograms in Prometheus text, under vLLM's
-metric names with a `spool:` prefix, and the listener's connections. Collectors read them at
-scrape time, so nothing is counted twice."""
+metric names with a `spool:` prefix, the listener's connections, and the standard process_*
+metrics (resident memory, CPU time, open files: what a soak watches for leaks). Collectors
+read them at scrape time, so nothing is counted twice."""
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -78,4 +79,5 @@ def render(engine, model_name: str, connections) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model_name))
     registry.register(ConnectionCollector(connections))
+    ProcessCollector(registry=registry)
     return generate_latest(registry), CONTENT_TYPE_LATEST
