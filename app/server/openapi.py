@@ -36,6 +36,11 @@ def spec(model_name: str) -> dict:
         op: dict = {"summary": summary, "responses": {"200": {"description": "OK"}}}
         if resp is not None:
             op["responses"]["200"]["content"] = {"application/json": {"schema": refs[resp]}}
+        if "stream=true" in summary:  # the same route answers an event stream when asked
+            chunk = "ChatCompletionChunk" if resp is s.ChatCompletionResponse else resp.__name__
+            op["responses"]["200"]["content"]["text/event-stream"] = {"schema": {  # one server-sent event
+                "type": "object", "required": ["data"],
+                "properties": {"data": {"type": "string", "description": f"a {chunk} as JSON, or [DONE] last"}}}}
         if req is not None:
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": refs[req]}}}
             op["responses"]["400"] = error
