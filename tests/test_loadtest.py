@@ -112,3 +112,13 @@ def test_a_short_load_test_against_a_live_server(server, tmp_path, protocol, end
     assert report["timeline"] and {"running", "waiting"} <= set(report["timeline"][0])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     server.wait_gauge("num_requests_running", 0)
+
+
+def test_an_unreachable_or_remote_server_is_one_line():
+    from live_server import free_port
+
+    for url in (f"http://127.0.0.1:{free_port()}", "http://10.1.2.3:8000"):
+        done = subprocess.run([sys.executable, "tools/loadtest.py", "--base-url", url, "--quiet"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr

@@ -590,9 +590,13 @@ def main(argv=None) -> int:
         plot([(Path(f).stem, json.loads(Path(f).read_text())) for f in args.compare], args.plot)
         return 0
     check_target(args.base_url, args.allow_remote)
+    import httpx
     import trio
 
-    report = trio.run(run, args)
+    try:
+        report = trio.run(run, args)
+    except httpx.HTTPError as e:  # the set-up calls (models, tokenize); a request's own errors are counted
+        raise SystemExit(f"error: {args.base_url}: {type(e).__name__}: {e}") from None
     print(table(report["summary"]))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
