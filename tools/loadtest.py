@@ -491,7 +491,8 @@ def plot(reports: list[tuple[str, dict]], path: str) -> None:
     except ImportError:
         raise SystemExit("error: --plot needs matplotlib (pip install matplotlib)") from None
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
-    for label, report in reports:
+    for i, (label, report) in enumerate(reports):
+        color = f"C{i}"  # one colour per report in every panel
         done = [r for r in report["requests"] if r["ok"]]
         series = {"TTFT": [r["ttft"] for r in done],
                   "TPOT": [(r["latency"] - r["ttft"]) / (r["output_len"] - 1) for r in done if r["output_len"] > 1],
@@ -499,8 +500,10 @@ def plot(reports: list[tuple[str, dict]], path: str) -> None:
         for ax, (name, values) in zip(axes.flat, series.items()):
             if values:
                 ms = np.sort(np.asarray(values) * 1000)
-                ax.plot(ms, np.arange(1, len(ms) + 1) / len(ms), label=label)
+                ax.plot(ms, np.arange(1, len(ms) + 1) / len(ms), color=color, label=label)
             ax.set(title=f"{name} CDF", xlabel="ms", ylabel="fraction of requests" if name != "ITL" else "fraction")
+            if name == "ITL":
+                ax.set_xscale("log")  # a few long gaps (prefills in between) would hide the rest
         events = []  # (time, tokens) of every streamed event, a request's tokens spread over its events
         for r in done:
             times = r["start"] + r["ttft"] + np.concatenate([[0.0], np.cumsum(r["itl"])])
@@ -509,12 +512,13 @@ def plot(reports: list[tuple[str, dict]], path: str) -> None:
             t, tokens = np.asarray(events).T
             edges = np.arange(0, math.ceil(t.max()) + 1)
             per_second, _ = np.histogram(t, bins=edges, weights=tokens)
-            axes[1, 1].plot(edges[:-1], per_second, drawstyle="steps-post", label=label)
+            axes[1, 1].plot(edges[:-1], per_second, drawstyle="steps-post", color=color, label=label)
         axes[1, 1].set(title="output throughput", xlabel="s", ylabel="tokens/s")
         if report["timeline"]:
             t = [p["t"] for p in report["timeline"]]
-            axes[1, 2].plot(t, [p.get("running", 0) for p in report["timeline"]], label=f"{label}: running")
-            axes[1, 2].plot(t, [p.get("waiting", 0) for p in report["timeline"]], "--", label=f"{label}: waiting")
+            axes[1, 2].plot(t, [p.get("running", 0) for p in report["timeline"]], color=color, label=f"{label}: running")
+            axes[1, 2].plot(t, [p.get("waiting", 0) for p in report["timeline"]], "--", color=color,
+                            label=f"{label}: waiting")
         axes[1, 2].set(title="requests at the server (/metrics)", xlabel="s")
     for ax in axes.flat:
         if ax.lines:
