@@ -122,3 +122,29 @@ def test_an_unreachable_or_remote_server_is_one_line():
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+
+
+def test_a_dataset_run_bounded_by_duration(server, tmp_path):
+    """--dataset rows (a prompt, or chat messages, each with its own output_len) sent as Poisson
+    arrivals until --duration ends: every request that started before the end completes."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in [
+        {"prompt": "The capital of France is", "output_len": 3},
+        {"messages": [{"role": "user", "content": "Say hi."}], "output_len": 5}]) + "\n\n")  # a blank line too
+    out = tmp_path / "run.json"
+    done = subprocess.run([sys.executable, "tools/loadtest.py", "--base-url", server.url, "--dataset", str(data),
+                           "--endpoint", "chat", "--ignore-eos", "--duration", "2", "--request-rate", "8",
+                           "--max-concurrency", "4", "--json", str(out), "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    s, requests = report["summary"], report["requests"]
+    assert s["failed"] == 0 and s["completed"] == len(requests) >= 4
+    assert all(r["start"] < 2.0 for r in requests)
+    assert sorted({r["max_tokens"] for r in requests}) == [3, 5]
+    assert all(r["output_len"] == r["max_tokens"] for r in requests)
+
+    data.write_text('{"prompt": "x"}\nnot json\n')
+    bad = subprocess.run([sys.executable, "tools/loadtest.py", "--base-url", server.url, "--dataset", str(data),
+                          "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip().startswith(f"error: {data}:2:"), bad.stderr
