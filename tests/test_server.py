@@ -125,7 +125,25 @@ BAD = [
     ("unknown model", "/v1/chat/completions", {"model": "gpt-9", "messages": QUESTION}, 404),
     ("10 MB body", "/v1/completions", {"prompt": "x" * 10_000_000}, 413),
     ("unknown route", "/v1/nothing", {}, 404),
+    ("deeply nested arrays", "/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400),
+    ("nested just under the parser's limit", "/v1/completions", b'{"prompt": ' + b"[" * 900 + b"]" * 900 + b"}", 400),
+    ("an image part", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                 {"type": "image_url", "image_url": {"url": "data:,x"}}]}]}, 400),
+    *[(f"unsupported {field}", path, {**base, field: value}, 400) for field, path, base, value in [
+        ("response_format", "/v1/chat/completions", {"messages": QUESTION}, {"type": "json_object"}),
+        ("tools", "/v1/chat/completions", {"messages": QUESTION},
+         [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        ("tool_choice", "/v1/chat/completions", {"messages": QUESTION}, "required"),
+        ("guided_json", "/v1/chat/completions", {"messages": QUESTION}, {"type": "object"}),
+        ("grammar", "/v1/completions", {"prompt": "x"}, "root ::= \"a\""),
+        ("suffix", "/v1/completions", {"prompt": "x"}, "y"),
+    ]],
 ]
+
+# the field a refusal names, by the case's id
+NAMED = {"an image part": "messages.0.content.1", **{f"unsupported {f}": f for f in (
+    "response_format", "tools", "tool_choice", "guided_json", "grammar", "suffix")}}
 
 
 @pytest.mark.parametrize("what,path,body,status", BAD, ids=[b[0] for b in BAD])
@@ -135,7 +153,30 @@ def test_bad_input_gets_an_openai_error_and_the_server_stays_healthy(server, wha
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["code"] is None or isinstance(error["code"], str)  # OpenAI's schema: never the status number
+    if what in NAMED:
+        assert error["param"] == NAMED[what] and NAMED[what] in error["message"], error
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_fields_that_ask_for_nothing_new_are_accepted(client):
+    r = client.chat.completions.create(model=model_name(client), messages=QUESTION, max_tokens=2, temperature=0,
+                                       response_format={"type": "text"}, tool_choice="none", user="u", store=False,
+                                       metadata={"k": "v"}, service_tier="auto")
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_bodies_have_openais_exact_shapes(server, client):
+    """refusal: null on a chat message and its logprobs; no role key in stream deltas after the
+    first (OpenAI's schema forbids role: null)."""
+    body = {"messages": QUESTION, "max_tokens": 4, "temperature": 0, "logprobs": True}
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    choice = reply["choices"][0]
+    assert choice["message"]["refusal"] is None and choice["logprobs"]["refusal"] is None
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0]["role"] == "assistant" and all("role" not in d for d in deltas[1:]), deltas
 
 
 def test_the_openai_client_sees_errors_as_exceptions(client):

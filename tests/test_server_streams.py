@@ -96,9 +96,10 @@ async def test_disconnect_storm_leaves_nothing_behind(storm_server):
 async def test_websocket_two_generations_cancel_one_then_close(storm_server):
     url = f"ws://127.0.0.1:{storm_server.port}/v1/ws"
     async with open_websocket_url(url) as ws:
-        await ws.send_message("not json")
-        error = json.loads(await ws.get_message())
-        assert error["type"] == "error" and error["error"]["message"]
+        for bad in ("not json", "[" * 100_000 + "]" * 100_000):  # malformed, and nested past the parser's limit
+            await ws.send_message(bad)
+            error = json.loads(await ws.get_message())
+            assert error["type"] == "error" and error["error"]["message"], error
         await ws.send_message(json.dumps({"type": "generate", "id": "a", "prompt": "Once upon a time",
                                           "max_tokens": 400, "ignore_eos": True}))
         await ws.send_message(json.dumps({"type": "generate", "id": "b", "temperature": 0, "max_tokens": 20,

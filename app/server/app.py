@@ -14,7 +14,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from app.server import metrics, openapi
-from app.server.errors import APIError, validate
+from app.server.errors import APIError, decode_json, validate
 from app.server.generation import Generation, chat_messages, merge, start_generation
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
@@ -68,11 +68,7 @@ class ServerState:
 
 
 def parse(model, raw: bytes):
-    try:
-        data = json.loads(raw or b"null")
-    except ValueError as e:
-        raise APIError(400, f"the body is not valid JSON: {e}") from None
-    return validate(model, data)
+    return validate(model, decode_json(raw or b"null"))
 
 
 def sse(payload) -> str:

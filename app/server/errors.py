@@ -31,14 +31,25 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        info = ErrorInfo(message=self.message, type=TYPES.get(self.status, "error"), param=self.param,
-                         code=self.code if self.code is not None else self.status)
+        """OpenAI's shape: code is a string that names the error, or null (never the status)."""
+        info = ErrorInfo(message=self.message, type=TYPES.get(self.status, "error"), param=self.param, code=self.code)
         return ErrorResponse(error=info).model_dump()
 
     def response(self) -> Response:
         response = Response(json.dumps(self.body()), status=self.status, content_type="application/json")
         response.headers.update(self.headers)
         return response
+
+
+def decode_json(raw, what: str = "the body"):
+    """JSON text as Python data, or a 400: malformed, or nested deeper than the parser can go
+    (json raises RecursionError there, which must not become a 500)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise APIError(400, f"{what} nests too deeply to parse") from None
+    except (TypeError, ValueError) as e:
+        raise APIError(400, f"{what} is not valid JSON: {e}") from None
 
 
 def validate(model: type[BaseModel], data):
@@ -48,6 +59,11 @@ def validate(model: type[BaseModel], data):
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        errors = e.errors()
+        first = next((err for err in errors if err["type"] == "unsupported"), errors[0])  # the clearest one
+        # pydantic's own steps in a location ("list[...]", "function-after[...]") mean nothing to a client
+        where = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p == "str")))
+        if first["type"] == "unsupported" and not where:  # a whole-body check names its field itself
+            where = (first.get("ctx") or {}).get("field", "")
+            raise APIError(400, first["msg"], param=where or None) from None
         raise APIError(400, f"{where}: {first['msg']}", param=where or None) from None

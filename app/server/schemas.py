@@ -2,13 +2,48 @@
 
 Requests accept OpenAI's fields plus the vLLM extensions users rely on (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids). Unknown fields are ignored, as
-vLLM and llama.cpp's server do.
+vLLM and llama.cpp's server do, except the ones in UNSUPPORTED: those would change the output,
+so a request that sets them is refused (400 naming the field) rather than silently answered as
+if it had not. Fields that change nothing here (user, store, metadata, service_tier) pass.
 """
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+# Fields that would change the output, and what Spool does not do yet; a value that asks for
+# nothing (None, [], "none", {"type": "text"}, false) passes.
+UNSUPPORTED = {
+    "response_format": "structured output (response_format) is not supported yet; only {\"type\": \"text\"}",
+    "tools": "tool calling is not supported yet",
+    "tool_choice": "tool calling is not supported yet",
+    "functions": "function calling is not supported yet",
+    "function_call": "function calling is not supported yet",
+    "guided_json": "guided decoding is not supported yet",
+    "guided_regex": "guided decoding is not supported yet",
+    "guided_choice": "guided decoding is not supported yet",
+    "guided_grammar": "guided decoding is not supported yet",
+    "structured_outputs": "structured output is not supported yet",
+    "json_schema": "structured output (json_schema) is not supported yet",
+    "grammar": "grammar-constrained decoding is not supported yet",
+    "regex": "regex-constrained decoding is not supported yet",
+    "choice": "choice-constrained decoding is not supported yet",
+    "suffix": "suffix (insertion) is not supported",
+    "best_of": "best_of above n is not supported",
+    "audio": "audio output is not supported",
+    "modalities": "this model outputs text only",
+    "web_search_options": "web search is not supported",
+}
+
+
+def asks_for_nothing(field: str, value: Any) -> bool:
+    if value in (None, [], {}, False, "none", "auto") and not (field == "tool_choice" and value == "auto"):
+        return True
+    if field == "response_format":
+        return isinstance(value, dict) and value.get("type") == "text"
+    return field == "modalities" and value == ["text"]
 
 
 class SamplingFields(BaseModel):
@@ -34,6 +69,17 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        if isinstance(data, dict):
+            for field, why in UNSUPPORTED.items():
+                if field in data and not asks_for_nothing(field, data[field]):
+                    if field == "best_of" and data[field] == data.get("n", 1):
+                        continue
+                    raise PydanticCustomError("unsupported", f"{field}: {why}", {"field": field})
+        return data
+
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, value):
@@ -51,11 +97,23 @@ class TextPart(BaseModel):
     text: str
 
 
+class OtherPart(BaseModel):
+    """An image, audio or file part: recognised, so that it can be refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["image_url", "input_audio", "file", "video_url", "audio_url", "image"]
+
+    @model_validator(mode="after")
+    def _refuse(self):
+        raise PydanticCustomError("unsupported", f"this model takes text only; {self.type} parts are not supported")
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | OtherPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -116,11 +174,13 @@ class TokenLogprob(TopLogprob):
 
 class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None  # OpenAI's shape; Spool never refuses
 
 
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = ""
+    refusal: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -141,7 +201,7 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
+    role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)  # the first delta only
     content: str | None = None
 
 
@@ -203,7 +263,7 @@ class ErrorInfo(BaseModel):
     message: str
     type: str
     param: str | None = None
-    code: str | int | None = None
+    code: str | None = None
 
 
 class ErrorResponse(BaseModel):

@@ -17,7 +17,7 @@ import json
 import trio
 from quart import websocket
 
-from app.server.errors import APIError, validate
+from app.server.errors import APIError, decode_json, validate
 from app.server.generation import merge, start_generation
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -62,10 +62,7 @@ async def serve_websocket(state) -> None:
             del generations[gid]
 
     def parse(message) -> tuple[str, str, dict]:
-        try:
-            frame = json.loads(message)
-        except (TypeError, ValueError):
-            raise APIError(400, "the frame is not valid JSON") from None
+        frame = decode_json(message, "the frame")
         if not isinstance(frame, dict):
             raise APIError(400, "a frame must be a JSON object")
         kind, gid = frame.pop("type", None), frame.pop("id", None)
