@@ -7,6 +7,8 @@ module only holds the parameters and the counter-based random numbers both sides
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 _M64 = (1 << 64) - 1
 
 
@@ -78,3 +80,9 @@ def seeded_uniform(seed: int, index: int) -> float:
     """A uniform in [0, 1) keyed by (seed, token index) alone, so a seeded request draws the
     same numbers whatever else shares its batch."""
     return (_mix64(_mix64(seed & _M64) ^ (index & _M64)) >> 11) * (1.0 / (1 << 53))
+
+
+def allowed_tokens(mask: np.ndarray, vocab: int) -> np.ndarray:
+    """A grammar's mask (int32 words of bits: token t is bit t % 32 of word t // 32, as
+    llguidance writes them) as one bool per token id."""
+    return np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), bitorder="little")[:vocab].astype(bool)

@@ -175,3 +175,24 @@ def test_the_cuda_backend_loads_in_the_checkpoint_dtype_unless_told(tiny_dir, tm
     runner = ModelRunner(llama.config, llama, num_blocks=8, block_size=4)
     assert runner.cache.k[0].dtype == llama.w.embed.dtype
     assert runner.step(StepPlan([Row("r", [5, 6, 7], 0, [0], sample=True)]))[0].token_id >= 0
+
+
+def test_the_device_sampler_applies_a_grammar_mask():
+    """Greedy and sampled rows on the kernels pick only what a grammar allows (the favourite is
+    masked out), penalised rows too, and logprobs stay those of the raw logits."""
+    from model.ops import numpy_ops
+
+    ops = CudaOps(np, CpuLauncher())
+    rng = np.random.default_rng(12)
+    vocab = 256
+    logits = (rng.standard_normal((3, vocab)) * 3).astype(np.float32)
+    allowed = rng.random((3, vocab)) < 0.1
+    allowed[np.arange(3), np.argmax(logits, axis=1)] = False
+    masks = [None if r == 2 else np.packbits(allowed[r], bitorder="little").view(np.int32) for r in range(3)]
+    params = [SamplingParams(temperature=0.0, logprobs=0), SamplingParams(temperature=1.0, repetition_penalty=1.2),
+              SamplingParams(temperature=0.0)]
+    for _ in range(10):
+        ids, logprobs, _ = ops.sample(logits, params, [[1]] * 3, [[]] * 3, rng, masks=masks)
+        assert allowed[0, ids[0]] and allowed[1, ids[1]] and ids[2] == np.argmax(logits[2])
+    _, want, _ = numpy_ops.sample(logits, params, [[1]] * 3, [[]] * 3, rng, masks=masks)
+    assert logprobs[0] == pytest.approx(want[0], abs=1e-5)

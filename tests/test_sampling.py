@@ -121,3 +121,24 @@ def test_seeded_uniform_is_keyed_and_uniform():
 def test_validation_names_the_bad_field(bad, msg):
     with pytest.raises(ValueError, match=msg):
         SamplingParams(**bad).validate(vocab_size=1000)
+
+
+def test_a_grammar_mask_limits_every_draw_and_logprobs_stay_raw():
+    """Masked rows only ever pick allowed tokens, greedy or sampled (the best token is masked
+    out here), and their logprobs are of the model's raw distribution."""
+    from model.sampling import allowed_tokens
+
+    rng = np.random.default_rng(11)
+    vocab = 300
+    logits = (rng.standard_normal((4, vocab)) * 3).astype(np.float32)
+    allowed = rng.random((4, vocab)) < 0.1
+    allowed[np.arange(4), np.argmax(logits, axis=1)] = False
+    words = np.packbits(np.pad(allowed, ((0, 0), (0, 20))), axis=1, bitorder="little").view(np.int32)
+    assert np.array_equal(allowed_tokens(words[0], vocab), allowed[0])
+    params = [SamplingParams(temperature=0.0, logprobs=0), SamplingParams(temperature=1.0, top_p=0.9),
+              SamplingParams(temperature=0.7, repetition_penalty=1.3), SamplingParams(temperature=1.0)]
+    for _ in range(30):
+        ids, logprobs, _ = numpy_ops.sample(logits, params, [[1, 2]] * 4, [[]] * 4, rng, masks=list(words))
+        assert all(allowed[r, t] for r, t in enumerate(ids))
+    raw = logits[0] - logits[0].max()
+    assert logprobs[0] == pytest.approx(float(raw[ids[0]] - np.log(np.exp(raw).sum())), abs=1e-5)

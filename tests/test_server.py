@@ -131,7 +131,7 @@ BAD = [
      {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                                  {"type": "image_url", "image_url": {"url": "data:,x"}}]}]}, 400),
     *[(f"unsupported {field}", path, {**base, field: value}, 400) for field, path, base, value in [
-        ("response_format", "/v1/chat/completions", {"messages": QUESTION}, {"type": "json_object"}),
+        ("structured_outputs", "/v1/chat/completions", {"messages": QUESTION}, {"regex": "a+"}),
         ("tools", "/v1/chat/completions", {"messages": QUESTION},
          [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ("tool_choice", "/v1/chat/completions", {"messages": QUESTION}, "required"),
@@ -143,7 +143,7 @@ BAD = [
 
 # the field a refusal names, by the case's id
 NAMED = {"an image part": "messages.0.content.1", **{f"unsupported {f}": f for f in (
-    "response_format", "tools", "tool_choice", "guided_json", "grammar", "suffix")}}
+    "structured_outputs", "tools", "tool_choice", "guided_json", "grammar", "suffix")}}
 
 
 @pytest.mark.parametrize("what,path,body,status", BAD, ids=[b[0] for b in BAD])

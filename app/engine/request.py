@@ -23,6 +23,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # suppresses the model's end-of-generation set only
+    grammar: str | None = None  # llguidance grammar text (JSON or Lark) the output must follow
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Request:
     error: str | None = None
     detok: object = None
     stops: object = None
+    matcher: object = None  # the grammar's state after this request's tokens (app/engine/grammar.py)
     pending_text: str = ""  # settled text not yet sent
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list = field(default_factory=list)

@@ -11,6 +11,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, replace
 
 from app.engine.block_pool import BlockPool
+from app.engine.grammar import Grammars
 from app.engine.request import Frame, GenerationParams, Request, State
 from app.engine.stats import Stats
 from app.engine.stops import StopMatcher
@@ -75,6 +76,7 @@ class Scheduler:
         self.swap_used = 0
         self.stats = Stats()
         self.admitted = Admitted()
+        self.grammars = Grammars(tokenizer)
         self._seq = 0
 
     # -- submission -------------------------------------------------------------------
@@ -113,6 +115,11 @@ class Scheduler:
             params.sampling.validate(vocab)
         except ValueError as e:
             raise EngineError(str(e), str(e).split(" ", 1)[0]) from None
+        if params.grammar is not None:
+            try:
+                self.grammars.pristine(params.grammar)
+            except ValueError as e:
+                raise EngineError(f"the output format cannot be compiled: {e}", "response_format") from None
         return max_tokens
 
     def add(self, request: Request) -> None:
@@ -120,6 +127,8 @@ class Scheduler:
         request.seq = self._seq
         request.detok = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
         request.stops = StopMatcher(request.params.stop)
+        if request.params.grammar is not None:
+            request.matcher = self.grammars.matcher(request.params.grammar)
         self.requests[request.id] = request
         self.waiting.append(request)
 
@@ -345,7 +354,11 @@ class Scheduler:
         last = request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
         return Row(request.id, [last], request.num_tokens - 1, request.block_table, sample=True,
                    params=self.sampling_params(request), prompt_ids=request.prompt_ids,
-                   output_ids=request.output_ids)
+                   output_ids=request.output_ids, mask=self.mask(request))
+
+    def mask(self, request: Request):
+        """The tokens its grammar allows next, or None when it has none."""
+        return None if request.matcher is None else self.grammars.mask(request.matcher)
 
     def plan_prefill(self, decode_rows: int) -> list[Row]:
         """Up to prefill_chunk tokens, round-robin: each prefilling request in turn gets a chunk,
@@ -362,7 +375,7 @@ class Scheduler:
             sample = end == request.target and not request.output_ids
             rows.append(Row(request.id, tokens, request.num_computed, request.block_table, sample=sample,
                             params=self.sampling_params(request), prompt_ids=request.prompt_ids,
-                            output_ids=request.output_ids))
+                            output_ids=request.output_ids, mask=self.mask(request) if sample else None))
             served.append(request)
         for request in served:
             self.prefilling.remove(request)
@@ -392,6 +405,9 @@ class Scheduler:
         """One new token: the stop checks, the detokenizer, and the stop-string buffer."""
         p = request.params
         token = sampled.token_id
+        if request.matcher is not None and not request.matcher.consume_token(token):
+            return self.finish(request, "error", error=f"the grammar refused token {token}: "
+                                                       f"{request.matcher.get_error()}")
         request.output_ids.append(token)
         request.pending_ids.append(token)
         if p.sampling.logprobs is not None:
@@ -411,6 +427,8 @@ class Scheduler:
         request.pending_text += text
         if stop is not None:
             return self.finish(request, "stop", stop_reason=stop)
+        if request.matcher is not None and request.matcher.is_stopped():  # the grammar is complete
+            return self.finish(request, "stop")
         if len(request.output_ids) >= request.max_tokens:
             self.finish(request, "length")
 

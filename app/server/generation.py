@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import llguidance
 import trio
 
 from app.engine import Draining, EngineError, Frame, GenerationParams, Overloaded
@@ -43,6 +44,19 @@ def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
     )
 
 
+def grammar(req) -> str | None:
+    """The llguidance grammar a response_format asks for: any JSON object, or JSON that follows
+    the given schema; None for free text."""
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    schema = {"type": "object"} if fmt.type == "json_object" else fmt.json_schema.schema_
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema)
+    except (ValueError, TypeError) as e:
+        raise APIError(400, f"response_format.json_schema.schema: {e}", param="response_format") from None
+
+
 def generation_params(req, index: int) -> GenerationParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -53,7 +67,7 @@ def generation_params(req, index: int) -> GenerationParams:
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return GenerationParams(sampling_params(req, logprobs, index), max_tokens=max_tokens,
                             min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
-                            ignore_eos=req.ignore_eos)
+                            ignore_eos=req.ignore_eos, grammar=grammar(req))
 
 
 def engine_error(e: EngineError) -> APIError:

@@ -16,7 +16,6 @@ from pydantic_core import PydanticCustomError
 # Fields that would change the output, and what Spool does not do yet; a value that asks for
 # nothing (None, [], "none", {"type": "text"}, false) passes.
 UNSUPPORTED = {
-    "response_format": "structured output (response_format) is not supported yet; only {\"type\": \"text\"}",
     "tools": "tool calling is not supported yet",
     "tool_choice": "tool calling is not supported yet",
     "functions": "function calling is not supported yet",
@@ -41,8 +40,6 @@ UNSUPPORTED = {
 def asks_for_nothing(field: str, value: Any) -> bool:
     if value in (None, [], {}, False, "none", "auto") and not (field == "tool_choice" and value == "auto"):
         return True
-    if field == "response_format":
-        return isinstance(value, dict) and value.get("type") == "text"
     return field == "modalities" and value == ["text"]
 
 
@@ -68,6 +65,7 @@ class SamplingFields(BaseModel):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     user: str | None = None
+    response_format: "ResponseFormat | None" = None
 
     @model_validator(mode="before")
     @classmethod
@@ -86,6 +84,26 @@ class SamplingFields(BaseModel):
         if isinstance(value, list) and len(value) > 16:
             raise ValueError("at most 16 stop strings")
         return value
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = "response"
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: free text, any JSON object, or JSON that follows a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema object with a schema")
+        return self
 
 
 class StreamOptions(BaseModel):

@@ -165,9 +165,9 @@ class CudaOps:
                  np.float32(scale)))
         return out.reshape(tokens, heads * head_dim)
 
-    def sample(self, logits, params, prompts, outputs, rng, keys=None):
+    def sample(self, logits, params, prompts, outputs, rng, keys=None, masks=None):
         """numpy_ops.sample's contract; the ids stay on the device (to_host them)."""
-        return self.sampler.sample(logits, params, prompts, outputs, rng, keys)
+        return self.sampler.sample(logits, params, prompts, outputs, rng, keys, masks)
 
     def release(self, key) -> None:
         """The request named key has ended: its penalty counts' slot is free again."""

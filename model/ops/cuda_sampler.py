@@ -13,7 +13,7 @@ bias entries); what comes back is the sampled ids, and logprobs only when a row 
 
 import numpy as np
 
-from model.sampling import seeded_uniform
+from model.sampling import allowed_tokens, seeded_uniform
 
 SAMPLE_THREADS = 1024  # sampling.cu: a power of two, at most 1024
 ROW_THREADS = 256  # penalties.cu and logprobs.cu
@@ -61,9 +61,10 @@ class DeviceSampler:
         self.counts, self.seen = counts, seen
         self.free.extend(range(new - 1, old - 1, -1))
 
-    def sample(self, logits, params, prompts, outputs, rng, keys=None):
+    def sample(self, logits, params, prompts, outputs, rng, keys=None, masks=None):
         """numpy_ops.sample's contract on device logits (rows, vocab) fp32. keys name each row's
-        request, so its counts persist across steps; without keys every slot is temporary."""
+        request, so its counts persist across steps; without keys every slot is temporary.
+        masks: a grammar's allowed tokens per row, or None; uploaded as one bool per token."""
         ops, xp = self.ops, self.xp
         rows, vocab = logits.shape
         temporary = keys is None
@@ -73,8 +74,14 @@ class DeviceSampler:
         host = lambda values, dtype: ops.asarray(np.asarray(values, dtype=dtype), dtype)  # noqa: E731
         device_rows = host(count_rows, np.int32)
         adjusted = logits
+        if masks and any(m is not None for m in masks):  # a new array: logprobs are of the raw logits
+            allowed = np.ones((rows, vocab), dtype=bool)
+            for r, mask in enumerate(masks):
+                if mask is not None:
+                    allowed[r] = allowed_tokens(mask, vocab)
+            adjusted = xp.where(ops.asarray(allowed, bool), logits, np.float32(-np.inf)).astype(np.float32)
         if any(p.penalized or p.logit_bias for p in params):
-            adjusted = logits.copy()  # logprobs are of the raw distribution
+            adjusted = adjusted.copy() if adjusted is logits else adjusted  # logprobs are of the raw distribution
             offsets = np.cumsum([0] + [len(p.logit_bias) for p in params])
             ops.kernel("penalties.cu", "apply_penalties")((rows,), (ROW_THREADS,), (
                 adjusted, self._table(self.counts, np.int32), self._table(self.seen, np.uint8), device_rows,

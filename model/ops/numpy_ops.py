@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.sampling import SamplingParams, seeded_uniform
+from model.sampling import SamplingParams, allowed_tokens, seeded_uniform
 
 # Attention chunks: at most this many rows, and padding to at most this share of the chunk.
 ATTENTION_CHUNK_ROWS = 8
@@ -244,20 +244,24 @@ def _pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
 
 
 def sample(logits: np.ndarray, params: list[SamplingParams], prompts: list, outputs: list,
-           rng: np.random.Generator, keys=None):
+           rng: np.random.Generator, keys=None, masks=None):
     """Sample one token per row of logits (rows, vocab).
 
     Returns (token_ids, logprobs, top_logprobs): logprobs are of the model's raw
-    distribution (before penalties and temperature), None where not asked for. keys (each row's
-    request) let a backend keep per-request state; this one reads the history every step.
+    distribution (before a grammar's mask, penalties and temperature), None where not asked
+    for. keys (each row's request) let a backend keep per-request state; this one reads the
+    history every step. masks: per row, the tokens a grammar allows, or None.
     """
     token_ids = np.empty(len(params), dtype=np.int64)
     logprobs: list = [None] * len(params)
     top: list = [None] * len(params)
     for r, p in enumerate(params):
         row = logits[r]
+        mask = masks[r] if masks else None
+        if mask is not None:  # a new array, so the raw logits stay for logprobs
+            row = np.where(allowed_tokens(mask, row.shape[0]), row, np.float32(-np.inf))
         if p.logit_bias or p.penalized:
-            row = row.copy()
+            row = row if mask is not None else row.copy()
             if p.logit_bias:
                 ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
                 row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)

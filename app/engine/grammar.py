@@ -1,0 +1,56 @@
+"""Grammar-constrained decoding through llguidance (the engine vLLM, SGLang and llama.cpp use).
+
+A grammar (llguidance's JSON or Lark text; the server makes it from a JSON schema) is compiled
+once and kept in a bounded LRU as a pristine matcher; each request gets a copy, which follows
+its tokens. Before a row samples, its matcher gives a bitmask of the tokens allowed next (one
+bit per token id, in int32 words), which the sampler applies before its own filters.
+"""
+
+from collections import OrderedDict
+
+import llguidance
+import llguidance.numpy as llg_numpy
+import numpy as np
+
+
+CACHE_SIZE = 64  # compiled grammars kept
+
+
+class Grammars:
+    def __init__(self, tokenizer, capacity: int = CACHE_SIZE):
+        self.tokenizer = tokenizer
+        self.capacity = capacity
+        self.compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._llt = None
+
+    @property
+    def llt(self) -> llguidance.LLTokenizer:
+        """Built on the first grammar (a fraction of a second), from the tokenizer's own JSON."""
+        if self._llt is None:
+            tok = self.tokenizer
+            self._llt = llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=tok.vocab_size,
+                                               eos_token=sorted(tok.eos_token_ids))
+        return self._llt
+
+    def pristine(self, grammar: str) -> llguidance.LLMatcher:
+        """The compiled grammar; ValueError with llguidance's message when it cannot compile."""
+        matcher = self.compiled.get(grammar)
+        if matcher is None:
+            matcher = llguidance.LLMatcher(self.llt, grammar, log_level=0)
+            if matcher.is_error():
+                raise ValueError(matcher.get_error())
+            self.compiled[grammar] = matcher
+            while len(self.compiled) > self.capacity:
+                self.compiled.popitem(last=False)
+        self.compiled.move_to_end(grammar)
+        return matcher
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        return self.pristine(grammar).deep_copy()
+
+    def mask(self, matcher: llguidance.LLMatcher) -> np.ndarray:
+        """The tokens allowed next, as int32 words of bits (token t: bit t % 32 of word t // 32)."""
+        words = llg_numpy.allocate_token_bitmask(1, self.tokenizer.vocab_size)
+        llg_numpy.fill_next_token_bitmask(matcher, words)
+        return words[0]
+
