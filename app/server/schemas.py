@@ -261,7 +261,7 @@ class CompletionResponse(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
+    usage: UsageInfo | None = Field(None, exclude_if=lambda v: v is None)  # OpenAI's schema has no null here
 
 
 class ModelCard(BaseModel):

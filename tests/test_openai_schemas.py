@@ -1,0 +1,76 @@
+"""Spool's bodies against OpenAI's own published schemas (tests/data/openai_response_schemas.json,
+which names its source and version): chat and text completions, streamed and not, with
+logprobs and usage, the model list, and errors."""
+
+import json
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+
+from live_server import LiveServer
+
+SCHEMAS = json.loads((Path(__file__).parent / "data" / "openai_response_schemas.json").read_text())
+CHAT = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 6}
+
+
+def check(body: dict, name: str) -> None:
+    schema = {"$ref": f"#/components/schemas/{name}", "components": SCHEMAS["components"]}
+    jsonschema.validate(body, schema, cls=jsonschema.Draft202012Validator)
+
+
+def chunks(url: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                      timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = LiveServer("--kv-cache-gib", "0.1", "--max-seqs", "8")
+    yield s
+    s.stop()
+
+
+def test_the_schemas_are_strict_enough_to_fail():
+    with pytest.raises(jsonschema.ValidationError):
+        check({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},  # no refusal
+                            "finish_reason": "stop", "logprobs": None}]}, "CreateChatCompletionResponse")
+    with pytest.raises(jsonschema.ValidationError):
+        check({"error": {"message": "m", "type": "t", "param": None, "code": 400}}, "ErrorResponse")
+
+
+@pytest.mark.parametrize("extra", [{}, {"logprobs": True, "top_logprobs": 2, "n": 2}])
+def test_chat_bodies_and_chunks_follow_openais_schemas(server, extra):
+    url = server.url + "/v1/chat/completions"
+    check(httpx.post(url, json={**CHAT, **extra}, timeout=60).json(), "CreateChatCompletionResponse")
+    for chunk in chunks(url, {**CHAT, **extra}):
+        check(chunk, "CreateChatCompletionStreamResponse")
+
+
+@pytest.mark.parametrize("extra", [{}, {"logprobs": 2, "echo": False, "n": 2}])
+def test_completion_bodies_and_chunks_follow_openais_schemas(server, extra):
+    url = server.url + "/v1/completions"
+    body = {"prompt": "The capital of France is", "max_tokens": 5, **extra}
+    check(httpx.post(url, json=body, timeout=60).json(), "CreateCompletionResponse")
+    for chunk in chunks(url, body):
+        if not chunk["choices"]:  # the usage chunk: OpenAI's schema describes only whole completions
+            continue
+        # OpenAI streams legacy completions with finish_reason null until the last chunk, though
+        # its schema (written for the whole object) has no null there
+        for choice in chunk["choices"]:
+            assert choice["finish_reason"] in (None, "stop", "length")
+            choice["finish_reason"] = choice["finish_reason"] or "length"
+        check(chunk, "CreateCompletionResponse")
+
+
+def test_the_model_list_and_errors_follow_openais_schemas(server):
+    check(httpx.get(server.url + "/v1/models").json(), "ListModelsResponse")
+    for body in ({"messages": []}, {"messages": CHAT["messages"], "temperature": -1}, {"model": "nope", **CHAT}):
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code in (400, 404)
+        check(r.json(), "ErrorResponse")
