@@ -131,19 +131,19 @@ BAD = [
      {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                                  {"type": "image_url", "image_url": {"url": "data:,x"}}]}]}, 400),
     *[(f"unsupported {field}", path, {**base, field: value}, 400) for field, path, base, value in [
-        ("structured_outputs", "/v1/chat/completions", {"messages": QUESTION}, {"regex": "a+"}),
+        ("functions", "/v1/chat/completions", {"messages": QUESTION}, [{"name": "f", "parameters": {}}]),
         ("tools", "/v1/chat/completions", {"messages": QUESTION},
          [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ("tool_choice", "/v1/chat/completions", {"messages": QUESTION}, "required"),
-        ("guided_json", "/v1/chat/completions", {"messages": QUESTION}, {"type": "object"}),
-        ("grammar", "/v1/completions", {"prompt": "x"}, "root ::= \"a\""),
+        ("audio", "/v1/chat/completions", {"messages": QUESTION}, {"voice": "alloy", "format": "wav"}),
+        ("modalities", "/v1/chat/completions", {"messages": QUESTION}, ["text", "audio"]),
         ("suffix", "/v1/completions", {"prompt": "x"}, "y"),
     ]],
 ]
 
 # the field a refusal names, by the case's id
 NAMED = {"an image part": "messages.0.content.1", **{f"unsupported {f}": f for f in (
-    "structured_outputs", "tools", "tool_choice", "guided_json", "grammar", "suffix")}}
+    "functions", "tools", "tool_choice", "audio", "modalities", "suffix")}}
 
 
 @pytest.mark.parametrize("what,path,body,status", BAD, ids=[b[0] for b in BAD])

@@ -2,6 +2,7 @@
 json_schema and json_object, enforced by llguidance masks at sampling time."""
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -97,4 +98,50 @@ def test_an_invalid_format_is_a_400_naming_the_field(server, fmt, shown):
                    json={"messages": [{"role": "user", "content": "hi"}], "response_format": fmt})
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"].startswith("response_format") and shown in error["message"], error
+    server.assert_serving()
+
+
+@pytest.mark.parametrize("field,value,matches", [
+    ("guided_choice", ["red", "green", "blue"], lambda t: t in ("red", "green", "blue")),
+    ("choice", ["yes", "no"], lambda t: t in ("yes", "no")),
+    ("guided_regex", r"[0-9]{3}-[a-z]{2,5}", lambda t: re.fullmatch(r"[0-9]{3}-[a-z]{2,5}", t)),
+    ("regex", r"(north|south) [0-9]{1,2}", lambda t: re.fullmatch(r"(north|south) [0-9]{1,2}", t)),
+    ("structured_outputs", {"choice": ["up", "down"]}, lambda t: t in ("up", "down")),
+    ("guided_grammar", 'start: "The answer is " ANSWER "."\nANSWER: "yes" | "no"',
+     lambda t: t in ("The answer is yes.", "The answer is no.")),
+    ("guided_json", {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                     "additionalProperties": False}, lambda t: isinstance(json.loads(t)["ok"], bool)),
+])
+def test_vllm_and_sglang_format_fields_constrain_chat(server, field, value, matches):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "Answer."}], "max_tokens": 40, "n": 3, "temperature": 1.0,
+        field: value})
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        assert choice["finish_reason"] == "stop" and matches(choice["message"]["content"]), choice
+
+
+def test_llama_cpp_gbnf_grammar_and_json_schema_on_completions(server):
+    url = server.url + "/v1/completions"
+    r = httpx.post(url, timeout=120, json={"prompt": "Numbers:", "max_tokens": 12, "temperature": 0,
+                                           "grammar": 'root ::= " " [0-9] [0-9]? ("," [0-9] [0-9]?)*'}).json()
+    assert re.fullmatch(r" [0-9]{1,2}(,[0-9]{1,2})*", r["choices"][0]["text"]), r
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = httpx.post(url, timeout=120, json={"prompt": "JSON:", "max_tokens": 60, "json_schema": schema}).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(r["choices"][0]["text"]), schema)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"regex": "[unclosed"}, "regex"),
+    ({"grammar": "root ::= ("}, "grammar"),
+    ({"regex": "a", "guided_choice": ["b"]}, "guided_choice"),
+    ({"guided_choice": []}, "guided_choice"),
+])
+def test_a_bad_format_field_is_one_line_naming_it(server, body, param):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": [{"role": "user", "content": "hi"}], **body})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param and "\n" not in error["message"], error
     server.assert_serving()

@@ -15,6 +15,7 @@ from app.engine.grammar import Grammars
 from app.engine.request import Frame, GenerationParams, Request, State
 from app.engine.stats import Stats
 from app.engine.stops import StopMatcher
+from model.errors import one_line
 from model.runner import Row, Sampled, StepPlan
 from model.tokenizer import IncrementalDetokenizer
 
@@ -119,7 +120,7 @@ class Scheduler:
             try:
                 self.grammars.pristine(params.grammar)
             except ValueError as e:
-                raise EngineError(f"the output format cannot be compiled: {e}", "response_format") from None
+                raise EngineError(f"the output format cannot be compiled: {one_line(e)}", "grammar") from None
         return max_tokens
 
     def add(self, request: Request) -> None:

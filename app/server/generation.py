@@ -10,11 +10,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import llguidance
 import trio
 
 from app.engine import Draining, EngineError, Frame, GenerationParams, Overloaded
 from app.server.errors import APIError
+from app.server.formats import grammar
 from app.server.schemas import ChatCompletionRequest, UsageInfo
 from model.sampling import SamplingParams
 from model.tokenizer import ChatTemplateError
@@ -44,20 +44,7 @@ def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
     )
 
 
-def grammar(req) -> str | None:
-    """The llguidance grammar a response_format asks for: any JSON object, or JSON that follows
-    the given schema; None for free text."""
-    fmt = req.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    schema = {"type": "object"} if fmt.type == "json_object" else fmt.json_schema.schema_
-    try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema)
-    except (ValueError, TypeError) as e:
-        raise APIError(400, f"response_format.json_schema.schema: {e}", param="response_format") from None
-
-
-def generation_params(req, index: int) -> GenerationParams:
+def generation_params(req, index: int, grammar_text: str | None = None) -> GenerationParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -67,7 +54,7 @@ def generation_params(req, index: int) -> GenerationParams:
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return GenerationParams(sampling_params(req, logprobs, index), max_tokens=max_tokens,
                             min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
-                            ignore_eos=req.ignore_eos, grammar=grammar(req))
+                            ignore_eos=req.ignore_eos, grammar=grammar_text)
 
 
 def engine_error(e: EngineError) -> APIError:
@@ -104,8 +91,10 @@ class Generation:
     generation running.
     """
 
-    def __init__(self, engine, prompts: list[list[int]], n: int, params_for, id_prefix: str):
-        """n choices per prompt; params_for(choice index) gives each its GenerationParams."""
+    def __init__(self, engine, prompts: list[list[int]], n: int, params_for, id_prefix: str,
+                 format_field: str | None = None):
+        """n choices per prompt; params_for(choice index) gives each its GenerationParams.
+        format_field: the request field its output format came from, named when it does not compile."""
         self.engine = engine
         self.id = f"{id_prefix}-{engine.next_id()}"
         self.started = time.monotonic()
@@ -120,6 +109,9 @@ class Generation:
                 try:
                     engine.check(prompt, params)
                 except EngineError as e:
+                    if e.param == "grammar" and format_field:
+                        e.param = format_field
+                        e.args = (f"{format_field}: {e}",)
                     raise engine_error(e) from None
                 rid = f"{self.id}-{index}"
                 self.submissions.append((rid, prompt, params))
@@ -217,8 +209,9 @@ def merge(frames: list[Frame]) -> dict:
 
 def start_generation(engine, tokenizer, req, id_prefix: str) -> Generation:
     """Submit every choice of a chat or completion request."""
+    grammar_text, field = grammar(req)
     return Generation(engine, request_prompts(req, tokenizer), req.n,
-                      lambda index: generation_params(req, index), id_prefix)
+                      lambda index: generation_params(req, index, grammar_text), id_prefix, field)
 
 
 def chat_messages(messages) -> list[dict]:

@@ -20,15 +20,6 @@ UNSUPPORTED = {
     "tool_choice": "tool calling is not supported yet",
     "functions": "function calling is not supported yet",
     "function_call": "function calling is not supported yet",
-    "guided_json": "guided decoding is not supported yet",
-    "guided_regex": "guided decoding is not supported yet",
-    "guided_choice": "guided decoding is not supported yet",
-    "guided_grammar": "guided decoding is not supported yet",
-    "structured_outputs": "structured output is not supported yet",
-    "json_schema": "structured output (json_schema) is not supported yet",
-    "grammar": "grammar-constrained decoding is not supported yet",
-    "regex": "regex-constrained decoding is not supported yet",
-    "choice": "choice-constrained decoding is not supported yet",
     "suffix": "suffix (insertion) is not supported",
     "best_of": "best_of above n is not supported",
     "audio": "audio output is not supported",
@@ -66,6 +57,16 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     user: str | None = None
     response_format: "ResponseFormat | None" = None
+    # the same constraint under vLLM's, SGLang's and llama.cpp's names (app/server/formats.py)
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: "StructuredOutputs | None" = None
+    json_schema: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -104,6 +105,15 @@ class ResponseFormat(BaseModel):
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("type json_schema needs a json_schema object with a schema")
         return self
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs object: one of these."""
+
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
 
 
 class StreamOptions(BaseModel):
