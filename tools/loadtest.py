@@ -268,7 +268,7 @@ def request_body(args, item: Item, stream: bool = True) -> dict:
         body.update(stream=True, stream_options={"include_usage": True})
     if args.ignore_eos:
         body["ignore_eos"] = True
-    return body
+    return {**body, **(args.extra_body or {})}
 
 
 class Timer:
@@ -559,6 +559,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--temperature", type=float, default=0.0, help="(default: 0, greedy)")
     a("--protocol", choices=("sse", "ws"), default="sse", help="ws: Spool's /v1/ws (default: sse)")
     a("--keep-alive", action="store_true", help="reuse HTTP connections (default: one per request)")
+    a("--extra-body", default=None, metavar="JSON",
+      help="fields merged into every request, as '{\"response_format\": {\"type\": \"json_object\"}}'")
     a("--tokenizer", default=None, help="a local tokenizer directory, for servers without /tokenize")
     a("--seed", type=int, default=0, help="workload and arrival seed (default: 0)")
     a("--slo", default=None, help="goodput targets in ms, as ttft:500,tpot:50[,e2el:MS]")
@@ -582,6 +584,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         parse_slo(args.slo)
     except ValueError as e:
         p.error(str(e))
+    try:
+        args.extra_body = json.loads(args.extra_body) if args.extra_body else None
+    except ValueError as e:
+        p.error(f"--extra-body is not JSON: {e}")
+    if args.extra_body is not None and not isinstance(args.extra_body, dict):
+        p.error("--extra-body must be a JSON object")
     args.base_url = args.base_url.rstrip("/")
     return args
 
