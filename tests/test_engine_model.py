@@ -5,6 +5,7 @@ import pytest
 
 from engine_harness import Harness
 from model.runner import ModelRunner
+from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 
 TEXTS = [
@@ -58,3 +59,26 @@ def test_preemption_changes_nothing(setup, baseline, swap_blocks):
 def test_prefill_chunk_size_changes_nothing(setup, baseline, chunk):
     tokens, texts, _ = generate(setup, prefill_chunk=chunk)
     assert tokens == baseline[0] and texts == baseline[1]
+
+
+def test_a_constrained_request_changes_nothing_for_its_batch_mates(setup):
+    """Greedy outputs of unconstrained requests are the same with a grammar-constrained request
+    in their batch as without it, and the constrained one follows its grammar."""
+    import re
+
+    import llguidance
+
+    path, tok, prompts = setup
+
+    def run(constrained: bool):
+        h = Harness(ModelRunner.from_dir(path, num_blocks=128, block_size=4), tok)
+        rids = [h.submit(p, max_tokens=12, ignore_eos=True) for p in prompts[:3]]
+        extra = h.submit(prompts[3], max_tokens=12, grammar=llguidance.LLMatcher.grammar_from_regex("[a-z]+( [a-z]+)*"),
+                         sampling=SamplingParams(temperature=0.0)) if constrained else None
+        h.run()
+        return [h.tokens(r) for r in rids], extra and h.text(extra)
+
+    alone, _ = run(False)
+    together, text = run(True)
+    assert together == alone
+    assert re.fullmatch("[a-z]+( [a-z]+)*", text), text
