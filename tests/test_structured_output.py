@@ -138,6 +138,7 @@ def test_llama_cpp_gbnf_grammar_and_json_schema_on_completions(server):
     ({"grammar": "root ::= ("}, "grammar"),
     ({"regex": "a", "guided_choice": ["b"]}, "guided_choice"),
     ({"guided_choice": []}, "guided_choice"),
+    ({"structured_outputs": {"grammar": ""}}, "structured_outputs.grammar"),  # found by schemathesis: a 500
 ])
 def test_a_bad_format_field_is_one_line_naming_it(server, body, param):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=60,

@@ -13,9 +13,10 @@ with unbounded whitespace a small model can pad an object with blank lines until
 import json
 
 import llguidance
-from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
+from llguidance.gbnf_to_lark import any_to_lark
 
 from app.server.errors import APIError
+from model.errors import one_line
 
 JSON_WHITESPACE = r"[ \t\n\r]{0,20}"
 
@@ -39,10 +40,7 @@ def choice_grammar(choices: list[str], param: str) -> str:
 
 
 def lark_grammar(text: str, param: str) -> str:
-    try:
-        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
-    except GbnfToLarkError as e:
-        raise APIError(400, f"{param}: {e}", param=param) from None
+    return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
 
 
 def requested(req) -> list[tuple[str, str]]:
@@ -66,7 +64,12 @@ def requested(req) -> list[tuple[str, str]]:
         ("structured_outputs.grammar", so and so.grammar, lark_grammar),
     ]:
         if value is not None:
-            found.append((param, build(value, param)))
+            try:
+                found.append((param, build(value, param)))
+            except APIError:
+                raise
+            except Exception as e:  # GbnfToLarkError, or a bare Exception ("No 'root' rule found"): the input's fault
+                raise APIError(400, f"{param}: {one_line(e)}", param=param) from None
     return found
 
 
