@@ -41,6 +41,12 @@ class LiveServer:
         self.stop()
         raise RuntimeError(f"the server did not come up:\n{self.output()}")
 
+    def openai_client(self, timeout: float = 120, api_key: str = "unused"):
+        """The official client pointed at this server, without retries (a test sees every error)."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
     def output(self) -> str:
         self.log.flush()
         return self.log_path.read_text()

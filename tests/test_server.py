@@ -23,7 +23,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+    with server.openai_client(timeout=120) as c:
         yield c
 
 
@@ -193,7 +193,7 @@ def test_api_key_guards_every_route_but_health():
         r = httpx.get(s.url + "/v1/models")
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        with openai.OpenAI(base_url=s.url + "/v1", api_key="sekrit", max_retries=0) as c:
+        with s.openai_client(api_key="sekrit") as c:
             assert c.models.list().data[0].id == "SmolLM2-135M-Instruct"
 
         async def websocket_needs_the_key_too():

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 from live_server import LiveServer
@@ -37,7 +36,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300) as c:
+    with server.openai_client(timeout=300) as c:
         yield c
 
 
