@@ -145,17 +145,25 @@ def input_lengths(count: int, length: int, ratio: float, rng: random.Random) -> 
     return [rng.randint(low, high) for _ in range(count)]
 
 
+def metric_values(page: str) -> dict[str, float]:
+    """Prometheus samples summed over their labels, by name."""
+    values: dict[str, float] = {}
+    for line in page.splitlines():
+        if line and not line.startswith("#") and " " in line:
+            key, value = line.rsplit(" ", 1)
+            name = key.split("{", 1)[0]
+            values[name] = values.get(name, 0.0) + float(value)
+    return values
+
+
 def parse_metrics(text: str) -> dict:
     """Running and waiting requests from a Prometheus page, whichever server family wrote it."""
+    values = metric_values(text)
     found = {}
-    for line in text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        key, value = line.rsplit(" ", 1)
-        name = key.split("{", 1)[0]
-        for kind, names in (("running", RUNNING_METRICS), ("waiting", WAITING_METRICS)):
-            if name in names:
-                found[kind] = found.get(kind, 0.0) + float(value)
+    for kind, names in (("running", RUNNING_METRICS), ("waiting", WAITING_METRICS)):
+        present = [values[name] for name in names if name in values]
+        if present:
+            found[kind] = sum(present)
     return found
 
 

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadtest import metric_values  # tools/ is on the path when this runs as a script
+
 ROOT = Path(__file__).resolve().parent.parent
 GREEDY_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot",
                   "The three primary colours are"]
@@ -52,17 +54,6 @@ class Soak:
     rng: random.Random
     outcomes: list[Outcome] = field(default_factory=list)
     rss: list[tuple[int, float]] = field(default_factory=list)  # (requests finished, bytes)
-
-
-def metric_values(page: str) -> dict[str, float]:
-    """Prometheus samples summed over their labels, by name."""
-    values: dict[str, float] = {}
-    for line in page.splitlines():
-        if line and not line.startswith("#") and " " in line:
-            key, value = line.rsplit(" ", 1)
-            name = key.split("{", 1)[0]
-            values[name] = values.get(name, 0.0) + float(value)
-    return values
 
 
 def body(soak: Soak, chat: bool, stream: bool) -> dict:

@@ -39,6 +39,10 @@ def choice_grammar(choices: list[str], param: str) -> str:
                                                                         for c in choices))
 
 
+def regex_grammar(pattern: str, param: str) -> str:
+    return llguidance.LLMatcher.grammar_from_regex(pattern)
+
+
 def lark_grammar(text: str, param: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
 
@@ -55,9 +59,8 @@ def requested(req) -> list[tuple[str, str]]:
     for param, value, build in [
         ("guided_json", req.guided_json, json_grammar), ("json_schema", req.json_schema, json_grammar),
         ("structured_outputs.json", so and so.json_, json_grammar),
-        ("guided_regex", req.guided_regex, lambda r, _: llguidance.LLMatcher.grammar_from_regex(r)),
-        ("regex", req.regex, lambda r, _: llguidance.LLMatcher.grammar_from_regex(r)),
-        ("structured_outputs.regex", so and so.regex, lambda r, _: llguidance.LLMatcher.grammar_from_regex(r)),
+        ("guided_regex", req.guided_regex, regex_grammar), ("regex", req.regex, regex_grammar),
+        ("structured_outputs.regex", so and so.regex, regex_grammar),
         ("guided_choice", req.guided_choice, choice_grammar), ("choice", req.choice, choice_grammar),
         ("structured_outputs.choice", so and so.choice, choice_grammar),
         ("guided_grammar", req.guided_grammar, lark_grammar), ("grammar", req.grammar, lark_grammar),

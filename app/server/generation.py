@@ -110,8 +110,7 @@ class Generation:
                     engine.check(prompt, params)
                 except EngineError as e:
                     if e.param == "grammar" and format_field:
-                        e.param = format_field
-                        e.args = (f"{format_field}: {e}",)
+                        raise APIError(400, f"{format_field}: {e}", param=format_field) from None
                     raise engine_error(e) from None
                 rid = f"{self.id}-{index}"
                 self.submissions.append((rid, prompt, params))

@@ -18,6 +18,8 @@ ROUTES = [
     ("/health", "get", "200 when serving; 503 while loading or draining", None, None),
     ("/metrics", "get", "Prometheus metrics (spool: prefix, vLLM's names)", None, None),
 ]
+# Routes that answer an event stream when asked (stream=true), and the model of each chunk.
+STREAM_CHUNKS = {"/v1/chat/completions": "ChatCompletionChunk", "/v1/completions": "CompletionResponse"}
 
 
 @cache
@@ -36,11 +38,10 @@ def spec(model_name: str) -> dict:
         op: dict = {"summary": summary, "responses": {"200": {"description": "OK"}}}
         if resp is not None:
             op["responses"]["200"]["content"] = {"application/json": {"schema": refs[resp]}}
-        if "stream=true" in summary:  # the same route answers an event stream when asked
-            chunk = "ChatCompletionChunk" if resp is s.ChatCompletionResponse else resp.__name__
+        if path in STREAM_CHUNKS:
             op["responses"]["200"]["content"]["text/event-stream"] = {"schema": {  # one server-sent event
-                "type": "object", "required": ["data"],
-                "properties": {"data": {"type": "string", "description": f"a {chunk} as JSON, or [DONE] last"}}}}
+                "type": "object", "required": ["data"], "properties": {"data": {
+                    "type": "string", "description": f"a {STREAM_CHUNKS[path]} as JSON, or [DONE] last"}}}}
         if req is not None:
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": refs[req]}}}
             op["responses"]["400"] = error

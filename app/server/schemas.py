@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 # Fields that would change the output, and what Spool does not do yet; a value that asks for
-# nothing (None, [], "none", {"type": "text"}, false) passes.
+# nothing (None, [], {}, false, "none", or "auto" but for tool_choice) passes.
 UNSUPPORTED = {
     "tools": "tool calling is not supported yet",
     "tool_choice": "tool calling is not supported yet",
@@ -29,9 +29,9 @@ UNSUPPORTED = {
 
 
 def asks_for_nothing(field: str, value: Any) -> bool:
-    if value in (None, [], {}, False, "none", "auto") and not (field == "tool_choice" and value == "auto"):
-        return True
-    return field == "modalities" and value == ["text"]
+    if value == "auto":  # the default, except that tool_choice auto lets the model call tools
+        return field != "tool_choice"
+    return value in (None, [], {}, False, "none") or (field == "modalities" and value == ["text"])
 
 
 class SamplingFields(BaseModel):

@@ -71,32 +71,33 @@ class DeviceSampler:
         keys = [object() for _ in params] if temporary else keys
         count_rows = np.array([self._slot(k, vocab, prompts[r], outputs[r]) if p.penalized else -1
                                for r, (k, p) in enumerate(zip(keys, params))], dtype=np.int32)
-        host = lambda values, dtype: ops.asarray(np.asarray(values, dtype=dtype), dtype)  # noqa: E731
-        device_rows = host(count_rows, np.int32)
+        device_rows = ops.asarray(count_rows, np.int32)
         adjusted = logits
         if masks and any(m is not None for m in masks):  # a new array: logprobs are of the raw logits
             allowed = np.ones((rows, vocab), dtype=bool)
             for r, mask in enumerate(masks):
                 if mask is not None:
                     allowed[r] = allowed_tokens(mask, vocab)
-            adjusted = xp.where(ops.asarray(allowed, bool), logits, np.float32(-np.inf)).astype(np.float32)
+            adjusted = xp.where(ops.asarray(allowed, bool), logits, np.float32(-np.inf))
         if any(p.penalized or p.logit_bias for p in params):
-            adjusted = adjusted.copy() if adjusted is logits else adjusted  # logprobs are of the raw distribution
+            if adjusted is logits:  # penalties work in place; logprobs are of the raw distribution
+                adjusted = logits.copy()
             offsets = np.cumsum([0] + [len(p.logit_bias) for p in params])
             ops.kernel("penalties.cu", "apply_penalties")((rows,), (ROW_THREADS,), (
                 adjusted, self._table(self.counts, np.int32), self._table(self.seen, np.uint8), device_rows,
-                host([p.repetition_penalty for p in params], np.float32),
-                host([p.presence_penalty for p in params], np.float32),
-                host([p.frequency_penalty for p in params], np.float32), host(offsets, np.int32),
-                host([t for p in params for t in p.logit_bias] or [0], np.int32),
-                host([v for p in params for v in p.logit_bias.values()] or [0], np.float32), np.int32(vocab)))
+                ops.asarray([p.repetition_penalty for p in params], np.float32),
+                ops.asarray([p.presence_penalty for p in params], np.float32),
+                ops.asarray([p.frequency_penalty for p in params], np.float32), ops.asarray(offsets, np.int32),
+                ops.asarray([t for p in params for t in p.logit_bias] or [0], np.int32),
+                ops.asarray([v for p in params for v in p.logit_bias.values()] or [0], np.float32), np.int32(vocab)))
         uniform = [0.0 if p.greedy else seeded_uniform(p.seed, len(outputs[r])) if p.seed is not None
                    else rng.random() for r, p in enumerate(params)]
         ids = ops.zeros(rows, np.int32)
         ops.kernel("sampling.cu", "sample")((rows,), (SAMPLE_THREADS,), (
-            ids, adjusted, host([p.temperature for p in params], np.float32),
-            host([p.top_k if p.top_k > 0 else 0 for p in params], np.int32), host([p.top_p for p in params], np.float32),
-            host([p.min_p for p in params], np.float32), host(uniform, np.float32), np.int32(vocab)))
+            ids, adjusted, ops.asarray([p.temperature for p in params], np.float32),
+            ops.asarray([p.top_k if p.top_k > 0 else 0 for p in params], np.int32),
+            ops.asarray([p.top_p for p in params], np.float32), ops.asarray([p.min_p for p in params], np.float32),
+            ops.asarray(uniform, np.float32), np.int32(vocab)))
         if (count_rows >= 0).any():
             ops.kernel("penalties.cu", "count_tokens")((-(-rows // 32),), (32,), (
                 self.counts, device_rows, ids, np.int32(rows), np.int32(vocab)))
@@ -124,7 +125,7 @@ class DeviceSampler:
         max_n = max(1, max(n or 0 for n in wanted))
         chosen = ops.zeros(rows, np.float32)
         top_ids, top_values = ops.zeros((rows, max_n), np.int32), ops.zeros((rows, max_n), np.float32)
-        top_n = ops.asarray(np.array([n or 0 for n in wanted], dtype=np.int32), np.int32)
+        top_n = ops.asarray([n or 0 for n in wanted], np.int32)
         ops.kernel("logprobs.cu", "logprobs")((rows,), (ROW_THREADS,), (
             chosen, top_ids, top_values, logits, ids, top_n, np.int32(vocab), np.int32(max_n)))
         chosen, top_ids, top_values = ops.to_host(chosen), ops.to_host(top_ids), ops.to_host(top_values)
