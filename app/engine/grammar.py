@@ -53,4 +53,3 @@ class Grammars:
         words = llg_numpy.allocate_token_bitmask(1, self.tokenizer.vocab_size)
         llg_numpy.fill_next_token_bitmask(matcher, words)
         return words[0]
-

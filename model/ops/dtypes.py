@@ -24,7 +24,7 @@ def to_bf16(x, xp=np):
     return xp.where(xp.isnan(x), ((u >> 16) | 0x40).astype(np.uint16), rounded)
 
 
-def from_bf16(bits, xp=np):
+def from_bf16(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
@@ -35,5 +35,5 @@ def to_storage(x, dtype: str, xp=np):
     return xp.ascontiguousarray(x, dtype=ARRAY_DTYPES[dtype])
 
 
-def to_float32(x, dtype: str, xp=np):
-    return from_bf16(x, xp) if dtype == "bfloat16" else x.astype(np.float32)
+def to_float32(x, dtype: str):
+    return from_bf16(x) if dtype == "bfloat16" else x.astype(np.float32)
