@@ -87,6 +87,7 @@ class Tokenizer:
         if template is None and jinja_file.is_file():
             template = jinja_file.read_text(encoding="utf-8")
         self.chat_template = None
+        self.template_takes_tools = bool(template) and "tools" in template
         if template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
@@ -125,9 +126,9 @@ class Tokenizer:
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
             raise ChatTemplateError(f"the chat template could not render these messages: {e}") from None
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> list[int]:
         # The template writes any BOS itself, as transformers' apply_chat_template assumes.
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, **extra), add_special_tokens=False)
 
 
 class IncrementalDetokenizer:

@@ -44,12 +44,23 @@ def test_the_schemas_are_strict_enough_to_fail():
         check({"error": {"message": "m", "type": "t", "param": None, "code": 400}}, "ErrorResponse")
 
 
-@pytest.mark.parametrize("extra", [{}, {"logprobs": True, "top_logprobs": 2, "n": 2}])
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}]
+
+
+@pytest.mark.parametrize("extra", [{}, {"logprobs": True, "top_logprobs": 2, "n": 2},
+                                   {"tools": TOOLS, "tool_choice": "required", "max_tokens": 40, "n": 2}],
+                         ids=["plain", "logprobs", "tools"])
 def test_chat_bodies_and_chunks_follow_openais_schemas(server, extra):
     url = server.url + "/v1/chat/completions"
-    check(httpx.post(url, json={**CHAT, **extra}, timeout=60).json(), "CreateChatCompletionResponse")
-    for chunk in chunks(url, {**CHAT, **extra}):
+    body = httpx.post(url, json={**CHAT, **extra}, timeout=60).json()
+    check(body, "CreateChatCompletionResponse")
+    streamed = chunks(url, {**CHAT, **extra})
+    for chunk in streamed:
         check(chunk, "CreateChatCompletionStreamResponse")
+    if "tools" in extra:  # the shapes checked include calls, whole and in pieces
+        assert all(choice["message"]["tool_calls"] for choice in body["choices"])
+        assert any(choice["delta"].get("tool_calls") for chunk in streamed for choice in chunk["choices"])
 
 
 @pytest.mark.parametrize("extra", [{}, {"logprobs": 2, "echo": False, "n": 2}])

@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.server import metrics, openapi
 from app.server.errors import APIError, decode_json, validate
-from app.server.generation import Generation, chat_messages, merge, start_generation
+from app.server.generation import Generation, chat_prompt, merge, start_generation
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
 from app.server.schemas import (
@@ -36,10 +36,12 @@ from app.server.schemas import (
     ResponseMessage,
     TokenizeRequest,
     TokenLogprob,
+    ToolCall,
+    ToolCallChunk,
     TopLogprob,
 )
+from app.server.tools import ToolCallParser, ToolUse, split_calls
 from app.server.websocket import serve_websocket
-from model.tokenizer import ChatTemplateError
 
 log = logging.getLogger("spool.server")
 
@@ -197,14 +199,25 @@ def create_app(state: ServerState) -> QuartTrio:
         gen = start_generation(state.engine, state.tokenizer, req, "chatcmpl")
         model = state.model_name
 
+        tools = gen.tools
+
         if not req.stream:
             await respond_or_raise(gen)
-            choices = [ChatChoice(index=c.index, message=ResponseMessage(content=c.text),
-                                  logprobs=chat_logprobs(c.logprobs) if req.logprobs else None,
-                                  finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                       for c in sorted(gen.choices.values(), key=lambda c: c.index)]
+            choices = []
+            for c in sorted(gen.choices.values(), key=lambda c: c.index):
+                message, reason = ResponseMessage(content=c.text), c.finish_reason
+                if tools:
+                    content, calls = split_calls(c.text)
+                    message = ResponseMessage(content=content if content.strip() or not calls else None,
+                                              tool_calls=[ToolCall(**call) for call in calls] or None)
+                    reason = tools.finish_reason(reason, bool(calls))
+                choices.append(ChatChoice(index=c.index, message=message, finish_reason=reason,
+                                          logprobs=chat_logprobs(c.logprobs) if req.logprobs else None,
+                                          stop_reason=c.stop_reason))
             return ChatCompletionResponse(id=gen.id, model=model, choices=choices,
                                           usage=gen.usage()).model_dump()
+
+        parsers = {rid: ToolCallParser() for rid in gen.choices} if tools else {}
 
         def chunk_for(frames):
             if frames is None:  # the opening chunk carries the role, as OpenAI's does
@@ -213,13 +226,20 @@ def create_app(state: ServerState) -> QuartTrio:
                     for c in gen.choices.values()])
             chunks = []
             for rid, (text, logprobs, final) in merge(frames).items():
-                index = gen.choices[rid].index
-                if not text and final is None:
+                calls, reason = [], final.finish_reason if final else None
+                parser = parsers.get(rid)
+                if parser:
+                    text, calls = parser.feed(text)
+                    if final:
+                        text += parser.finish()
+                        reason = tools.finish_reason(reason, bool(parser.calls))
+                logprobs = logprobs if req.logprobs else []
+                if not text and not calls and not logprobs and final is None:
                     continue
                 chunks.append(ChatCompletionChunk(id=gen.id, model=model, choices=[ChatChunkChoice(
-                    index=index, delta=DeltaMessage(content=text) if text or final is None else DeltaMessage(),
-                    logprobs=chat_logprobs(logprobs) if req.logprobs and logprobs else None,
-                    finish_reason=final.finish_reason if final else None,
+                    index=gen.choices[rid].index,
+                    delta=DeltaMessage(content=text or None, tool_calls=[ToolCallChunk(**c) for c in calls] or None),
+                    logprobs=chat_logprobs(logprobs) if logprobs else None, finish_reason=reason,
                     stop_reason=final.stop_reason if final else None)]))
             return chunks
 
@@ -287,10 +307,7 @@ def create_app(state: ServerState) -> QuartTrio:
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         if req.messages is not None:
-            try:
-                tokens = state.tokenizer.encode_chat(chat_messages(req.messages), req.add_generation_prompt)
-            except ChatTemplateError as e:
-                raise APIError(400, str(e), param="messages") from None
+            tokens = chat_prompt(state.tokenizer, req.messages, ToolUse.of(req), req.add_generation_prompt)
         else:
             tokens = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}

@@ -16,6 +16,7 @@ from app.engine import Draining, EngineError, Frame, GenerationParams, Overloade
 from app.server.errors import APIError
 from app.server.formats import grammar
 from app.server.schemas import ChatCompletionRequest, UsageInfo
+from app.server.tools import ToolUse, prompt_messages
 from model.sampling import SamplingParams
 from model.tokenizer import ChatTemplateError
 
@@ -92,10 +93,12 @@ class Generation:
     """
 
     def __init__(self, engine, prompts: list[list[int]], n: int, params_for, id_prefix: str,
-                 format_field: str | None = None):
+                 format_field: str | None = None, tools: ToolUse | None = None):
         """n choices per prompt; params_for(choice index) gives each its GenerationParams.
-        format_field: the request field its output format came from, named when it does not compile."""
+        format_field: the request field its output format came from, named when it does not compile.
+        tools: what a chat request asked of tools, for reading calls out of the text."""
         self.engine = engine
+        self.tools = tools
         self.id = f"{id_prefix}-{engine.next_id()}"
         self.started = time.monotonic()
         self.first_token_at: float | None = None
@@ -207,22 +210,30 @@ def merge(frames: list[Frame]) -> dict:
 
 
 def start_generation(engine, tokenizer, req, id_prefix: str) -> Generation:
-    """Submit every choice of a chat or completion request."""
+    """Every choice of a chat or completion request, checked and ready to submit."""
     grammar_text, field = grammar(req)
-    return Generation(engine, request_prompts(req, tokenizer), req.n,
-                      lambda index: generation_params(req, index, grammar_text), id_prefix, field)
+    tools = ToolUse.of(req) if isinstance(req, ChatCompletionRequest) else None
+    if tools is not None:
+        if grammar_text is not None:
+            raise APIError(400, f"give one output format, not tools and {field}", param=field)
+        grammar_text, field = tools.grammar(), "tools"
+    prompts = [chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt)] \
+        if isinstance(req, ChatCompletionRequest) else completion_prompts(req, tokenizer)
+    return Generation(engine, prompts, req.n, lambda index: generation_params(req, index, grammar_text),
+                      id_prefix, field, tools)
 
 
-def chat_messages(messages) -> list[dict]:
-    return [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
+def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_prompt: bool) -> list[int]:
+    """The token ids of a conversation after the chat template, with the tools it offers."""
+    dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
+    dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools)
+    try:
+        return tokenizer.encode_chat(dicts, add_generation_prompt, **extra)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="messages") from None
 
 
-def request_prompts(req, tokenizer) -> list[list[int]]:
-    if isinstance(req, ChatCompletionRequest):
-        try:
-            return [tokenizer.encode_chat(chat_messages(req.messages), req.add_generation_prompt)]
-        except ChatTemplateError as e:
-            raise APIError(400, str(e), param="messages") from None
+def completion_prompts(req, tokenizer) -> list[list[int]]:
     p = req.prompt
     if isinstance(p, str):
         return [tokenizer.encode(p)]

@@ -5,10 +5,11 @@ repetition_penalty, min_tokens, ignore_eos, stop_token_ids). Unknown fields are 
 vLLM and llama.cpp's server do, except the ones in UNSUPPORTED: those would change the output,
 so a request that sets them is refused (400 naming the field) rather than silently answered as
 if it had not. Fields that change nothing here (user, store, metadata, service_tier) pass.
+Chat requests take tools (app/server/tools.py); completions refuse them.
 """
 
 import time
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -16,10 +17,10 @@ from pydantic_core import PydanticCustomError
 # Fields that would change the output, and what Spool does not do yet; a value that asks for
 # nothing (None, [], {}, false, "none", or "auto" but for tool_choice) passes.
 UNSUPPORTED = {
-    "tools": "tool calling is not supported yet",
-    "tool_choice": "tool calling is not supported yet",
-    "functions": "function calling is not supported yet",
-    "function_call": "function calling is not supported yet",
+    "tools": "tools are for /v1/chat/completions",
+    "tool_choice": "tools are for /v1/chat/completions",
+    "functions": "the legacy functions field is not supported; use tools",
+    "function_call": "the legacy function_call field is not supported; use tool_choice",
     "suffix": "suffix (insertion) is not supported",
     "best_of": "best_of above n is not supported",
     "audio": "audio output is not supported",
@@ -36,6 +37,7 @@ def asks_for_nothing(field: str, value: Any) -> bool:
 
 class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    unsupported: ClassVar[dict[str, str]] = UNSUPPORTED
 
     model: str | None = None
     stream: bool = False
@@ -72,7 +74,7 @@ class SamplingFields(BaseModel):
     @classmethod
     def _refuse_unsupported(cls, data):
         if isinstance(data, dict):
-            for field, why in UNSUPPORTED.items():
+            for field, why in cls.unsupported.items():
                 if field in data and not asks_for_nothing(field, data[field]):
                     if field == "best_of" and data[field] == data.get("n", 1):
                         continue
@@ -137,11 +139,24 @@ class OtherPart(BaseModel):
         raise PydanticCustomError("unsupported", f"this model takes text only; {self.type} parts are not supported")
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[TextPart | OtherPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # which call a tool message answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -149,8 +164,35 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(SamplingFields):
+    unsupported: ClassVar[dict[str, str]] = {k: v for k, v in UNSUPPORTED.items()
+                                             if k not in ("tools", "tool_choice")}
+
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -167,6 +209,9 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
@@ -209,6 +254,21 @@ class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = ""
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda v: v is None)  # OpenAI's schema has no null
+
+
+class FunctionCallChunk(BaseModel):
+    name: str | None = Field(None, exclude_if=lambda v: v is None)
+    arguments: str
+
+
+class ToolCallChunk(BaseModel):
+    """A piece of a streamed call: the first has id, type and name; later ones more arguments."""
+
+    index: int
+    id: str | None = Field(None, exclude_if=lambda v: v is None)
+    type: Literal["function"] | None = Field(None, exclude_if=lambda v: v is None)
+    function: FunctionCallChunk
 
 
 class ChatChoice(BaseModel):
@@ -231,6 +291,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)  # the first delta only
     content: str | None = None
+    tool_calls: list[ToolCallChunk] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(BaseModel):

@@ -6,6 +6,7 @@ Client frames (JSON text):
 Server frames:
   {"type": "delta", "id": "g1", "index": 0, "text": "..."}
   {"type": "done", "id": "g1", "choices": [{"index", "finish_reason", "stop_reason"}], "usage": {...}}
+    (with tools, each choice also has "tool_calls", read out of the text its deltas carried)
   {"type": "error", "id": "g1" or null, "error": {"message", "type", "param", "code"}}
 A malformed frame gets an error frame and the socket stays open, as does a generate frame over
 --ws-max-generations (an error frame with status 429). Closing the socket cancels every
@@ -20,6 +21,7 @@ from quart import websocket
 from app.server.errors import APIError, decode_json, validate
 from app.server.generation import merge, start_generation
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
+from app.server.tools import split_calls
 
 
 async def serve_websocket(state) -> None:
@@ -51,11 +53,15 @@ async def serve_websocket(state) -> None:
                     choice = gen.choices[rid]
                     if text:
                         await send({"type": "delta", "id": gid, "index": choice.index, "text": text})
-            choices = sorted(gen.choices.values(), key=lambda c: c.index)
-            await send({"type": "done", "id": gid,
-                        "choices": [{"index": c.index, "finish_reason": c.finish_reason,
-                                     "stop_reason": c.stop_reason, "error": c.error} for c in choices],
-                        "usage": gen.usage().model_dump()})
+            choices = []
+            for c in sorted(gen.choices.values(), key=lambda c: c.index):
+                choice = {"index": c.index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                          "error": c.error}
+                if gen.tools:
+                    calls = split_calls(c.text)[1]
+                    choice.update(tool_calls=calls, finish_reason=gen.tools.finish_reason(c.finish_reason, bool(calls)))
+                choices.append(choice)
+            await send({"type": "done", "id": gid, "choices": choices, "usage": gen.usage().model_dump()})
         finally:
             gen.abort()
             gen.log()
