@@ -78,6 +78,8 @@ class Tokenizer:
         if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
             eos.add(self.hf.token_to_id(self.eos_token))
         self.eos_token_ids = frozenset(eos)
+        think = (self.hf.token_to_id("<think>"), self.hf.token_to_id("</think>"))
+        self.think_ids = None if None in think else think  # a reasoning model's thinking tags
 
         template = cfg.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]

@@ -48,6 +48,12 @@ class Grammars:
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         return self.pristine(grammar).deep_copy()
 
+    def only(self, token: int) -> np.ndarray:
+        """A mask that allows one token."""
+        words = np.zeros(-(-self.tokenizer.vocab_size // 32), dtype=np.uint32)
+        words[token // 32] = np.uint32(1 << (token % 32))
+        return words.view(np.int32)
+
     def mask(self, matcher: llguidance.LLMatcher) -> np.ndarray:
         """The tokens allowed next, as int32 words of bits (token t: bit t % 32 of word t // 32)."""
         words = llg_numpy.allocate_token_bitmask(1, self.tokenizer.vocab_size)

@@ -16,6 +16,19 @@ class State(enum.Enum):
 
 
 @dataclass(frozen=True)
+class ThinkingBudget:
+    """A reasoning model's thinking, cut at max_tokens: then its end tokens are forced.
+
+    The thinking opens with the output when start_id is None (the chat template opened it),
+    else only when the output's first token is start_id; it ends when end_ids are written.
+    """
+
+    end_ids: tuple[int, ...]
+    max_tokens: int
+    start_id: int | None = None
+
+
+@dataclass(frozen=True)
 class GenerationParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None  # None: whatever fits the context
@@ -24,6 +37,7 @@ class GenerationParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # suppresses the model's end-of-generation set only
     grammar: str | None = None  # llguidance grammar text (JSON or Lark) the output must follow
+    thinking: ThinkingBudget | None = None
 
 
 @dataclass
@@ -71,6 +85,7 @@ class Request:
     detok: object = None
     stops: object = None
     matcher: object = None  # the grammar's state after this request's tokens (app/engine/grammar.py)
+    thought: bool = False  # its thinking section (params.thinking) has ended
     pending_text: str = ""  # settled text not yet sent
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list = field(default_factory=list)

@@ -358,8 +358,29 @@ class Scheduler:
                    output_ids=request.output_ids, mask=self.mask(request))
 
     def mask(self, request: Request):
-        """The tokens its grammar allows next, or None when it has none."""
+        """The tokens allowed next: one, when a thinking budget is spent; else what its grammar
+        allows; None when nothing constrains it."""
+        forced = self.thinking_end(request)
+        if forced is not None:
+            return self.grammars.only(forced)
         return None if request.matcher is None else self.grammars.mask(request.matcher)
+
+    def thinking_end(self, request: Request) -> int | None:
+        """The next token of the thinking's end tags, once the budget is spent and until they are written."""
+        budget, out = request.params.thinking, request.output_ids
+        if budget is None or request.thought:
+            return None
+        end = budget.end_ids
+        if budget.start_id is not None and (not out or out[0] != budget.start_id):
+            request.thought = bool(out)  # the model answered without thinking
+            return None
+        if len(out) >= len(end) and tuple(out[-len(end):]) == end:
+            request.thought = True
+            return None
+        if len(out) - (budget.start_id is not None) < budget.max_tokens:
+            return None
+        written = next(k for k in range(len(end) - 1, -1, -1) if k == 0 or tuple(out[-k:]) == end[:k])
+        return end[written]
 
     def plan_prefill(self, decode_rows: int) -> list[Row]:
         """Up to prefill_chunk tokens, round-robin: each prefilling request in turn gets a chunk,

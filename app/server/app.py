@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.server import metrics, openapi
 from app.server.errors import APIError, decode_json, validate
-from app.server.generation import Generation, chat_prompt, merge, start_generation
+from app.server.generation import ChatText, Generation, chat_prompt, merge, start_generation
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
 from app.server.schemas import (
@@ -40,7 +40,7 @@ from app.server.schemas import (
     ToolCallChunk,
     TopLogprob,
 )
-from app.server.tools import ToolCallParser, ToolUse, split_calls
+from app.server.tools import ToolUse
 from app.server.websocket import serve_websocket
 
 log = logging.getLogger("spool.server")
@@ -199,25 +199,24 @@ def create_app(state: ServerState) -> QuartTrio:
         gen = start_generation(state.engine, state.tokenizer, req, "chatcmpl")
         model = state.model_name
 
-        tools = gen.tools
-
         if not req.stream:
             await respond_or_raise(gen)
             choices = []
             for c in sorted(gen.choices.values(), key=lambda c: c.index):
-                message, reason = ResponseMessage(content=c.text), c.finish_reason
-                if tools:
-                    content, calls = split_calls(c.text)
-                    message = ResponseMessage(content=content if content.strip() or not calls else None,
-                                              tool_calls=[ToolCall(**call) for call in calls] or None)
-                    reason = tools.finish_reason(reason, bool(calls))
-                choices.append(ChatChoice(index=c.index, message=message, finish_reason=reason,
+                split = ChatText(gen)
+                reasoning, content, _ = split.feed(c.text, final=True)
+                calls = split.calls.calls if split.calls else []
+                message = ResponseMessage(content=content if content.strip() or not calls else None,
+                                          tool_calls=[ToolCall(**call) for call in calls] or None,
+                                          reasoning_content=reasoning if split.reasoning else None)
+                choices.append(ChatChoice(index=c.index, message=message,
                                           logprobs=chat_logprobs(c.logprobs) if req.logprobs else None,
+                                          finish_reason=split.finish_reason(c.finish_reason),
                                           stop_reason=c.stop_reason))
             return ChatCompletionResponse(id=gen.id, model=model, choices=choices,
                                           usage=gen.usage()).model_dump()
 
-        parsers = {rid: ToolCallParser() for rid in gen.choices} if tools else {}
+        splits = {rid: ChatText(gen) for rid in gen.choices}
 
         def chunk_for(frames):
             if frames is None:  # the opening chunk carries the role, as OpenAI's does
@@ -226,20 +225,16 @@ def create_app(state: ServerState) -> QuartTrio:
                     for c in gen.choices.values()])
             chunks = []
             for rid, (text, logprobs, final) in merge(frames).items():
-                calls, reason = [], final.finish_reason if final else None
-                parser = parsers.get(rid)
-                if parser:
-                    text, calls = parser.feed(text)
-                    if final:
-                        text += parser.finish()
-                        reason = tools.finish_reason(reason, bool(parser.calls))
+                split = splits[rid]
+                reasoning, content, calls = split.feed(text, final=final is not None)
                 logprobs = logprobs if req.logprobs else []
-                if not text and not calls and not logprobs and final is None:
+                if not reasoning and not content and not calls and not logprobs and final is None:
                     continue
+                delta = DeltaMessage(content=content or None, reasoning_content=reasoning or None,
+                                     tool_calls=[ToolCallChunk(**c) for c in calls] or None)
                 chunks.append(ChatCompletionChunk(id=gen.id, model=model, choices=[ChatChunkChoice(
-                    index=gen.choices[rid].index,
-                    delta=DeltaMessage(content=text or None, tool_calls=[ToolCallChunk(**c) for c in calls] or None),
-                    logprobs=chat_logprobs(logprobs) if logprobs else None, finish_reason=reason,
+                    index=gen.choices[rid].index, delta=delta, logprobs=chat_logprobs(logprobs) if logprobs else None,
+                    finish_reason=split.finish_reason(final.finish_reason) if final else None,
                     stop_reason=final.stop_reason if final else None)]))
             return chunks
 

@@ -16,7 +16,8 @@ from app.engine import Draining, EngineError, Frame, GenerationParams, Overloade
 from app.server.errors import APIError
 from app.server.formats import grammar
 from app.server.schemas import ChatCompletionRequest, UsageInfo
-from app.server.tools import ToolUse, prompt_messages
+from app.server.reasoning import ReasoningParser, budget, opens_thinking
+from app.server.tools import ToolCallParser, ToolUse, prompt_messages
 from model.sampling import SamplingParams
 from model.tokenizer import ChatTemplateError
 
@@ -45,7 +46,7 @@ def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
     )
 
 
-def generation_params(req, index: int, grammar_text: str | None = None) -> GenerationParams:
+def generation_params(req, index: int, grammar_text: str | None = None, thinking=None) -> GenerationParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -55,7 +56,7 @@ def generation_params(req, index: int, grammar_text: str | None = None) -> Gener
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return GenerationParams(sampling_params(req, logprobs, index), max_tokens=max_tokens,
                             min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
-                            ignore_eos=req.ignore_eos, grammar=grammar_text)
+                            ignore_eos=req.ignore_eos, grammar=grammar_text, thinking=thinking)
 
 
 def engine_error(e: EngineError) -> APIError:
@@ -93,12 +94,14 @@ class Generation:
     """
 
     def __init__(self, engine, prompts: list[list[int]], n: int, params_for, id_prefix: str,
-                 format_field: str | None = None, tools: ToolUse | None = None):
+                 format_field: str | None = None, tools: ToolUse | None = None, thinks_from: bool | None = None):
         """n choices per prompt; params_for(choice index) gives each its GenerationParams.
         format_field: the request field its output format came from, named when it does not compile.
-        tools: what a chat request asked of tools, for reading calls out of the text."""
+        tools: what a chat request asked of tools, for reading calls out of the text.
+        thinks_from: for a reasoning model's chat, whether the prompt opened the thinking."""
         self.engine = engine
         self.tools = tools
+        self.thinks_from = thinks_from
         self.id = f"{id_prefix}-{engine.next_id()}"
         self.started = time.monotonic()
         self.first_token_at: float | None = None
@@ -199,6 +202,32 @@ class Generation:
                         f" ttft={ttft} total={1000 * (time.monotonic() - self.started):.0f}ms finish={reasons}")
 
 
+class ChatText:
+    """One chat choice's text, as it streams, split into reasoning, content and tool calls."""
+
+    def __init__(self, gen: Generation):
+        self.reasoning = ReasoningParser(gen.thinks_from) if gen.thinks_from is not None else None
+        self.calls = ToolCallParser() if gen.tools else None
+        self.tools = gen.tools
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str, list[dict]]:
+        """(reasoning, content, tool call chunks) that text settles; final: all that is left."""
+        reasoning, content, chunks = "", text, []
+        if self.reasoning:
+            reasoning, content = self.reasoning.feed(text)
+            if final:
+                more_reasoning, more_content = self.reasoning.finish()
+                reasoning, content = reasoning + more_reasoning, content + more_content
+        if self.calls:
+            content, chunks = self.calls.feed(content)
+            if final:
+                content += self.calls.finish()
+        return reasoning, content, chunks
+
+    def finish_reason(self, reason: str) -> str:
+        return self.tools.finish_reason(reason, bool(self.calls.calls)) if self.tools else reason
+
+
 def merge(frames: list[Frame]) -> dict:
     """Consecutive frames per request id, joined: {id: (text, logprobs, final frame or None)}."""
     out: dict = {}
@@ -217,10 +246,13 @@ def start_generation(engine, tokenizer, req, id_prefix: str) -> Generation:
         if grammar_text is not None:
             raise APIError(400, f"give one output format, not tools and {field}", param=field)
         grammar_text, field = tools.grammar(), "tools"
-    prompts = [chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt)] \
-        if isinstance(req, ChatCompletionRequest) else completion_prompts(req, tokenizer)
-    return Generation(engine, prompts, req.n, lambda index: generation_params(req, index, grammar_text),
-                      id_prefix, field, tools)
+    if not isinstance(req, ChatCompletionRequest):
+        return Generation(engine, completion_prompts(req, tokenizer), req.n,
+                          lambda index: generation_params(req, index, grammar_text), id_prefix, field)
+    prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt)
+    thinking = budget(tokenizer, prompt, req.max_thinking_tokens)
+    return Generation(engine, [prompt], req.n, lambda index: generation_params(req, index, grammar_text, thinking),
+                      id_prefix, field, tools, opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None)
 
 
 def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_prompt: bool) -> list[int]:

@@ -197,6 +197,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
+    max_thinking_tokens: int | None = Field(None, ge=0)  # a reasoning model's thinking budget
 
 
 class CompletionRequest(SamplingFields):
@@ -255,6 +256,7 @@ class ResponseMessage(BaseModel):
     content: str | None = ""
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda v: v is None)  # OpenAI's schema has no null
+    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)  # vLLM's field
 
 
 class FunctionCallChunk(BaseModel):
@@ -292,6 +294,7 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)  # the first delta only
     content: str | None = None
     tool_calls: list[ToolCallChunk] | None = Field(None, exclude_if=lambda v: v is None)
+    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(BaseModel):

@@ -147,6 +147,11 @@ def _call_json(call: dict) -> dict:
 HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
 
+def partial_tag(text: str, tag: str) -> int:
+    """How many characters at the end of text may be the start of tag (held until clear)."""
+    return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-n:])), 0)
+
+
 def call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
@@ -208,8 +213,7 @@ class ToolCallParser:
             if not self.in_block:
                 at = self.pending.find(OPEN)
                 if at < 0:
-                    keep = next((n for n in range(min(len(OPEN) - 1, len(self.pending)), 0, -1)
-                                 if OPEN.startswith(self.pending[-n:])), 0)
+                    keep = partial_tag(self.pending, OPEN)
                     content += self.pending[:len(self.pending) - keep]
                     self.pending = self.pending[len(self.pending) - keep:]
                     return content, chunks

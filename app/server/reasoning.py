@@ -1,0 +1,65 @@
+"""A reasoning model's thinking, returned apart: `reasoning_content`, as vLLM names it.
+
+A model thinks when its vocabulary has `<think>` and `</think>` tokens (Qwen3, DeepSeek-R1 and
+their kin). The thinking is the text from the start of the output (the chat template may have
+written `<think>` already) or from a `<think>` the output opens with, up to `</think>`.
+max_thinking_tokens makes the engine write `</think>` once that many tokens were thought.
+"""
+
+from app.engine import ThinkingBudget
+from app.server.tools import partial_tag
+
+START, END = "<think>", "</think>"
+
+
+def opens_thinking(tokenizer, prompt: list[int]) -> bool:
+    """Whether the prompt ends inside a thinking section (the template opened it)."""
+    if tokenizer.think_ids is None:
+        return False
+    start, end = tokenizer.think_ids
+    tail = prompt[-4:]  # <think> and a newline or two
+    return start in tail and end not in tail[tail.index(start):]
+
+
+def budget(tokenizer, prompt: list[int], max_thinking_tokens: int | None) -> ThinkingBudget | None:
+    if tokenizer.think_ids is None or max_thinking_tokens is None:
+        return None
+    start, end = tokenizer.think_ids
+    return ThinkingBudget((end,), max_thinking_tokens, None if opens_thinking(tokenizer, prompt) else start)
+
+
+class ReasoningParser:
+    """Splits one choice's text, as it streams, into reasoning and content."""
+
+    def __init__(self, inside: bool):
+        self.state = "thinking" if inside else "opening"  # opening: it may still start with <think>
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) that text settles; a tag split across pieces is held."""
+        self.pending += text
+        reasoning = content = ""
+        if self.state == "opening":
+            head = self.pending.lstrip()
+            if head.startswith(START):
+                self.state, self.pending = "thinking", head[len(START):]
+            elif START.startswith(head):
+                return "", ""
+            else:
+                self.state = "answering"
+        if self.state == "thinking":
+            at = self.pending.find(END)
+            if at < 0:
+                keep = partial_tag(self.pending, END)
+                cut = len(self.pending) - keep
+                reasoning, self.pending = self.pending[:cut], self.pending[cut:]
+                return reasoning, ""
+            reasoning, self.pending = self.pending[:at], self.pending[at + len(END):]
+            self.state = "answering"
+        if self.state == "answering":
+            content, self.pending = self.pending, ""
+        return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        rest, self.pending = self.pending, ""
+        return (rest, "") if self.state == "thinking" else ("", rest)
