@@ -32,7 +32,7 @@ class Row:
     params: SamplingParams = GREEDY
     prompt_ids: Sequence[int] = ()  # for the repetition penalty
     output_ids: Sequence[int] = ()  # for penalties, and the seeded draw's token index
-    mask: object = None  # tokens a grammar allows next (model.sampling.allowed_tokens' words), or None
+    mask: object = None  # a Future of the tokens allowed next (model.sampling.allowed_tokens' words), or None
 
 
 @dataclass
@@ -93,13 +93,13 @@ class ModelRunner:
 
     def step(self, plan: StepPlan) -> list[Sampled]:
         sampling = [r for r in plan.rows if r.sample]
-        logits = self.logits(plan)
+        logits = self.logits(plan)  # the masks are computed meanwhile
         if not sampling:
             return []
         ids, logprobs, top = self.ops.sample(
             logits, [r.params for r in sampling], [r.prompt_ids for r in sampling],
             [r.output_ids for r in sampling], self.rng, [r.request_id for r in sampling],
-            [r.mask for r in sampling])
+            [None if r.mask is None else r.mask.result() for r in sampling])
         ids = self.ops.to_host(ids)
         return [Sampled(r.request_id, int(ids[i]), logprobs[i], top[i]) for i, r in enumerate(sampling)]
 

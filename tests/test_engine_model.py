@@ -82,3 +82,33 @@ def test_a_constrained_request_changes_nothing_for_its_batch_mates(setup):
     together, text = run(True)
     assert together == alone
     assert re.fullmatch("[a-z]+( [a-z]+)*", text), text
+
+
+def test_masks_are_computed_while_the_forward_pass_runs(setup):
+    """Every constrained step's masks wait until the runner has started its forward pass: were
+    they computed before it (or after it, in the same thread), the step would never finish."""
+    import threading
+
+    import llguidance
+
+    path, tok, prompts = setup
+    forward_started = threading.Event()
+
+    class Runner(ModelRunner):
+        def logits(self, plan):
+            forward_started.set()
+            return super().logits(plan)
+
+    h = Harness(Runner.from_dir(path, num_blocks=128, block_size=4), tok)
+    mask_now = h.s.mask_now
+
+    def mask_after_forward_started(request):
+        assert forward_started.wait(timeout=30), "the mask was wanted before the forward pass began"
+        return mask_now(request)
+
+    h.s.mask_now = mask_after_forward_started
+    rid = h.submit(prompts[0], max_tokens=6, grammar=llguidance.LLMatcher.grammar_from_regex("[a-z]+"))
+    while h.s.has_work:
+        forward_started.clear()
+        h.tick()
+    assert len(h.tokens(rid)) >= 1 and h.text(rid).isalpha()

@@ -3,10 +3,13 @@
 A grammar (llguidance's JSON or Lark text; the server makes it from a JSON schema) is compiled
 once and kept in a bounded LRU as a pristine matcher; each request gets a copy, which follows
 its tokens. Before a row samples, its matcher gives a bitmask of the tokens allowed next (one
-bit per token id, in int32 words), which the sampler applies before its own filters.
+bit per token id, in int32 words), which the sampler applies before its own filters. Masks
+are computed on one thread of their own (llguidance releases the GIL), while the forward pass
+runs on the engine's.
 """
 
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
 import llguidance.numpy as llg_numpy
@@ -22,6 +25,11 @@ class Grammars:
         self.capacity = capacity
         self.compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._llt = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="spool-masks")
+
+    def later(self, fn, *args) -> Future:
+        """fn(*args) on the mask thread, in submission order."""
+        return self._thread.submit(fn, *args)
 
     @property
     def llt(self) -> llguidance.LLTokenizer:

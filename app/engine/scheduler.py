@@ -358,6 +358,14 @@ class Scheduler:
                    output_ids=request.output_ids, mask=self.mask(request))
 
     def mask(self, request: Request):
+        """None when nothing constrains the request; else a Future of its mask, computed on the
+        grammars' thread while the step's forward pass runs (the runner waits for it only to
+        sample). Its matcher is the thread's until then: apply() and fail() come after."""
+        if request.matcher is None and request.params.thinking is None:
+            return None
+        return self.grammars.later(self.mask_now, request)
+
+    def mask_now(self, request: Request):
         """The tokens allowed next: one, when a thinking budget is spent; else what its grammar
         allows; None when nothing constrains it."""
         forced = self.thinking_end(request)
@@ -455,8 +463,11 @@ class Scheduler:
             self.finish(request, "length")
 
     def fail(self, plan: StepPlan, message: str) -> None:
-        """The runner raised: every row of that step ends with an error frame."""
+        """The runner raised: every row of that step ends with an error frame (once its mask,
+        if it has one, is done with its matcher)."""
         for row in plan.rows:
+            if row.mask is not None:
+                row.mask.exception()  # waits; the mask's own error, if any, is the step's
             request = self.requests.get(row.request_id)
             if request is not None and request.state is not State.FINISHED:
                 self.finish(request, "error", error=message)
