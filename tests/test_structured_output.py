@@ -40,9 +40,9 @@ def client(server):
         yield c
 
 
-def answers(client, topic: str, response_format: dict, stream: bool, max_tokens: int) -> list[tuple[str, str]]:
+def answers(client, question: str, response_format: dict, stream: bool, max_tokens: int) -> list[tuple[str, str]]:
     """(finish_reason, text) of both choices of one request (n=2), streamed or not."""
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": f"Describe {topic} as JSON."}], n=2, seed=7,
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": question}], n=2, seed=7,
                   temperature=0.7, max_tokens=max_tokens, response_format=response_format)
     if not stream:
         reply = client.chat.completions.create(**kwargs)
@@ -59,7 +59,7 @@ def answers(client, topic: str, response_format: dict, stream: bool, max_tokens:
 def test_json_schema_output_parses_and_validates_for_20_prompts(client, stream):
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     with ThreadPoolExecutor(len(TOPICS)) as pool:  # all at once: the server batches them
-        results = list(pool.map(lambda t: answers(client, t, fmt, stream, 150), TOPICS))
+        results = list(pool.map(lambda t: answers(client, f"Describe {t} as JSON.", fmt, stream, 150), TOPICS))
     assert len(results) == 20 and all(len(r) == 2 for r in results)
     for reason, text in (a for r in results for a in r):
         assert reason == "stop", text
@@ -67,15 +67,18 @@ def test_json_schema_output_parses_and_validates_for_20_prompts(client, stream):
     assert len({text for r in results for _, text in r}) > 20  # real answers, not one canned string
 
 
-def test_json_object_output_is_an_object_whenever_it_ends(client):
-    """Any JSON object: this 135M model often writes objects longer than max_tokens (22 of 40
-    ended within 300 tokens when measured), so what is checked is that every answer that ended
-    parses as an object, and that a fair share end."""
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_json_object_output_is_an_object_whenever_it_ends(client, stream):
+    """Any JSON object: this 135M model now and then nests lists until max_tokens (37 of 40
+    answers ended within 600 tokens when measured, 36 within 300), so what is checked is that
+    every answer that ended parses as an object, and that most end."""
     with ThreadPoolExecutor(len(TOPICS)) as pool:
-        results = list(pool.map(lambda t: answers(client, t, {"type": "json_object"}, False, 300), TOPICS))
+        results = list(pool.map(lambda t: answers(client, f"Give a JSON object with the name and age of {t}.",
+                                                  {"type": "json_object"}, stream, 300), TOPICS))
     ended = [text for r in results for reason, text in r if reason == "stop"]
-    assert len(ended) >= 10, f"only {len(ended)} of 40 ended"
+    assert len(ended) >= 30, f"only {len(ended)} of 40 ended"
     assert all(isinstance(json.loads(text), dict) for text in ended)
+    assert len(set(ended)) > 20
 
 
 def test_a_format_that_cannot_finish_in_max_tokens_ends_with_length(server, client):
