@@ -153,3 +153,20 @@ def test_tool_choice_none_answers_in_text(client):
     assert reply.choices[0].message.content and reply.choices[0].message.tool_calls is None
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=ask("Rome"), tool_choice="required", max_tokens=5)
+
+
+async def test_the_websocket_done_frame_carries_the_calls(server):
+    import trio
+    from trio_websocket import open_websocket_url
+
+    async with open_websocket_url(f"ws://127.0.0.1:{server.port}/v1/ws") as ws:
+        await ws.send_message(json.dumps({"type": "generate", "id": "t", "messages": ask("Oslo"), "tools": TOOLS,
+                                          "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 80}))
+        text = ""
+        with trio.fail_after(120):
+            while (frame := json.loads(await ws.get_message()))["type"] == "delta":
+                text += frame["text"]
+    assert frame["type"] == "done", frame
+    choice = frame["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and text.startswith("<tool_call>")
+    check_calls([(c["function"]["name"], c["function"]["arguments"]) for c in choice["tool_calls"]])

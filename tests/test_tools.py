@@ -175,3 +175,27 @@ def test_a_parameters_schema_llguidance_cannot_read_does_not_compile(grammars):
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "$ref": "#/nowhere"}}}
     with pytest.raises(ValueError, match="nowhere"):  # the server's 400: tests/test_tool_calling.py
         grammars.pristine(ToolUse.of(request(tools=[bad], tool_choice="required")).grammar())
+
+
+def test_a_template_that_knows_tools_renders_them_itself(tiny_dir, tmp_path):
+    import shutil
+
+    from app.server.generation import chat_prompt
+
+    model = shutil.copytree(tiny_dir, tmp_path / "tools-template")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% if tools %}[tools:{% for t in tools %} {{ t.function.name }}{% endfor %}]{% endif %}"
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}call {{ c.function.name }} {{ c.function.arguments | tojson }}{% endfor %}"
+        "{% endfor %}")
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = Tokenizer(model)
+    assert tok.template_takes_tools
+    req = request(tools=[WEATHER, CLOCK], messages=[
+        {"role": "user", "content": "Rome?"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                              "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])
+    text = tok.decode(chat_prompt(tok, req.messages, ToolUse.of(req), True), skip_special_tokens=False)
+    assert text == '[tools: get_weather get_time]<user>Rome?<assistant>call get_weather {"city": "Rome"}<tool>sunny'
