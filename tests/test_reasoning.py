@@ -91,3 +91,41 @@ def test_the_stream_carries_reasoning_then_content(server):
     assert reasoning and content
     first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
     assert not any(d.get("reasoning_content") for d in deltas[first_content:])
+
+
+@pytest.mark.parametrize("opened_by", ["template", "model"])
+def test_an_output_format_applies_to_the_answer_after_the_thinking(server, opened_by):
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "yes_no", "schema": {
+        "type": "string", "enum": ["yes", "no"]}}}, "max_thinking_tokens": 4}
+    if opened_by == "model":  # the prompt ends at the assistant tag; a bias makes the model open the thinking
+        think = Tokenizer(server.model).think_ids[0]
+        body.update(messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}],
+                    add_generation_prompt=False, logit_bias={str(think): 5})
+    choice = chat(server, **body, ignore_eos=False)
+    assert "</think>" in tokens(choice)
+    assert choice["message"]["reasoning_content"] and choice["message"]["content"] in ('"yes"', '"no"')
+    assert choice["finish_reason"] == "stop"
+
+
+def test_thinking_tags_that_are_plain_text_bound_the_thought_by_their_bytes(tiny_dir):
+    """For a vocabulary where </think> is ordinary text (no added token), the thought is a lazy
+    lexeme that ends at the first </think>."""
+    from types import SimpleNamespace
+
+    import llguidance
+
+    from app.engine.grammar import Grammars
+    from app.server.reasoning import after_thinking
+
+    grammars = Grammars(Tokenizer(tiny_dir))
+    text_tags = SimpleNamespace(think_ids=(0, 0), hf=SimpleNamespace(get_added_tokens_decoder=dict))
+    answer = llguidance.LLMatcher.grammar_from_regex("(yes|no)")
+
+    def accepts(inside: bool, text: str) -> bool:
+        matcher = grammars.matcher(after_thinking(text_tags, answer, inside))
+        ids = grammars.tokenizer.encode(text, add_special_tokens=False)
+        return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+    assert accepts(True, "weigh it up</think>yes") and not accepts(True, "weigh it up</think>maybe")
+    assert not accepts(True, "no")  # the thinking was opened: it must close first
+    assert accepts(False, "no") and accepts(False, "<think>hmm</think>yes") and not accepts(False, "hmm</think>yes")

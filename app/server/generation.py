@@ -16,7 +16,7 @@ from app.engine import Draining, EngineError, Frame, GenerationParams, Overloade
 from app.server.errors import APIError
 from app.server.formats import grammar
 from app.server.schemas import ChatCompletionRequest, UsageInfo
-from app.server.reasoning import ReasoningParser, budget, opens_thinking
+from app.server.reasoning import ReasoningParser, after_thinking, budget, opens_thinking
 from app.server.tools import ToolCallParser, ToolUse, prompt_messages
 from model.sampling import SamplingParams
 from model.tokenizer import ChatTemplateError
@@ -251,8 +251,11 @@ def start_generation(engine, tokenizer, req, id_prefix: str) -> Generation:
                           lambda index: generation_params(req, index, grammar_text), id_prefix, field)
     prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt)
     thinking = budget(tokenizer, prompt, req.max_thinking_tokens)
+    inside = opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None
+    if grammar_text is not None and inside is not None:
+        grammar_text = after_thinking(tokenizer, grammar_text, inside)
     return Generation(engine, [prompt], req.n, lambda index: generation_params(req, index, grammar_text, thinking),
-                      id_prefix, field, tools, opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None)
+                      id_prefix, field, tools, inside)
 
 
 def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_prompt: bool) -> list[int]:

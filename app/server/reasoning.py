@@ -4,7 +4,10 @@ A model thinks when its vocabulary has `<think>` and `</think>` tokens (Qwen3, D
 their kin). The thinking is the text from the start of the output (the chat template may have
 written `<think>` already) or from a `<think>` the output opens with, up to `</think>`.
 max_thinking_tokens makes the engine write `</think>` once that many tokens were thought.
+An output format or tool grammar applies to the answer after the thinking, as vLLM's does.
 """
+
+import json
 
 from app.engine import ThinkingBudget
 from app.server.tools import partial_tag
@@ -26,6 +29,20 @@ def budget(tokenizer, prompt: list[int], max_thinking_tokens: int | None) -> Thi
         return None
     start, end = tokenizer.think_ids
     return ThinkingBudget((end,), max_thinking_tokens, None if opens_thinking(tokenizer, prompt) else start)
+
+
+def after_thinking(tokenizer, grammar: str, inside: bool) -> str:
+    """The grammar, for the answer only: free thinking comes first (it is there already when
+    inside; else the model may open it, or answer at once)."""
+    answer = json.loads(grammar)["grammars"] if grammar.lstrip().startswith("{") else [{"lark_grammar": grammar}]
+    answer[0] = {**answer[0], "name": "answer"}
+    start, end = tokenizer.think_ids
+    if end in tokenizer.hf.get_added_tokens_decoder():  # llguidance keeps added tokens out of text
+        open_tag, body, rules = f"<[{start}]>", f"THOUGHT <[{end}]>", r"THOUGHT: /(.|\n)*/"
+    else:
+        open_tag, body, rules = json.dumps(START), "thought", r"thought[lazy]: /(.|\n)*<\/think>/"
+    top = f"start: {body} @answer" if inside else f"start: {open_tag} {body} @answer | @answer"
+    return json.dumps({"grammars": [{"lark_grammar": f"{top}\n{rules}\n"}, *answer]})
 
 
 class ReasoningParser:
