@@ -132,9 +132,9 @@ BAD = [
                                                  {"type": "image_url", "image_url": {"url": "data:,x"}}]}]}, 400),
     *[(f"unsupported {field}", path, {**base, field: value}, 400) for field, path, base, value in [
         ("functions", "/v1/chat/completions", {"messages": QUESTION}, [{"name": "f", "parameters": {}}]),
-        ("tools", "/v1/chat/completions", {"messages": QUESTION},
+        ("tools", "/v1/completions", {"prompt": "x"},  # chat only
          [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ("tool_choice", "/v1/chat/completions", {"messages": QUESTION}, "required"),
+        ("tool_choice", "/v1/chat/completions", {"messages": QUESTION}, "required"),  # with no tools
         ("audio", "/v1/chat/completions", {"messages": QUESTION}, {"voice": "alloy", "format": "wav"}),
         ("modalities", "/v1/chat/completions", {"messages": QUESTION}, ["text", "audio"]),
         ("suffix", "/v1/completions", {"prompt": "x"}, "y"),
