@@ -41,7 +41,8 @@ def add_arguments(parser) -> None:
     a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     a("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     a("--backend", choices=BACKENDS, default="auto",
-      help="numerics backend: auto picks cuda when CuPy is installed and sees a GPU, else cpu (default: auto)")
+      help="numerics backend: auto picks cuda when CuPy is installed and sees a GPU, else cpu (numba kernels);"
+           " numpy is the plain NumPy reference (default: auto)")
     a("--dtype", choices=DTYPES, default="auto",
       help="weights, activations and KV cache: cuda takes all three (auto: bfloat16), cpu float32 only (default: auto)")
     a("--max-seqs", type=int, default=64, help="most requests running at once (default: 64)")

@@ -1,11 +1,14 @@
 """--backend and --dtype, resolved once per process to an ops module for model/llama.py.
 
-cpu: NumPy in float32 (the reference). cuda: Spool's kernels through CuPy, in float16 when the
+cpu: numba kernels beside OpenBLAS GEMMs, in float32 (model/ops/numba_ops.py). numpy: NumPy
+alone in float32, the reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when the
 checkpoint says it was trained in float16, else bfloat16, unless --dtype says otherwise. auto:
 cuda when CuPy is installed and sees a device, else cpu. Every refusal is a ValueError of one
 line that says what to do instead.
 """
 
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +17,9 @@ from model.llama import Llama
 from model.ops import numpy_ops
 from model.runner import load_model
 
-BACKENDS = ("auto", "cpu", "cuda")
+log = logging.getLogger("spool.model")
+
+BACKENDS = ("auto", "cpu", "numpy", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 # What the attention kernels hold in registers (cuda/decode_attention.cu, prefill_attention.cu).
 CUDA_MAX_HEAD_DIM = 128
@@ -51,10 +56,10 @@ def cuda_available() -> bool:
 def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     if backend == "auto":
         backend = "cuda" if cuda_available() else "cpu"
-    if backend == "cpu":
+    if backend in ("cpu", "numpy"):
         if dtype not in ("auto", "float32"):
             raise ValueError(f"the CPU backend computes in float32; --dtype {dtype} needs --backend cuda")
-        return Backend("cpu", "float32", numpy_ops)
+        return Backend(backend, "float32", numpy_ops if backend == "numpy" else cpu_kernels())
     try:
         from model.ops import cupy_ops
     except ImportError:
@@ -63,6 +68,17 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     if not cupy_ops.available():
         raise ValueError("--backend cuda: CuPy sees no CUDA device (or no driver); use --backend cpu")
     return Backend("cuda", dtype)
+
+
+def cpu_kernels():
+    """model/ops/numba_ops.py, whose import compiles the kernels or reads them from numba's cache."""
+    started = time.monotonic()
+    from model.ops import numba_ops
+
+    took = time.monotonic() - started
+    if took > 2:
+        log.info(f"compiled the CPU kernels in {took:.0f} s (once per machine: later starts read numba's cache)")
+    return numba_ops
 
 
 def check_model(backend: Backend, config: ModelConfig) -> None:

@@ -1,7 +1,7 @@
 """Model-only throughput on the CPU backend: prefill of one 512-token prompt, and decode steps at
-batch 1, 8 and 32 (no scheduler, no HTTP).
+batch 1, 8, 32 and 64 (no scheduler, no HTTP).
 
-    python tools/bench_model.py [--model DIR|FILE.gguf] [--context 256] [--steps 16]
+    python tools/bench_model.py [--model DIR|FILE.gguf] [--backend cpu|numpy] [--context 256] [--steps 16]
 
 Each decode row has its own prompt of --context tokens already in the cache, so attention reads
 real K/V. Times are the median over repeats after one warm-up step.
@@ -17,8 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import model  # noqa: E402, F401  (first: it sets the thread pools' environment before NumPy loads)
 import numpy as np  # noqa: E402
 
+from model.backend import resolve  # noqa: E402
 from model.default import resolve_model  # noqa: E402
 from model.runner import ModelRunner, Row, StepPlan  # noqa: E402
 
@@ -75,7 +77,9 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--context", type=int, default=256, help="tokens already cached per decode row")
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--backend", default="cpu", choices=("cpu", "numpy"),
+                        help="cpu: numba kernels (the server's default); numpy: the reference")
     args = parser.parse_args()
 
     from model.tokenizer import Tokenizer
@@ -84,10 +88,11 @@ def main() -> None:
     ids = Tokenizer(model_dir).encode(TEXT)
     batches = [int(b) for b in args.batches.split(",")]
     need = max(batches) * -(-(args.context + args.steps + 1) // 16) + 64
-    runner = ModelRunner.from_dir(model_dir, num_blocks=need, seed=0)
+    backend = resolve(args.backend)
+    runner = ModelRunner.from_dir(model_dir, num_blocks=need, ops=backend.ops, seed=0)
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, {blas_info()}")
-    print(f"# model {model_dir.name}, float32, context {args.context} per decode row")
+    print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), context {args.context} per decode row")
     print("| measurement | tok/s | ms/step |")
     print("| --- | ---: | ---: |")
     rate = bench_prefill(runner, ids[:args.prompt_tokens], repeats=3)

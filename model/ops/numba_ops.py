@@ -1,0 +1,224 @@
+"""The fast CPU backend: numba kernels for the ops that hold a step's time; NumPy (numpy_ops,
+the oracle) for everything else, and for the GEMMs, which OpenBLAS does best at float32.
+
+Kernels compile once per machine (`cache=True`, into numba's cache beside this file or under
+NUMBA_CACHE_DIR) and run on all cores through `prange`. What each replaces, and why:
+- decode attention reads K/V in place through the block table, one block at a time, with an
+  online softmax; the query heads of a KV head share each K/V load; (row, KV head) pairs run in
+  parallel. NumPy must gather every row's blocks into a padded copy first. Rows with several
+  query tokens (prefill chunks) keep NumPy's batched matmuls, which are faster there;
+- the residual add with RMSNorm, rotary, and SiLU-and-mul are one pass each, in place where
+  NumPy makes temporaries.
+
+OpenBLAS's worker threads spin for a while after each call, and so do numba's: model/__init__.py
+shortens both before NumPy loads. Every kernel is compiled for C-contiguous float32 arrays when
+this module is imported (about 5 s the first time on a machine, then read from the cache).
+"""
+
+import types
+
+import numpy as np
+from numba import njit, prange
+
+from model.ops import numpy_ops
+from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, unchanged)
+    asarray,
+    embedding,
+    linear,
+    logits,
+    release,
+    sample,
+    storage_dtype,
+    to_host,
+    weight,
+    write_kv,
+    zeros,
+)
+
+name = "numba"
+
+# Below this many elements of work an op runs on one core: waking the other costs more.
+PARALLEL_WORK = 1 << 15
+
+
+def kernel(signature: str):
+    """The function compiled twice when the module loads, for C-contiguous arrays: on every
+    core (prange splits) and on one (prange is range). The serial twin is a copy under
+    another name: numba's cache keys on the name, not the flags."""
+    def compile_both(fn):
+        twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__,
+                                  fn.__closure__)
+        twin.__qualname__ = fn.__qualname__ + "_serial"
+        serial = njit(signature, fastmath=True, cache=True, nogil=True)(twin)
+        parallel = njit(signature, parallel=True, fastmath=True, cache=True, nogil=True)(fn)
+
+        def run(work: int, *args):
+            return (parallel if work >= PARALLEL_WORK else serial)(*args)
+        return run
+    return compile_both
+
+
+F1, F2, F3, F4, I1, I2 = "float32[::1]", "float32[:, ::1]", "float32[:, :, ::1]", "float32[:, :, :, ::1]", \
+    "int64[::1]", "int64[:, ::1]"
+
+
+@kernel(f"void({F2}, {F2}, {F1}, float32, {F2})")
+def _add_rms_norm(x, delta, weight, eps, out):
+    tokens, hidden = x.shape
+    for t in prange(tokens):
+        total = np.float32(0.0)
+        for i in range(hidden):
+            v = x[t, i] + delta[t, i]
+            x[t, i] = v
+            total += v * v
+        inv = np.float32(1.0) / np.sqrt(total / np.float32(hidden) + np.float32(eps))
+        for i in range(hidden):
+            out[t, i] = x[t, i] * inv * weight[i]
+
+
+@kernel(f"void({F2}, {F1}, float32, {F2})")
+def _rms_norm(x, weight, eps, out):
+    rows, dim = x.shape
+    for t in prange(rows):
+        total = np.float32(0.0)
+        for i in range(dim):
+            total += x[t, i] * x[t, i]
+        inv = np.float32(1.0) / np.sqrt(total / np.float32(dim) + np.float32(eps))
+        for i in range(dim):
+            out[t, i] = x[t, i] * inv * weight[i]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    flat = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    out = np.empty_like(flat)
+    _rms_norm(flat.size, flat, weight, np.float32(eps), out)
+    return out.reshape(x.shape)
+
+
+def add_rms_norm(x: np.ndarray, delta: np.ndarray | None, weight: np.ndarray, eps: float):
+    """x += delta in place (none before the first layer), then (x, rms_norm(x)), in one pass."""
+    if delta is None:
+        return x, rms_norm(x, weight, eps)
+    out = np.empty_like(x)
+    _add_rms_norm(x.size, x, np.ascontiguousarray(delta), weight, np.float32(eps), out)
+    return x, out
+
+
+@kernel(f"void({F3}, {F2}, {F2}, {F3})")
+def _rope(x, cos, sin, out):
+    tokens, heads, dim = x.shape
+    half = dim // 2
+    for t in prange(tokens):
+        for h in range(heads):
+            for i in range(half):
+                a, b = x[t, h, i], x[t, h, half + i]
+                out[t, h, i] = a * cos[t, i] - b * sin[t, i]
+                out[t, h, half + i] = b * cos[t, i] + a * sin[t, i]
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    out = np.empty(x.shape, dtype=np.float32)
+    _rope(x.size, np.ascontiguousarray(x), np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32), out)
+    return out
+
+
+@kernel(f"void({F2}, {F2})")
+def _silu_and_mul(gate_up, out):
+    tokens, width = out.shape
+    for t in prange(tokens):
+        for i in range(width):
+            g = gate_up[t, i]
+            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, width + i]
+
+
+def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)
+    _silu_and_mul(out.size, np.ascontiguousarray(gate_up), out)
+    return out
+
+
+class AttentionPlan:
+    """A step's attention, planned once for every layer: decode rows (one query token) for the
+    kernel, the other rows as numpy_ops chunks."""
+
+    def __init__(self, query_lens, context_lens, block_tables, block_size):
+        starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)
+        decode = [r for r, n in enumerate(query_lens) if n == 1]
+        others = [r for r, n in enumerate(query_lens) if n != 1]
+        self.token = starts[decode]
+        self.context = np.array([context_lens[r] for r in decode], dtype=np.int64)
+        width = max((-(-int(c) // block_size) for c in self.context), default=0)
+        self.tables = np.zeros((len(decode), width), dtype=np.int64)
+        for i, r in enumerate(decode):
+            used = -(-context_lens[r] // block_size)
+            self.tables[i, :used] = block_tables[r][:used]
+        # the other rows' tokens, gathered into a step of their own for numpy_ops
+        self.index = np.concatenate([np.arange(starts[r], starts[r] + query_lens[r]) for r in others]) \
+            if others else np.zeros(0, dtype=np.int64)
+        self.chunks = numpy_ops.attention_meta(
+            [query_lens[r] for r in others], [context_lens[r] for r in others],
+            [block_tables[r] for r in others], block_size) if others else []
+
+
+def attention_meta(query_lens, context_lens, block_tables, block_size) -> AttentionPlan:
+    return AttentionPlan(list(query_lens), list(context_lens), block_tables, block_size)
+
+
+@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I1}, {I2}, float32, {F2})")
+def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
+    """One query token per row: out[token[r]] = softmax(q K^T * scale) V over the row's
+    context[r] cached positions, block by block with a running max and sum per query head."""
+    rows = token.shape[0]
+    heads, dim = q.shape[1], q.shape[2]
+    kv_heads, block_size = cache_k.shape[0], cache_k.shape[2]
+    group = heads // kv_heads
+    for job in prange(rows * kv_heads):
+        r, kh = job // kv_heads, job % kv_heads
+        t, n = token[r], context[r]
+        qs = np.empty((group, dim), dtype=np.float32)
+        acc = np.zeros((group, dim), dtype=np.float32)
+        m = np.full(group, -np.inf, dtype=np.float32)
+        total = np.zeros(group, dtype=np.float32)
+        s = np.empty((group, block_size), dtype=np.float32)
+        for g in range(group):
+            for d in range(dim):
+                qs[g, d] = q[t, kh * group + g, d] * scale
+        for b in range(-(-n // block_size)):
+            block = tables[r, b]
+            keys = min(block_size, n - b * block_size)
+            for i in range(keys):
+                for g in range(group):
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += qs[g, d] * cache_k[kh, block, i, d]
+                    s[g, i] = dot
+            for g in range(group):
+                top = m[g]
+                for i in range(keys):
+                    top = max(top, s[g, i])
+                correction = np.exp(m[g] - top)
+                m[g] = top
+                total[g] *= correction
+                for d in range(dim):
+                    acc[g, d] *= correction
+                for i in range(keys):
+                    p = np.exp(s[g, i] - top)
+                    total[g] += p
+                    for d in range(dim):
+                        acc[g, d] += p * cache_v[kh, block, i, d]
+        for g in range(group):
+            inv = np.float32(1.0) / total[g]
+            for d in range(dim):
+                out[t, (kh * group + g) * dim + d] = acc[g, d] * inv
+
+
+def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
+                    plan: AttentionPlan, scale: float) -> np.ndarray:
+    tokens, heads, dim = q.shape
+    out = np.empty((tokens, heads * dim), dtype=np.float32)
+    if len(plan.token):
+        work = int(plan.context.sum()) * heads * dim
+        _decode_attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.token, plan.context, plan.tables, np.float32(scale), out)
+    if plan.chunks:
+        out[plan.index] = numpy_ops.paged_attention(q[plan.index], cache_k, cache_v, plan.chunks, scale)
+    return out

@@ -1,0 +1,83 @@
+"""Every numba kernel against its NumPy twin (model/ops/numpy_ops.py, the oracle) on random
+inputs at ragged shapes."""
+
+import numpy as np
+import pytest
+
+from model.ops import numba_ops, numpy_ops
+
+RTOL = dict(rtol=2e-5, atol=2e-5)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("tokens, hidden", [(1, 8), (3, 576), (17, 100)])
+def test_add_rms_norm_matches_numpy(rng, tokens, hidden):
+    x = rng.standard_normal((tokens, hidden), dtype=np.float32)
+    delta = rng.standard_normal((tokens, hidden), dtype=np.float32)
+    weight = rng.standard_normal(hidden, dtype=np.float32)
+    want_x, want = numpy_ops.add_rms_norm(x.copy(), delta, weight, 1e-5)
+    got_x, got = numba_ops.add_rms_norm(x.copy(), delta, weight, 1e-5)
+    np.testing.assert_allclose(got_x, want_x, **RTOL)
+    np.testing.assert_allclose(got, want, **RTOL)
+    _, first = numba_ops.add_rms_norm(x.copy(), None, weight, 1e-5)  # the first layer: nothing to add
+    np.testing.assert_allclose(first, numpy_ops.rms_norm(x, weight, 1e-5), **RTOL)
+
+
+def test_rms_norm_over_heads_matches_numpy(rng):  # Qwen3's q_norm and k_norm: (tokens, heads, head_dim)
+    x = rng.standard_normal((5, 3, 16), dtype=np.float32)
+    weight = rng.standard_normal(16, dtype=np.float32)
+    np.testing.assert_allclose(numba_ops.rms_norm(x, weight, 1e-6), numpy_ops.rms_norm(x, weight, 1e-6), **RTOL)
+
+
+@pytest.mark.parametrize("tokens, heads, dim", [(1, 1, 2), (7, 9, 64), (3, 2, 128)])
+def test_rope_matches_numpy(rng, tokens, heads, dim):
+    x = rng.standard_normal((tokens, heads, dim), dtype=np.float32)
+    angles = rng.uniform(0, 100, (tokens, dim // 2))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    np.testing.assert_allclose(numba_ops.rope(x, cos, sin), numpy_ops.rope(x, cos, sin), **RTOL)
+
+
+@pytest.mark.parametrize("tokens, width", [(1, 4), (5, 1536), (33, 7)])
+def test_silu_and_mul_matches_numpy(rng, tokens, width):
+    gate_up = rng.standard_normal((tokens, 2 * width), dtype=np.float32) * 4
+    np.testing.assert_allclose(numba_ops.silu_and_mul(gate_up), numpy_ops.silu_and_mul(gate_up.copy()), **RTOL)
+
+
+@pytest.mark.parametrize("query_lens, context_lens, heads, kv_heads, dim, block_size", [
+    ([1], [1], 1, 1, 8, 4),  # one cached position
+    ([1, 1, 1], [5, 16, 37], 9, 3, 64, 16),  # decode rows: ragged contexts, GQA groups of 3
+    ([1, 6, 1, 3], [9, 6, 30, 40], 4, 2, 32, 4),  # decode rows beside prefill chunks on a cached prefix
+    ([5], [5], 2, 2, 16, 16),  # prefill only
+])
+def test_paged_attention_matches_numpy(rng, query_lens, context_lens, heads, kv_heads, dim, block_size):
+    blocks = 64
+    cache_k = rng.standard_normal((kv_heads, blocks, block_size, dim), dtype=np.float32)
+    cache_v = rng.standard_normal((kv_heads, blocks, block_size, dim), dtype=np.float32)
+    free = list(rng.permutation(blocks))  # each row's blocks scattered through the cache
+    tables = [[int(free.pop()) for _ in range(-(-c // block_size))] for c in context_lens]
+    q = rng.standard_normal((sum(query_lens), heads, dim), dtype=np.float32)
+    want = numpy_ops.paged_attention(q, cache_k, cache_v,
+                                     numpy_ops.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
+    got = numba_ops.paged_attention(q, cache_k, cache_v,
+                                    numba_ops.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_whole_model_step_matches_numpy(tiny_dir):
+    """The tiny model through both backends: a prefill step, then a step that mixes a prefill
+    chunk on a cached prefix with decode rows; the logits agree to float32 rounding."""
+    from model.runner import ModelRunner, Row, StepPlan
+
+    runners = [ModelRunner.from_dir(tiny_dir, num_blocks=32, block_size=4, ops=ops) for ops in (numpy_ops, numba_ops)]
+    prompts = [[5, 9, 11, 30, 2, 7], [40, 41, 42], [3] * 13]
+    tables = [[0, 1], [2], [3, 4, 5, 6]]
+    first = StepPlan([Row(i, p, 0, t, sample=True) for i, (p, t) in enumerate(zip(prompts, tables))])
+    second = StepPlan([Row(0, [8], 6, tables[0] + [7], sample=True), Row(1, [50], 3, tables[1] + [8]),
+                       Row(2, [4, 4, 4], 13, tables[2] + [9], sample=True)])
+    for plan in (first, second):
+        want, got = (runner.logits(plan) for runner in runners)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
