@@ -1,6 +1,7 @@
 """--backend and --dtype, resolved once per process to an ops module for model/llama.py.
 
-cpu: numba kernels beside OpenBLAS GEMMs, in float32 (model/ops/numba_ops.py). numpy: NumPy
+cpu: numba kernels beside OpenBLAS GEMMs (model/ops/numba_ops.py), with float32 weights, or
+Q8_0 8-bit ones with --dtype q8_0 (model/ops/q8.py). numpy: NumPy
 alone in float32, the reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when the
 checkpoint says it was trained in float16, else bfloat16, unless --dtype says otherwise. auto:
 cuda when CuPy is installed and sees a device, else cpu. Every refusal is a ValueError of one
@@ -20,7 +21,7 @@ from model.runner import load_model
 log = logging.getLogger("spool.model")
 
 BACKENDS = ("auto", "cpu", "numpy", "cuda")
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "q8_0")
 # What the attention kernels hold in registers (cuda/decode_attention.cu, prefill_attention.cu).
 CUDA_MAX_HEAD_DIM = 128
 CUDA_MAX_GROUP = 8
@@ -56,10 +57,17 @@ def cuda_available() -> bool:
 def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     if backend == "auto":
         backend = "cuda" if cuda_available() else "cpu"
-    if backend in ("cpu", "numpy"):
+    if backend == "numpy":
         if dtype not in ("auto", "float32"):
-            raise ValueError(f"the CPU backend computes in float32; --dtype {dtype} needs --backend cuda")
-        return Backend(backend, "float32", numpy_ops if backend == "numpy" else cpu_kernels())
+            raise ValueError(f"the numpy backend computes in float32; --dtype {dtype} needs --backend cpu or cuda")
+        return Backend(backend, "float32", numpy_ops)
+    if backend == "cpu":
+        if dtype not in ("auto", "float32", "q8_0"):
+            raise ValueError(f"the CPU backend keeps weights in float32 or q8_0; --dtype {dtype} needs --backend cuda")
+        kernels = cpu_kernels()
+        if dtype == "q8_0":
+            return Backend("cpu", "q8_0", kernels.with_q8_weights())
+        return Backend("cpu", "float32", kernels)
     try:
         from model.ops import cupy_ops
     except ImportError:
@@ -67,6 +75,8 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
                          " or use --backend cpu") from None
     if not cupy_ops.available():
         raise ValueError("--backend cuda: CuPy sees no CUDA device (or no driver); use --backend cpu")
+    if dtype == "q8_0":
+        raise ValueError("--dtype q8_0 is for --backend cpu; the CUDA kernels take bfloat16, float16 or float32")
     return Backend("cuda", dtype)
 
 

@@ -1,7 +1,7 @@
 """Model-only throughput on the CPU backend: prefill of one 512-token prompt, and decode steps at
 batch 1, 8, 32 and 64 (no scheduler, no HTTP).
 
-    python tools/bench_model.py [--model DIR|FILE.gguf] [--backend cpu|numpy] [--context 256] [--steps 16]
+    python tools/bench_model.py [--model DIR|FILE.gguf] [--backend cpu|numpy] [--dtype float32|q8_0] [--context 256] [--steps 16]
 
 Each decode row has its own prompt of --context tokens already in the cache, so attention reads
 real K/V. Times are the median over repeats after one warm-up step.
@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--backend", default="cpu", choices=("cpu", "numpy"),
                         help="cpu: numba kernels (the server's default); numpy: the reference")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "q8_0"), help="weights on --backend cpu")
     args = parser.parse_args()
 
     from model.tokenizer import Tokenizer
@@ -88,7 +89,7 @@ def main() -> None:
     ids = Tokenizer(model_dir).encode(TEXT)
     batches = [int(b) for b in args.batches.split(",")]
     need = max(batches) * -(-(args.context + args.steps + 1) // 16) + 64
-    backend = resolve(args.backend)
+    backend = resolve(args.backend, args.dtype)
     runner = ModelRunner.from_dir(model_dir, num_blocks=need, ops=backend.ops, seed=0)
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, {blas_info()}")

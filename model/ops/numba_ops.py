@@ -24,10 +24,9 @@ import numpy as np
 from numba import njit, prange
 
 from model.ops import numpy_ops
+from model.ops import q8
 from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, as numpy_ops has it)
     asarray,
-    embedding,
-    linear,
     release,
     storage_dtype,
     to_host,
@@ -38,6 +37,32 @@ from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, a
 from model.sampling import seeded_uniform
 
 name = "numba"
+SURFACE = ("name", "storage_dtype", "asarray", "to_host", "zeros", "weight", "embedding", "linear", "logits",
+           "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv", "attention_meta", "paged_attention",
+           "sample", "release")
+
+
+def with_q8_weights() -> types.SimpleNamespace:
+    """These ops, with every 2-D weight whose rows split into blocks of 32 kept in Q8_0
+    (model/ops/q8.py): the projections, the embedding and the LM head."""
+    ops = types.SimpleNamespace(**{op: globals()[op] for op in SURFACE})
+    ops.weight = lambda w: q8.quantize(w) if q8.quantizable(w) else weight(w)
+    return ops
+
+
+def embedding(table, token_ids: np.ndarray) -> np.ndarray:
+    if isinstance(table, q8.Q8Weight):
+        return q8.dequantize(table, token_ids)
+    return table[token_ids]
+
+
+def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
+    if not isinstance(w, q8.Q8Weight):
+        return numpy_ops.linear(x, w, bias)
+    out = q8.matmul(x, w)
+    if bias is not None:
+        out += bias
+    return out
 
 # Below this many elements of work an op runs on one core: waking the other costs more.
 PARALLEL_WORK = 1 << 15
@@ -226,8 +251,10 @@ def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
     return out
 
 
-def logits(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def logits(x: np.ndarray, w) -> np.ndarray:
     """The LM head, C-ordered: at 8 rows and up x @ w.T is as fast as numpy_ops' (w @ x.T).T."""
+    if isinstance(w, q8.Q8Weight):
+        return q8.matmul(x, w)
     return x @ w.T if x.shape[0] >= 8 else np.ascontiguousarray(linear(x, w))
 
 

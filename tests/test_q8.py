@@ -1,0 +1,100 @@
+"""Q8_0 weights (model/ops/q8.py): the kernels against NumPy on ragged shapes, and the 8-bit
+default model against its float32 self, teacher-forced over 2,000 tokens of real text."""
+
+import numpy as np
+import pytest
+
+from model.backend import resolve
+from model.default import default_model_dir
+from model.ops import q8
+from model.runner import ModelRunner, Row, StepPlan
+from model.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def test_quantized_blocks_round_trip_within_half_a_step(rng):
+    w = rng.standard_normal((7, 96), dtype=np.float32) * np.array([1e-3, 1, 100], dtype=np.float32).repeat(32)
+    w[0, :32] = 0  # an all-zero block
+    qw = q8.quantize(w)
+    assert qw.q.dtype == np.int8 and qw.scale.shape == (7, 3) and qw.nbytes == 7 * 96 + 7 * 3 * 4
+    step = np.repeat(qw.scale, 32, axis=1)
+    assert np.all(np.abs(q8.dequantize(qw) - w) <= step / 2 + 1e-6 * np.abs(w))
+    assert not q8.quantizable(np.zeros((4, 48), dtype=np.float32)) and not q8.quantizable(np.zeros(64))
+
+
+@pytest.mark.parametrize("tokens", [1, 2, q8.GEMV_ROWS, q8.GEMV_ROWS + 1, 37])
+@pytest.mark.parametrize("out_dim, in_dim", [(1, 32), (7, 64), (1030, 576)])
+def test_the_8bit_matmul_is_the_dequantized_one(rng, tokens, out_dim, in_dim):
+    qw = q8.quantize(rng.standard_normal((out_dim, in_dim), dtype=np.float32))
+    x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
+    want = x @ q8.dequantize(qw).T
+    np.testing.assert_allclose(q8.matmul(x, qw), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_the_embedding_reads_dequantized_rows(rng):
+    from model.ops import numba_ops
+
+    table = q8.quantize(rng.standard_normal((50, 64), dtype=np.float32))
+    ids = np.array([3, 3, 49, 0])
+    np.testing.assert_array_equal(numba_ops.embedding(table, ids), q8.dequantize(table)[ids])
+
+
+@pytest.fixture(scope="module")
+def smol():
+    path = default_model_dir()
+    runners = {dtype: ModelRunner.from_dir(path, num_blocks=160, ops=resolve("cpu", dtype).ops)
+               for dtype in ("float32", "q8_0")}
+    return runners, Tokenizer(path)
+
+
+def every_position_logits(runner: ModelRunner, ids: list[int], chunk: int = 250) -> np.ndarray:
+    """Logits after every token: each token a one-token row on one block table, so a step
+    writes its K/V before any row attends (prefill, read position by position)."""
+    table = list(range(runner.num_blocks))
+    out = []
+    for start in range(0, len(ids), chunk):
+        rows = [Row(p, [ids[p]], p, table, sample=True) for p in range(start, min(start + chunk, len(ids)))]
+        out.append(np.asarray(runner.logits(StepPlan(rows)), dtype=np.float64))
+    return np.concatenate(out)
+
+
+@pytest.mark.slow
+def test_the_8bit_model_agrees_with_float32_over_2000_tokens(smol):
+    """Over the Python reference's chapter on compound statements (prose with some code, shipped
+    with Python): 98.25% when measured, perplexity 9.22 both. Markdown with tables and code
+    (this repository's README) has more near-ties: 97.75% there, perplexity 34.9 both."""
+    from pydoc_data.topics import topics
+
+    runners, tok = smol
+    ids = tok.encode(topics["compound"])[:2001]
+    assert len(ids) == 2001
+    ref, got = (every_position_logits(runners[d], ids[:-1]) for d in ("float32", "q8_0"))
+    agreement = np.mean(ref.argmax(axis=1) == got.argmax(axis=1))
+
+    def perplexity(logits):
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        logprobs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return float(np.exp(-logprobs[np.arange(2000), ids[1:]].mean()))
+
+    ppl_ref, ppl_q8 = perplexity(ref), perplexity(got)
+    print(f"top-1 agreement {agreement:.4f}, perplexity float32 {ppl_ref:.3f}, q8_0 {ppl_q8:.3f}")
+    assert agreement >= 0.98
+    assert abs(ppl_q8 / ppl_ref - 1) <= 0.02
+
+
+def test_the_8bit_model_still_says_paris(smol):
+    runners, tok = smol
+    runner = runners["q8_0"]
+    prompt = tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    table = list(range(runner.num_blocks))
+    detok, text, tokens = IncrementalDetokenizer(tok, prompt), "", []
+    out = runner.step(StepPlan([Row("q", prompt, 0, table, sample=True)]))
+    while out[0].token_id not in tok.eos_token_ids and len(tokens) < 32:
+        tokens.append(out[0].token_id)
+        text += detok.add(tokens[-1])
+        out = runner.step(StepPlan([Row("q", tokens[-1:], len(prompt) + len(tokens) - 1, table, sample=True)]))
+    assert "Paris" in text
