@@ -29,9 +29,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0, off)")
     gen.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling (default: none)")
     gen.add_argument("--backend", choices=BACKENDS, default="auto",
-                     help="auto picks cuda when CuPy is installed and sees a GPU, else cpu (default: auto)")
+                     help="auto picks cuda when CuPy is installed and sees a GPU, else cpu (numba kernels);"
+                          " numpy is the plain NumPy reference (default: auto)")
     gen.add_argument("--dtype", choices=DTYPES, default="auto",
-                     help="cuda: bfloat16 (auto), float16 or float32; cpu: float32 only (default: auto)")
+                     help="cuda: bfloat16 (auto), float16 or float32; cpu: float32 (auto) or q8_0 (default: auto)")
     return parser.parse_args(argv)
 
 

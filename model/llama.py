@@ -55,6 +55,14 @@ class Llama:
         self.w.lm_head = self.w.embed if weights.lm_head is weights.embed else ops.weight(weights.lm_head)
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
+    @property
+    def weight_bytes(self) -> int:
+        """What the weights hold in memory (a tied LM head counted once)."""
+        arrays = [self.w.embed, self.w.norm, *(v for layer in self.w.layers for v in vars(layer).values())]
+        if self.w.lm_head is not self.w.embed:
+            arrays.append(self.w.lm_head)
+        return sum(a.nbytes for a in arrays if a is not None)
+
     def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index):
         """Hidden states for all tokens of a step, K/V written to the cache, and logits (fp32)
         for the tokens at logit_index only.

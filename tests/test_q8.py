@@ -98,3 +98,24 @@ def test_the_8bit_model_still_says_paris(smol):
         text += detok.add(tokens[-1])
         out = runner.step(StepPlan([Row("q", tokens[-1:], len(prompt) + len(tokens) - 1, table, sample=True)]))
     assert "Paris" in text
+
+
+def test_the_server_serves_8bit_weights_and_says_how_big_they_are():
+    from live_server import LiveServer
+
+    server = LiveServer("--dtype", "q8_0", "--kv-cache-gib", "0.05")
+    try:
+        with server.openai_client() as client:
+            reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=20, temperature=0,
+                                                   messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in reply.choices[0].message.content
+    finally:
+        assert server.stop() == 0
+    line = next(line for line in server.log_path.read_text().splitlines() if "backend cpu" in line)
+    mib = float(line.split("weights ")[1].split(" MiB")[0])
+    assert "(q8_0" in line and 130 < mib < 160, line  # float32 would be 513 MiB
+
+
+def test_8bit_weights_are_for_the_cpu_backend_only():
+    with pytest.raises(ValueError, match="--backend cpu"):
+        resolve("numpy", "q8_0")
