@@ -1,7 +1,8 @@
 """Offline throughput of the Engine (scheduler + Trio tick + model) on the CPU backend: N requests
 with distinct random prompts, all submitted at t=0, greedy, ignore_eos, max_tokens=--output-len.
 
-    python tools/bench_engine.py [--model DIR|FILE.gguf] [--requests 64] [--input-len 128]
+    python tools/bench_engine.py [--model DIR|FILE.gguf] [--backend cpu|numpy] [--dtype float32|q8_0]
+        [--requests 64] [--input-len 128]
         [--output-len 64] [--max-seqs N] [--prefill-chunk 256] [--max-batched-tokens 1024]
         [--kv-blocks B] [--prefix-caching on|off] [--profile [FILE]]
 
@@ -31,12 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import model  # noqa: E402, F401  (first: it sets the thread pools' environment before NumPy loads)
 import numpy as np  # noqa: E402
 import trio  # noqa: E402
 
 from app.engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 from app.engine.scheduler import SchedulerConfig  # noqa: E402
 from bench_model import blas_info  # noqa: E402
+from model.backend import resolve  # noqa: E402
 from model.default import resolve_model  # noqa: E402
 from model.kv_cache import DEFAULT_BLOCK_SIZE  # noqa: E402
 from model.runner import ModelRunner  # noqa: E402
@@ -147,6 +150,9 @@ def analyse(events, t_end):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--backend", default="cpu", choices=("cpu", "numpy"),
+                        help="cpu: numba kernels (the server's default); numpy: the reference")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "q8_0"), help="weights on --backend cpu")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
@@ -169,7 +175,8 @@ def main() -> None:
     bs = DEFAULT_BLOCK_SIZE
     per_request = -(-(args.input_len + args.output_len) // bs)
     kv_blocks = args.kv_blocks or n * per_request
-    runner = ModelRunner.from_dir(model_dir, num_blocks=kv_blocks, block_size=bs, seed=0)
+    runner = ModelRunner.from_dir(model_dir, num_blocks=kv_blocks, block_size=bs,
+                                  ops=resolve(args.backend, args.dtype).ops, seed=0)
     events = []
     timed_runner = TimedRunner(runner, events)
     config = EngineConfig(max_model_len=runner.config.max_position_embeddings, max_seqs=max_seqs,
@@ -209,7 +216,7 @@ def main() -> None:
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__},"
           f" {blas_info()}")
-    print(f"# model {model_dir.name}, float32; {n} requests x {args.input_len} prompt + {args.output_len} output"
+    print(f"# model {model_dir.name}, {args.backend} {args.dtype}; {n} requests x {args.input_len} prompt + {args.output_len} output"
           f" tokens, max_seqs {max_seqs}, prefill_chunk {args.prefill_chunk}, max_batched_tokens"
           f" {max_batched}, {kv_blocks} KV blocks, prefix caching {args.prefix_caching}")
     print(f"# wall {wall:.2f} s, {len(windows)} steps, output {generated / wall:.1f} tok/s,"
