@@ -1,7 +1,8 @@
 """--backend and --dtype, resolved once per process to an ops module for model/llama.py.
 
-cpu: numba kernels beside OpenBLAS GEMMs (model/ops/numba_ops.py), with float32 weights, or
-Q8_0 8-bit ones with --dtype q8_0 (model/ops/q8.py). numpy: NumPy
+cpu: numba kernels beside OpenBLAS GEMMs (model/ops/numba_ops.py), with Q8_0 8-bit weights
+(model/ops/q8.py; a quarter of the memory, and faster up to about 32 running requests) unless
+--dtype float32 asks for float32 ones (faster above that). numpy: NumPy
 alone in float32, the reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when the
 checkpoint says it was trained in float16, else bfloat16, unless --dtype says otherwise. auto:
 cuda when CuPy is installed and sees a device, else cpu. Every refusal is a ValueError of one
@@ -65,9 +66,9 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
         if dtype not in ("auto", "float32", "q8_0"):
             raise ValueError(f"the CPU backend keeps weights in float32 or q8_0; --dtype {dtype} needs --backend cuda")
         kernels = cpu_kernels()
-        if dtype == "q8_0":
-            return Backend("cpu", "q8_0", kernels.with_q8_weights())
-        return Backend("cpu", "float32", kernels)
+        if dtype == "float32":
+            return Backend("cpu", "float32", kernels)
+        return Backend("cpu", "q8_0", kernels.with_q8_weights())
     try:
         from model.ops import cupy_ops
     except ImportError:
