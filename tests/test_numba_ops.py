@@ -114,3 +114,16 @@ def test_a_plain_temperature_draw_follows_the_softmax():
     ids, _, _ = numba_ops.sample(logits, params, [[]] * 4000, [[]] * 4000, np.random.default_rng(1))
     share = np.bincount(ids, minlength=4) / 4000
     np.testing.assert_allclose(share, [0.1, 0.2, 0.3, 0.4], atol=0.03)
+
+
+def test_the_first_start_on_a_machine_says_it_compiled_the_kernels_and_the_next_does_not(tmp_path):
+    from live_server import LiveServer
+
+    logs = []
+    for _ in range(2):
+        server = LiveServer("--kv-cache-gib", "0.05", env={"NUMBA_CACHE_DIR": str(tmp_path)})
+        server.assert_serving()
+        assert server.stop() == 0
+        logs.append(server.log_path.read_text())
+    assert "compiled the CPU kernels" in logs[0], logs[0]
+    assert "compiled the CPU kernels" not in logs[1] and "backend cpu (q8_0" in logs[1], logs[1]
