@@ -14,9 +14,10 @@ from live_server import LiveServer
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = LiveServer("--kv-cache-gib", "0.25", "--max-seqs", "16", "--max-model-len", "2048")
+@pytest.fixture(scope="module", params=["q8_0", "float32"])
+def server(request):
+    """The default model, on the CPU backend's default 8-bit weights and on float32 ones."""
+    s = LiveServer("--kv-cache-gib", "0.25", "--max-seqs", "16", "--max-model-len", "2048", "--dtype", request.param)
     yield s
     assert s.stop() == 0, s.output()
 
