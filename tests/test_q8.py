@@ -31,7 +31,7 @@ def test_quantized_blocks_round_trip_within_half_a_step(rng):
 def test_the_8bit_matmul_is_the_dequantized_one(rng, tokens, out_dim, in_dim):
     qw = q8.quantize(rng.standard_normal((out_dim, in_dim), dtype=np.float32))
     x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
-    want = x @ q8.dequantize(qw).T
+    want = x @ q8.dequantize(qw).T  # the GEMV's int16 activations (q8.INT8_DOT) lose less than this
     np.testing.assert_allclose(q8.matmul(x, qw), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
@@ -51,7 +51,7 @@ def smol():
     return runners, Tokenizer(path)
 
 
-def every_position_logits(runner: ModelRunner, ids: list[int], chunk: int = 250) -> np.ndarray:
+def every_position_logits(runner: ModelRunner, ids: list[int], chunk: int = 32) -> np.ndarray:
     """Logits after every token: each token a one-token row on one block table, so a step
     writes its K/V before any row attends (prefill, read position by position)."""
     table = list(range(runner.num_blocks))
@@ -119,3 +119,14 @@ def test_the_server_serves_8bit_weights_and_says_how_big_they_are():
 def test_8bit_weights_are_for_the_cpu_backend_only():
     with pytest.raises(ValueError, match="--backend cpu"):
         resolve("numpy", "q8_0")
+
+
+@pytest.mark.parametrize("out_dim", [5, 64])
+def test_the_portable_gemv_matches_too(rng, out_dim):
+    """The float32 GEMV that machines without AVX-512 run (this one may run the int16 one)."""
+    qw = q8.quantize(rng.standard_normal((out_dim, 96), dtype=np.float32))
+    x = rng.standard_normal((3, 96), dtype=np.float32)
+    out = np.empty((3, out_dim), dtype=np.float32)
+    q8._gemv(x, qw.q, qw.scale, out)
+    want = x @ q8.dequantize(qw).T
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -13,12 +13,21 @@ slabs 72 / 110 / 158; at 64 rows slabs 244 against GEMV 190.
 
 from dataclasses import dataclass
 
+import llvmlite.binding as llvm
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 BLOCK = 32
 GEMV_ROWS = 32  # up to this many activation rows, the 8-bit GEMV; above, slabs and BLAS
 SLAB_ROWS = 512  # weight rows widened at a time: 512 x 1536 float32 is 3 MB
+# With AVX-512, the GEMV scales the activations to int16 per block and multiplies them with the
+# int8 weights through vpmaddwd: 25-30% faster than widening the weights to float32. (int8
+# activations, as llama.cpp's Q8_0 dot uses, were as fast but cut the top-1 agreement with
+# float32 from 98.25% to 96.35%; int16 ones lose nothing measurable.)
+INT8_DOT = "+avx512bw" in llvm.get_host_cpu_features().flatten().split(",")
 
 
 @dataclass
@@ -111,6 +120,74 @@ def _widen(q, scale, start, out):
                 out[i, b * 32 + j] = q[start + i, b * 32 + j] * s
 
 
+@intrinsic
+def _dot_int8(typingctx, q, n, xq, t, qs, xs):
+    """Sum over the blocks b of row n: (q[n, b] . xq[t, b]) * qs[n, b] * xs[t, b], each block's
+    32 int8 weights (widened) and int16 activations through one vpmaddwd, the scaled partial
+    sums kept in 16 float lanes."""
+    def codegen(context, builder, signature, args):
+        q_arr, xq_arr, qs_arr, xs_arr = (context.make_array(signature.args[i])(context, builder, args[i])
+                                         for i in (0, 2, 4, 5))
+        n, t = args[1], args[3]
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        in_dim = builder.extract_value(q_arr.shape, 1)
+        blocks = builder.sdiv(in_dim, ir.Constant(i64, 32))
+        q_row = builder.gep(q_arr.data, [builder.mul(n, in_dim)])
+        x_row = builder.gep(xq_arr.data, [builder.mul(t, in_dim)])
+        qs_row = builder.gep(qs_arr.data, [builder.mul(n, blocks)])
+        xs_row = builder.gep(xs_arr.data, [builder.mul(t, blocks)])
+        bytes32, shorts32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 32)
+        i16 = ir.IntType(16)
+        ints16, floats16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16)
+        pmaddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints16, [shorts32, shorts32]),
+                                                 "llvm.x86.avx512.pmaddw.d.512")
+        acc = cgutils.alloca_once_value(builder, ir.Constant(floats16, None))
+        with cgutils.for_range(builder, blocks) as loop:
+            offset = builder.mul(loop.index, ir.Constant(i64, 32))
+
+            weights = builder.sext(builder.load(builder.bitcast(builder.gep(q_row, [offset]), bytes32.as_pointer()),
+                                                align=1), shorts32)
+            activations = builder.load(builder.bitcast(builder.gep(x_row, [offset]), shorts32.as_pointer()), align=2)
+            products = builder.sitofp(builder.call(pmaddwd, [weights, activations]), floats16)
+            scale = builder.fmul(builder.load(builder.gep(qs_row, [loop.index])),
+                                 builder.load(builder.gep(xs_row, [loop.index])))
+            lanes = builder.insert_element(ir.Constant(floats16, None), scale, ir.Constant(i32, 0))
+            lanes = builder.shuffle_vector(lanes, lanes, ir.Constant(ints16, [0] * 16))
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(products, lanes)), acc)
+        total, vector = ir.Constant(ir.FloatType(), 0.0), builder.load(acc)
+        for lane in range(16):
+            total = builder.fadd(total, builder.extract_element(vector, ir.Constant(i32, lane)))
+        return total
+    return types.float32(q, n, xq, t, qs, xs), codegen
+
+
+@njit("void(float32[:, ::1], int16[:, ::1], float32[:, ::1])", fastmath=True, cache=True, nogil=True)
+def _quantize_rows(x, xq, xs):
+    """Activations to int16 blocks of 32 with one scale each, rounded to nearest."""
+    tokens, in_dim = x.shape
+    for t in range(tokens):
+        for b in range(in_dim // 32):
+            top = np.float32(0.0)
+            for j in range(32):
+                top = max(top, abs(x[t, b * 32 + j]))
+            s = top / np.float32(32767.0)
+            xs[t, b] = s
+            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+            for j in range(32):
+                xq[t, b * 32 + j] = np.int16(np.rint(x[t, b * 32 + j] * inv))
+
+
+def _int8_gemv_kernel():
+    @njit("void(int16[:, ::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32[:, ::1])",
+          parallel=True, fastmath=True, cache=True, nogil=True)
+    def gemv(xq, xs, q, qs, out):
+        for n in prange(q.shape[0]):
+            for t in range(xq.shape[0]):
+                out[t, n] = _dot_int8(q, n, xq, t, qs, xs)
+    return gemv
+
+
+_int8_gemv = _int8_gemv_kernel() if INT8_DOT else None  # compiled only where the instruction exists
 _slab = np.empty(0, dtype=np.float32)
 
 
@@ -121,7 +198,13 @@ def matmul(x: np.ndarray, w: Q8Weight) -> np.ndarray:
     out_dim, in_dim = w.shape
     out = np.empty((x.shape[0], out_dim), dtype=np.float32)
     if x.shape[0] <= GEMV_ROWS:
-        _gemv(x, w.q, w.scale, out)
+        if INT8_DOT:
+            xq = np.empty(x.shape, dtype=np.int16)
+            xs = np.empty((x.shape[0], in_dim // BLOCK), dtype=np.float32)
+            _quantize_rows(x, xq, xs)
+            _int8_gemv(xq, xs, w.q, w.scale, out)
+        else:
+            _gemv(x, w.q, w.scale, out)
         return out
     if _slab.size < SLAB_ROWS * in_dim:
         _slab = np.empty(SLAB_ROWS * in_dim, dtype=np.float32)
