@@ -161,7 +161,8 @@ async def test_the_websocket_done_frame_carries_the_calls(server):
 
     async with open_websocket_url(f"ws://127.0.0.1:{server.port}/v1/ws") as ws:
         await ws.send_message(json.dumps({"type": "generate", "id": "t", "messages": ask("Oslo"), "tools": TOOLS,
-                                          "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 80}))
+                                          "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 150,
+                                          "seed": 3}))
         text = ""
         with trio.fail_after(120):
             while (frame := json.loads(await ws.get_message()))["type"] == "delta":
