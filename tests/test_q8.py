@@ -31,7 +31,7 @@ def test_quantized_blocks_round_trip_within_half_a_step(rng):
 def test_the_8bit_matmul_is_the_dequantized_one(rng, tokens, out_dim, in_dim):
     qw = q8.quantize(rng.standard_normal((out_dim, in_dim), dtype=np.float32))
     x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
-    want = x @ q8.dequantize(qw).T  # the GEMV's int16 activations (q8.INT8_DOT) lose less than this
+    want = x @ q8.dequantize(qw).T  # the GEMV's int16 activations (q8.PMADDWD) lose less than this
     np.testing.assert_allclose(q8.matmul(x, qw), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 

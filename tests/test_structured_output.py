@@ -9,7 +9,6 @@ import httpx
 import jsonschema
 import pytest
 
-from live_server import LiveServer
 
 MODEL = "SmolLM2-135M-Instruct"
 PERSON = {  # nested objects, arrays, enums, required fields; closed, so that answers end
@@ -25,19 +24,6 @@ PERSON = {  # nested objects, arrays, enums, required fields; closed, so that an
 TOPICS = ["a baker", "a pilot", "a child", "a doctor", "a farmer", "a painter", "a sailor", "a teacher", "a student",
           "a chef", "a singer", "a nurse", "a judge", "a miner", "a poet", "a driver", "a tailor", "a monk", "a coach",
           "a clerk"]
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = LiveServer("--kv-cache-gib", "0.25", "--max-seqs", "48")
-    yield s
-    assert s.stop() == 0, s.output()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.openai_client(timeout=300) as c:
-        yield c
 
 
 def answers(client, question: str, response_format: dict, stream: bool, max_tokens: int) -> list[tuple[str, str]]:

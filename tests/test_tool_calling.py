@@ -9,7 +9,6 @@ import jsonschema
 import openai
 import pytest
 
-from live_server import LiveServer
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city"],
@@ -22,19 +21,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                           "properties": {"city": {"type": "string", "maxLength": 30}}}}}]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo"]
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = LiveServer("--kv-cache-gib", "0.25", "--max-seqs", "32")
-    yield s
-    assert s.stop() == 0, s.output()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.openai_client(timeout=300) as c:
-        yield c
 
 
 def calls_of(client, messages, stream: bool, **kwargs) -> tuple[str | None, str | None, list[tuple[str, str]]]:

@@ -9,7 +9,7 @@ import pytest
 from app.engine.grammar import Grammars
 from app.server.errors import APIError
 from app.server.schemas import ChatCompletionRequest
-from app.server.tools import ToolCallParser, ToolUse, prompt_messages, split_calls
+from app.server.tools import ToolCallParser, ToolUse, prompt_messages
 from model.tokenizer import Tokenizer
 
 WEATHER = {"type": "function", "function": {
@@ -23,6 +23,12 @@ TEXT = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city"
 
 def request(**fields) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def split_calls(text: str) -> tuple[str, list[dict]]:
+    """A whole text's content, and the calls it made."""
+    content, _, calls = streamed([text])
+    return content, calls
 
 
 def streamed(pieces: list[str]) -> tuple[str, list[dict], list[dict]]:

@@ -205,7 +205,7 @@ def create_app(state: ServerState) -> QuartTrio:
             for c in sorted(gen.choices.values(), key=lambda c: c.index):
                 split = ChatText(gen)
                 reasoning, content, _ = split.feed(c.text, final=True)
-                calls = split.calls.calls if split.calls else []
+                calls = split.tool_calls
                 message = ResponseMessage(content=content if content.strip() or not calls else None,
                                           tool_calls=[ToolCall(**call) for call in calls] or None,
                                           reasoning_content=reasoning if split.reasoning else None)

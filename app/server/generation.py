@@ -224,8 +224,13 @@ class ChatText:
                 content += self.calls.finish()
         return reasoning, content, chunks
 
+    @property
+    def tool_calls(self) -> list[dict]:
+        """The calls read so far, each with all its arguments written so far."""
+        return self.calls.calls if self.calls else []
+
     def finish_reason(self, reason: str) -> str:
-        return self.tools.finish_reason(reason, bool(self.calls.calls)) if self.tools else reason
+        return self.tools.finish_reason(reason, bool(self.tool_calls)) if self.tools else reason
 
 
 def merge(frames: list[Frame]) -> dict:

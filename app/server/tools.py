@@ -272,10 +272,3 @@ def _whole_call(body: str) -> tuple[str, str] | None:
         return None
     args = call.get("arguments", call.get("parameters", {}))
     return call["name"], json.dumps(args, ensure_ascii=False)
-
-
-def split_calls(text: str) -> tuple[str, list[dict]]:
-    """A whole text's content, and the calls it made."""
-    parser = ToolCallParser()
-    content, _ = parser.feed(text)
-    return content + parser.finish(), parser.calls

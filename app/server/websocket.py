@@ -19,9 +19,8 @@ import trio
 from quart import websocket
 
 from app.server.errors import APIError, decode_json, validate
-from app.server.generation import merge, start_generation
+from app.server.generation import ChatText, merge, start_generation
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
-from app.server.tools import split_calls
 
 
 async def serve_websocket(state) -> None:
@@ -57,9 +56,10 @@ async def serve_websocket(state) -> None:
             for c in sorted(gen.choices.values(), key=lambda c: c.index):
                 choice = {"index": c.index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                           "error": c.error}
-                if gen.tools:
-                    calls = split_calls(c.text)[1]
-                    choice.update(tool_calls=calls, finish_reason=gen.tools.finish_reason(c.finish_reason, bool(calls)))
+                if gen.tools:  # read out of the text, after any thinking, as the HTTP routes read it
+                    split = ChatText(gen)
+                    split.feed(c.text, final=True)
+                    choice.update(tool_calls=split.tool_calls, finish_reason=split.finish_reason(c.finish_reason))
                 choices.append(choice)
             await send({"type": "done", "id": gid, "choices": choices, "usage": gen.usage().model_dump()})
         finally:

@@ -64,6 +64,7 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
         out += bias
     return out
 
+
 # Below this many elements of work an op runs on one core: waking the other costs more.
 PARALLEL_WORK = 1 << 15
 
@@ -145,7 +146,8 @@ def _rope(x, cos, sin, out):
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     out = np.empty(x.shape, dtype=np.float32)
-    _rope(x.size, np.ascontiguousarray(x), np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32), out)
+    _rope(x.size, np.ascontiguousarray(x), np.ascontiguousarray(cos, dtype=np.float32),
+          np.ascontiguousarray(sin, dtype=np.float32), out)
     return out
 
 
@@ -245,7 +247,8 @@ def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
     out = np.empty((tokens, heads * dim), dtype=np.float32)
     if len(plan.token):
         work = int(plan.context.sum()) * heads * dim
-        _decode_attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.token, plan.context, plan.tables, np.float32(scale), out)
+        _decode_attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.token, plan.context, plan.tables,
+                          np.float32(scale), out)
     if plan.chunks:
         out[plan.index] = numpy_ops.paged_attention(q[plan.index], cache_k, cache_v, plan.chunks, scale)
     return out
@@ -303,7 +306,8 @@ def sample(logits: np.ndarray, params: list, prompts: list, outputs: list, rng, 
     rest = sorted(set(range(len(params))) - set(easy))
     if rest:
         ids, lp, tp = numpy_ops.sample(logits[rest], [params[r] for r in rest], [prompts[r] for r in rest],
-                                       [outputs[r] for r in rest], rng, None, [masks[r] for r in rest] if masks else None)
+                                       [outputs[r] for r in rest], rng, None,
+                                       [masks[r] for r in rest] if masks else None)
         for i, r in enumerate(rest):
             token_ids[r], logprobs[r], top[r] = ids[i], lp[i], tp[i]
     chosen = [params[r] for r in easy]

@@ -3,12 +3,13 @@ scale per block along each weight row (8.5 bits a weight; float32 is 32).
 
 A decode step at batch 1 reads every weight once, so it is bound by memory bandwidth: a quarter
 of the bytes makes it faster. Up to GEMV_ROWS rows a step runs a GEMV kernel over the 8-bit
-blocks, four weight rows at a time sharing each activation load (the loop shape that let LLVM
-vectorise it); each further row costs about a third of the first, since the weights are read
-from cache by then. With more rows, each weight is widened back to float32 a slab of rows at a
-time, into a buffer that stays in cache, and OpenBLAS multiplies the slab. Measured on the
-default model (tools/bench_model.py, tok/s): GEMV 153 / 173 / 181 at 8 / 16 / 32 rows against
-slabs 72 / 110 / 158; at 64 rows slabs 244 against GEMV 190.
+blocks: with AVX-512, activations scaled to int16 and one vpmaddwd per block (_dot_pmaddwd);
+elsewhere, weights widened to float32 four rows at a time sharing each activation load (_gemv,
+the loop shape that let LLVM vectorise it). Each further row costs about a third of the first,
+since the weights are read from cache by then. With more rows, each weight is widened back to
+float32 a slab of rows at a time, into a buffer that stays in cache, and OpenBLAS multiplies the
+slab. Measured on the default model with the float32 GEMV (tools/bench_model.py, tok/s): GEMV 153 / 173 / 181 at
+8 / 16 / 32 rows against slabs 72 / 110 / 158; at 64 rows slabs 244 against GEMV 190.
 """
 
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ SLAB_ROWS = 512  # weight rows widened at a time: 512 x 1536 float32 is 3 MB
 # int8 weights through vpmaddwd: 25-30% faster than widening the weights to float32. (int8
 # activations, as llama.cpp's Q8_0 dot uses, were as fast but cut the top-1 agreement with
 # float32 from 98.25% to 96.35%; int16 ones lose nothing measurable.)
-INT8_DOT = "+avx512bw" in llvm.get_host_cpu_features().flatten().split(",")
+PMADDWD = "+avx512bw" in llvm.get_host_cpu_features().flatten().split(",")
 
 
 @dataclass
@@ -109,9 +110,10 @@ def _gemv(x, q, scale, out):
             out[t, n0 + 3] = a3
 
 
-@njit("void(int8[:, ::1], float32[:, ::1], int64, float32[:, ::1])", parallel=True, fastmath=True, cache=True, nogil=True)
+@njit("void(int8[:, ::1], float32[:, ::1], int64, float32[:, ::1])",
+      parallel=True, fastmath=True, cache=True, nogil=True)
 def _widen(q, scale, start, out):
-    """out[i] = row start + i of the weight, in float32 (one core: OpenBLAS has the other's turn next)."""
+    """out[i] = row start + i of the weight, in float32."""
     rows, in_dim = out.shape
     for i in prange(rows):
         for b in range(in_dim // 32):
@@ -121,7 +123,7 @@ def _widen(q, scale, start, out):
 
 
 @intrinsic
-def _dot_int8(typingctx, q, n, xq, t, qs, xs):
+def _dot_pmaddwd(typingctx, q, n, xq, t, qs, xs):
     """Sum over the blocks b of row n: (q[n, b] . xq[t, b]) * qs[n, b] * xs[t, b], each block's
     32 int8 weights (widened) and int16 activations through one vpmaddwd, the scaled partial
     sums kept in 16 float lanes."""
@@ -162,7 +164,7 @@ def _dot_int8(typingctx, q, n, xq, t, qs, xs):
 
 
 @njit("void(float32[:, ::1], int16[:, ::1], float32[:, ::1])", fastmath=True, cache=True, nogil=True)
-def _quantize_rows(x, xq, xs):
+def _scale_to_int16(x, xq, xs):
     """Activations to int16 blocks of 32 with one scale each, rounded to nearest."""
     tokens, in_dim = x.shape
     for t in range(tokens):
@@ -177,17 +179,17 @@ def _quantize_rows(x, xq, xs):
                 xq[t, b * 32 + j] = np.int16(np.rint(x[t, b * 32 + j] * inv))
 
 
-def _int8_gemv_kernel():
+def _pmaddwd_gemv_kernel():
     @njit("void(int16[:, ::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32[:, ::1])",
           parallel=True, fastmath=True, cache=True, nogil=True)
     def gemv(xq, xs, q, qs, out):
         for n in prange(q.shape[0]):
             for t in range(xq.shape[0]):
-                out[t, n] = _dot_int8(q, n, xq, t, qs, xs)
+                out[t, n] = _dot_pmaddwd(q, n, xq, t, qs, xs)
     return gemv
 
 
-_int8_gemv = _int8_gemv_kernel() if INT8_DOT else None  # compiled only where the instruction exists
+_pmaddwd_gemv = _pmaddwd_gemv_kernel() if PMADDWD else None  # compiled only where the instruction exists
 _slab = np.empty(0, dtype=np.float32)
 
 
@@ -198,11 +200,11 @@ def matmul(x: np.ndarray, w: Q8Weight) -> np.ndarray:
     out_dim, in_dim = w.shape
     out = np.empty((x.shape[0], out_dim), dtype=np.float32)
     if x.shape[0] <= GEMV_ROWS:
-        if INT8_DOT:
+        if PMADDWD:
             xq = np.empty(x.shape, dtype=np.int16)
             xs = np.empty((x.shape[0], in_dim // BLOCK), dtype=np.float32)
-            _quantize_rows(x, xq, xs)
-            _int8_gemv(xq, xs, w.q, w.scale, out)
+            _scale_to_int16(x, xq, xs)
+            _pmaddwd_gemv(xq, xs, w.q, w.scale, out)
         else:
             _gemv(x, w.q, w.scale, out)
         return out
