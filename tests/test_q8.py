@@ -20,19 +20,24 @@ def test_quantized_blocks_round_trip_within_half_a_step(rng):
     w = rng.standard_normal((7, 96), dtype=np.float32) * np.array([1e-3, 1, 100], dtype=np.float32).repeat(32)
     w[0, :32] = 0  # an all-zero block
     qw = q8.quantize(w)
-    assert qw.q.dtype == np.int8 and qw.scale.shape == (7, 3) and qw.nbytes == 7 * 96 + 7 * 3 * 4
-    step = np.repeat(qw.scale, 32, axis=1)
+    # one strip of 16 rows (9 of them padding), 3 blocks of 32
+    assert qw.q.dtype == np.int8 and qw.shape == (7, 96) and qw.q.shape == (1, 3, 512) and qw.scale.shape == (1, 3, 16)
+    assert qw.nbytes == 16 * 96 + 16 * 3 * 4
+    step = np.abs(w.reshape(7, 3, 32)).max(axis=-1).repeat(32, axis=1) / 127
     assert np.all(np.abs(q8.dequantize(qw) - w) <= step / 2 + 1e-6 * np.abs(w))
     assert not q8.quantizable(np.zeros((4, 48), dtype=np.float32)) and not q8.quantizable(np.zeros(64))
 
 
-@pytest.mark.parametrize("tokens", [1, 2, q8.GEMV_ROWS, q8.GEMV_ROWS + 1, 37])
+@pytest.mark.parametrize("tokens", [1, 2, q8.GEMV_ROWS, q8.GEMV_ROWS + 1, 64, 100])
 @pytest.mark.parametrize("out_dim, in_dim", [(1, 32), (7, 64), (1030, 576)])
 def test_the_8bit_matmul_is_the_dequantized_one(rng, tokens, out_dim, in_dim):
+    """The GEMV up to GEMV_ROWS rows, then the GEMM (AMX where the CPU has it)."""
     qw = q8.quantize(rng.standard_normal((out_dim, in_dim), dtype=np.float32))
     x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
-    want = x @ q8.dequantize(qw).T  # the GEMV's int16 activations (q8.PMADDWD) lose less than this
-    np.testing.assert_allclose(q8.matmul(x, qw), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    want = x @ q8.dequantize(qw).T  # int16 activations, or two bfloat16 parts, lose less than this
+    got = q8.matmul(x, qw)
+    assert got.shape == want.shape and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 def test_the_embedding_reads_dequantized_rows(rng):
@@ -72,8 +77,14 @@ def test_the_8bit_model_agrees_with_float32_over_2000_tokens(smol):
     runners, tok = smol
     ids = tok.encode(topics["compound"])[:2001]
     assert len(ids) == 2001
-    ref, got = (every_position_logits(runners[d], ids[:-1]) for d in ("float32", "q8_0"))
+    ref = every_position_logits(runners["float32"], ids[:-1])
+    got = every_position_logits(runners["q8_0"], ids[:-1])
     agreement = np.mean(ref.argmax(axis=1) == got.argmax(axis=1))
+    # the same text in steps of 128 rows, through the 8-bit GEMM instead of the GEMV
+    wide = every_position_logits(runners["q8_0"], ids[:-1], chunk=128)
+    same = np.mean(wide.argmax(axis=1) == got.argmax(axis=1))
+    print(f"GEMM against GEMV {same:.4f}, against float32 {np.mean(wide.argmax(axis=1) == ref.argmax(axis=1)):.4f}")
+    assert same >= 0.995
 
     def perplexity(logits):
         shifted = logits - logits.max(axis=1, keepdims=True)
@@ -122,11 +133,15 @@ def test_8bit_weights_are_for_the_cpu_backend_only():
 
 
 @pytest.mark.parametrize("out_dim", [5, 64])
-def test_the_portable_gemv_matches_too(rng, out_dim):
-    """The float32 GEMV that machines without AVX-512 run (this one may run the int16 one)."""
+def test_the_portable_kernels_match_too(rng, out_dim):
+    """The float32 GEMV and the float32 slabs for OpenBLAS, which machines without AVX-512 or
+    AMX run (this one may run the others)."""
     qw = q8.quantize(rng.standard_normal((out_dim, 96), dtype=np.float32))
     x = rng.standard_normal((3, 96), dtype=np.float32)
-    out = np.empty((3, out_dim), dtype=np.float32)
+    out = np.empty((3, qw.q.shape[0] * q8.STRIP), dtype=np.float32)
     q8._gemv(x, qw.q, qw.scale, out)
     want = x @ q8.dequantize(qw).T
-    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    np.testing.assert_allclose(out[:, :out_dim], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    x = rng.standard_normal((40, 96), dtype=np.float32)
+    want = x @ q8.dequantize(qw).T
+    np.testing.assert_allclose(q8._blas_matmul(x, qw)[:, :out_dim], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -1,5 +1,6 @@
 """The fast CPU backend: numba kernels for the ops that hold a step's time; NumPy (numpy_ops,
-the oracle) for everything else, and for the GEMMs, which OpenBLAS does best at float32.
+the oracle) for everything else, and for float32 GEMMs, which OpenBLAS does best; 8-bit weights
+multiply in model/ops/q8.py.
 
 Kernels compile once per machine (`cache=True`, into numba's cache beside this file or under
 NUMBA_CACHE_DIR) and run on all cores through `prange`. What each replaces, and why:

@@ -1,17 +1,26 @@
-"""8-bit weights for the CPU backend: llama.cpp's Q8_0 layout, 32 int8 values and one float32
-scale per block along each weight row (8.5 bits a weight; float32 is 32).
+"""8-bit weights for the CPU backend: llama.cpp's Q8_0 numbers, 32 int8 values and one float32
+scale per block along each weight row (8.5 bits a weight; float32 is 32), stored in strips.
 
-A decode step at batch 1 reads every weight once, so it is bound by memory bandwidth: a quarter
-of the bytes makes it faster. Up to GEMV_ROWS rows a step runs a GEMV kernel over the 8-bit
-blocks: with AVX-512, activations scaled to int16 and one vpmaddwd per block (_dot_pmaddwd);
-elsewhere, weights widened to float32 four rows at a time sharing each activation load (_gemv,
-the loop shape that let LLVM vectorise it). Each further row costs about a third of the first,
-since the weights are read from cache by then. With more rows, each weight is widened back to
-float32 a slab of rows at a time, into a buffer that stays in cache, and OpenBLAS multiplies the
-slab. Measured on the default model with the float32 GEMV (tools/bench_model.py, tok/s): GEMV 153 / 173 / 181 at
-8 / 16 / 32 rows against slabs 72 / 110 / 158; at 64 rows slabs 244 against GEMV 190.
+A strip is 16 weight rows; each (strip, block) holds its 16 x 32 int8 values as 16 lines of
+32 bytes, line r holding weights 2r and 2r+1 of the block for each of the 16 rows in turn.
+That is the order a vector unit wants: one line times a broadcast pair of activations gives the
+16 rows' partial sums in 16 lanes (vpmaddwd), with no reduction across lanes, and it is the
+layout of an AMX bfloat16 tile of the weights. Rows past the last are zero.
+
+Three ways to multiply, by the number of activation rows and what the CPU has:
+- up to GEMV_ROWS rows, a GEMV: the activations scaled to int16 per block, each line through
+  vpmaddwd, the int32 sums scaled into 16 float lanes per block (_strip_dot, AVX-512BW);
+  elsewhere the same walk in float32 (_gemv). A decode step at batch 1 reads every weight once,
+  so it is bound by memory bandwidth: a quarter of the bytes makes it faster;
+- above, with AMX (Sapphire Rapids and later), a GEMM on the tile unit (_amx_gemm): each strip
+  widened once per call to bfloat16 tiles (exact: int8 values fit bfloat16's 8-bit
+  significand), the activations split into two bfloat16 parts (high and the rest, 16
+  significant bits together), each block's 16 x 16 product scaled into float32 accumulators;
+- above, without AMX, strips widened to float32 a slab at a time for OpenBLAS (_widen).
 """
 
+import ctypes
+import platform
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -22,23 +31,37 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 BLOCK = 32
-GEMV_ROWS = 32  # up to this many activation rows, the 8-bit GEMV; above, slabs and BLAS
-SLAB_ROWS = 512  # weight rows widened at a time: 512 x 1536 float32 is 3 MB
-# With AVX-512, the GEMV scales the activations to int16 per block and multiplies them with the
-# int8 weights through vpmaddwd: 25-30% faster than widening the weights to float32. (int8
-# activations, as llama.cpp's Q8_0 dot uses, were as fast but cut the top-1 agreement with
-# float32 from 98.25% to 96.35%; int16 ones lose nothing measurable.)
-PMADDWD = "+avx512bw" in llvm.get_host_cpu_features().flatten().split(",")
+STRIP = 16  # weight rows a strip holds: an AMX tile's width in float32 outputs
+GEMV_ROWS = 32  # up to this many activation rows, the GEMV; above, the GEMM
+SLAB_ROWS = 512  # without AMX, weight rows widened at a time: 512 x 1536 float32 is 3 MB
+
+_FEATURES = set(llvm.get_host_cpu_features().flatten().split(","))
+# int16 activations lose nothing measurable; int8 ones, as llama.cpp's Q8_0 dot uses, cut the
+# top-1 agreement with float32 on the default model from 98.25% to 96.35%.
+PMADDWD = "+avx512bw" in _FEATURES
+
+
+def _amx_permitted() -> bool:
+    """Linux hands out the AMX tile state only to a process that asks (arch_prctl)."""
+    if not {"+amx-tile", "+amx-bf16"} <= _FEATURES or platform.system() != "Linux" \
+            or platform.machine() != "x86_64":
+        return False
+    sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    return ctypes.CDLL(None).syscall(sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
+
+
+AMX = _amx_permitted()
 
 
 @dataclass
 class Q8Weight:
-    q: np.ndarray  # (out, in) int8
-    scale: np.ndarray  # (out, in // BLOCK) float32
+    q: np.ndarray  # (strips, blocks, STRIP * BLOCK) int8, in strip order
+    scale: np.ndarray  # (strips, blocks, STRIP) float32
+    rows: int  # the weight's rows; the strips may hold up to 15 more, zero
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.q.shape
+        return self.rows, self.q.shape[1] * BLOCK
 
     @property
     def nbytes(self) -> int:
@@ -51,116 +74,119 @@ def quantizable(w: np.ndarray) -> bool:
 
 def quantize(w: np.ndarray) -> Q8Weight:
     """Round to nearest, each block scaled so that its largest magnitude is 127."""
-    out_dim, in_dim = w.shape
-    blocks = np.asarray(w, dtype=np.float32).reshape(out_dim, in_dim // BLOCK, BLOCK)
-    scale = np.abs(blocks).max(axis=-1) / np.float32(127)
+    rows, in_dim = w.shape
+    strips, blocks = -(-rows // STRIP), in_dim // BLOCK
+    padded = np.zeros((strips * STRIP, in_dim), dtype=np.float32)
+    padded[:rows] = w
+    values = padded.reshape(strips * STRIP, blocks, BLOCK)
+    scale = np.abs(values).max(axis=-1) / np.float32(127)
     safe = np.where(scale > 0, scale, np.float32(1))
-    q = np.rint(blocks / safe[..., None]).astype(np.int8).reshape(out_dim, in_dim)
-    return Q8Weight(np.ascontiguousarray(q), np.ascontiguousarray(scale, dtype=np.float32))
+    q = np.rint(values / safe[..., None]).astype(np.int8)
+    # (strip, row, block, pair, 2) -> (strip, block, pair, row, 2)
+    q = q.reshape(strips, STRIP, blocks, BLOCK // 2, 2).transpose(0, 2, 3, 1, 4)
+    scale = scale.reshape(strips, STRIP, blocks).transpose(0, 2, 1)
+    return Q8Weight(np.ascontiguousarray(q).reshape(strips, blocks, STRIP * BLOCK),
+                    np.ascontiguousarray(scale, dtype=np.float32), rows)
 
 
 def dequantize(w: Q8Weight, rows=slice(None)) -> np.ndarray:
-    q, scale = w.q[rows], w.scale[rows]
-    return (q.reshape(q.shape[0], -1, BLOCK) * scale[..., None]).reshape(q.shape).astype(np.float32)
+    """The float32 rows (all, or those an index picks: the embedding's lookup)."""
+    index = np.arange(w.rows)[rows]
+    strips, blocks = w.q.shape[:2]
+    lines = w.q.reshape(strips, blocks, BLOCK // 2, STRIP, 2)
+    values = lines[index // STRIP, :, :, index % STRIP, :]  # (rows, blocks, pair, 2)
+    scale = w.scale[index // STRIP, :, index % STRIP]  # (rows, blocks)
+    out = values.reshape(len(index), blocks, BLOCK) * scale[..., None]
+    return out.reshape(len(index), blocks * BLOCK).astype(np.float32)
 
 
-@njit("void(float32[:, ::1], int8[:, ::1], float32[:, ::1], float32[:, ::1])",
+@njit("void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])",
       parallel=True, fastmath=True, cache=True, nogil=True)
 def _gemv(x, q, scale, out):
-    """out = x @ dequantize(q, scale).T for a few rows of x: four weight rows per iteration."""
-    tokens, in_dim = x.shape
-    out_dim = q.shape[0]
-    blocks = in_dim // 32
-    for tile in prange((out_dim + 3) // 4):
-        n0 = tile * 4
-        if n0 + 4 > out_dim:  # the ragged end, one row at a time
-            for n in range(n0, out_dim):
-                for t in range(tokens):
-                    total = np.float32(0.0)
-                    for b in range(blocks):
-                        s = np.float32(0.0)
-                        for j in range(32):
-                            s += q[n, b * 32 + j] * x[t, b * 32 + j]
-                        total += s * scale[n, b]
-                    out[t, n] = total
-            continue
+    """out = x @ weight.T in float32, a strip at a time: for machines without AVX-512."""
+    tokens = x.shape[0]
+    strips, blocks = q.shape[0], q.shape[1]
+    for s in prange(strips):
         for t in range(tokens):
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
+            acc = np.zeros(16, dtype=np.float32)
+            part = np.empty(16, dtype=np.float32)
             for b in range(blocks):
-                s0 = np.float32(0.0)
-                s1 = np.float32(0.0)
-                s2 = np.float32(0.0)
-                s3 = np.float32(0.0)
-                for j in range(32):
-                    v = x[t, b * 32 + j]
-                    s0 += q[n0, b * 32 + j] * v
-                    s1 += q[n0 + 1, b * 32 + j] * v
-                    s2 += q[n0 + 2, b * 32 + j] * v
-                    s3 += q[n0 + 3, b * 32 + j] * v
-                a0 += s0 * scale[n0, b]
-                a1 += s1 * scale[n0 + 1, b]
-                a2 += s2 * scale[n0 + 2, b]
-                a3 += s3 * scale[n0 + 3, b]
-            out[t, n0] = a0
-            out[t, n0 + 1] = a1
-            out[t, n0 + 2] = a2
-            out[t, n0 + 3] = a3
+                part[:] = 0
+                for r in range(16):
+                    x0, x1 = x[t, b * 32 + 2 * r], x[t, b * 32 + 2 * r + 1]
+                    for n in range(16):
+                        part[n] += q[s, b, r * 32 + 2 * n] * x0 + q[s, b, r * 32 + 2 * n + 1] * x1
+                for n in range(16):
+                    acc[n] += part[n] * scale[s, b, n]
+            for n in range(16):
+                out[t, s * 16 + n] = acc[n]
 
 
-@njit("void(int8[:, ::1], float32[:, ::1], int64, float32[:, ::1])",
+@njit("void(int8[:, :, ::1], float32[:, :, ::1], int64, float32[:, ::1])",
       parallel=True, fastmath=True, cache=True, nogil=True)
-def _widen(q, scale, start, out):
-    """out[i] = row start + i of the weight, in float32."""
-    rows, in_dim = out.shape
-    for i in prange(rows):
-        for b in range(in_dim // 32):
-            s = scale[start + i, b]
-            for j in range(32):
-                out[i, b * 32 + j] = q[start + i, b * 32 + j] * s
+def _widen(q, scale, first, out):
+    """out[16i + n] = row n of strip first + i, in float32 (the strips that fit out)."""
+    blocks = q.shape[1]
+    for i in prange(out.shape[0] // 16):
+        s = first + i
+        for b in range(blocks):
+            for r in range(16):
+                for n in range(16):
+                    out[i * 16 + n, b * 32 + 2 * r] = q[s, b, r * 32 + 2 * n] * scale[s, b, n]
+                    out[i * 16 + n, b * 32 + 2 * r + 1] = q[s, b, r * 32 + 2 * n + 1] * scale[s, b, n]
+
+
+def _data(context, builder, arrty, arr):
+    return context.make_array(arrty)(context, builder, arr).data
 
 
 @intrinsic
-def _dot_pmaddwd(typingctx, q, n, xq, t, qs, xs):
-    """Sum over the blocks b of row n: (q[n, b] . xq[t, b]) * qs[n, b] * xs[t, b], each block's
-    32 int8 weights (widened) and int16 activations through one vpmaddwd, the scaled partial
-    sums kept in 16 float lanes."""
+def _strip_dot(typingctx, q, s, xq, t, qs, xs, out):
+    """out[t, 16s:16s+16] = strip s times activation row t: per block, 16 lines of 32 int8
+    weights (widened) times a broadcast pair of int16 activations through vpmaddwd, summed in
+    int32, then scaled by the weight and activation scales into 16 float lanes."""
     def codegen(context, builder, signature, args):
-        q_arr, xq_arr, qs_arr, xs_arr = (context.make_array(signature.args[i])(context, builder, args[i])
-                                         for i in (0, 2, 4, 5))
-        n, t = args[1], args[3]
-        i64, i32 = ir.IntType(64), ir.IntType(32)
-        in_dim = builder.extract_value(q_arr.shape, 1)
-        blocks = builder.sdiv(in_dim, ir.Constant(i64, 32))
-        q_row = builder.gep(q_arr.data, [builder.mul(n, in_dim)])
-        x_row = builder.gep(xq_arr.data, [builder.mul(t, in_dim)])
-        qs_row = builder.gep(qs_arr.data, [builder.mul(n, blocks)])
-        xs_row = builder.gep(xs_arr.data, [builder.mul(t, blocks)])
-        bytes32, shorts32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 32)
-        i16 = ir.IntType(16)
+        q_data, xq_data, qs_data, xs_data, out_data = (
+            _data(context, builder, signature.args[i], args[i]) for i in (0, 2, 4, 5, 6))
+        s, t = args[1], args[3]
+        q_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        out_arr = context.make_array(signature.args[6])(context, builder, args[6])
+        i64, i32, i16 = ir.IntType(64), ir.IntType(32), ir.IntType(16)
+        blocks = builder.extract_value(q_arr.shape, 1)
+        width = builder.extract_value(out_arr.shape, 1)
+        bytes32, shorts32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(i16, 32)
         ints16, floats16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16)
         pmaddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints16, [shorts32, shorts32]),
                                                  "llvm.x86.avx512.pmaddw.d.512")
+        broadcast = ir.Constant(ints16, [0] * 16)
+        q_strip = builder.gep(q_data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, 512)))])
+        x_row = builder.gep(xq_data, [builder.mul(t, builder.mul(blocks, ir.Constant(i64, 32)))])
+        qs_strip = builder.gep(qs_data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, 16)))])
+        xs_row = builder.gep(xs_data, [builder.mul(t, blocks)])
         acc = cgutils.alloca_once_value(builder, ir.Constant(floats16, None))
         with cgutils.for_range(builder, blocks) as loop:
-            offset = builder.mul(loop.index, ir.Constant(i64, 32))
-
-            weights = builder.sext(builder.load(builder.bitcast(builder.gep(q_row, [offset]), bytes32.as_pointer()),
-                                                align=1), shorts32)
-            activations = builder.load(builder.bitcast(builder.gep(x_row, [offset]), shorts32.as_pointer()), align=2)
-            products = builder.sitofp(builder.call(pmaddwd, [weights, activations]), floats16)
-            scale = builder.fmul(builder.load(builder.gep(qs_row, [loop.index])),
-                                 builder.load(builder.gep(xs_row, [loop.index])))
-            lanes = builder.insert_element(ir.Constant(floats16, None), scale, ir.Constant(i32, 0))
-            lanes = builder.shuffle_vector(lanes, lanes, ir.Constant(ints16, [0] * 16))
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(products, lanes)), acc)
-        total, vector = ir.Constant(ir.FloatType(), 0.0), builder.load(acc)
-        for lane in range(16):
-            total = builder.fadd(total, builder.extract_element(vector, ir.Constant(i32, lane)))
-        return total
-    return types.float32(q, n, xq, t, qs, xs), codegen
+            b = loop.index
+            lines = builder.gep(q_strip, [builder.mul(b, ir.Constant(i64, 512))])
+            pairs = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, 32))]), i32.as_pointer())
+            ints = ir.Constant(ints16, None)
+            for r in range(16):
+                line = builder.bitcast(builder.gep(lines, [ir.Constant(i64, 32 * r)]), bytes32.as_pointer())
+                weights = builder.sext(builder.load(line, align=1), shorts32)
+                pair = builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2)
+                pair = builder.insert_element(ir.Constant(ints16, None), pair, ir.Constant(i32, 0))
+                pair = builder.bitcast(builder.shuffle_vector(pair, pair, broadcast), shorts32)
+                ints = builder.add(ints, builder.call(pmaddwd, [weights, pair]))
+            scales = builder.bitcast(builder.gep(qs_strip, [builder.mul(b, ir.Constant(i64, 16))]),
+                                     floats16.as_pointer())
+            x_scale = builder.insert_element(ir.Constant(floats16, None), builder.load(builder.gep(xs_row, [b])),
+                                             ir.Constant(i32, 0))
+            x_scale = builder.shuffle_vector(x_scale, x_scale, broadcast)
+            scaled = builder.fmul(builder.load(scales, align=4), x_scale)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(ints, floats16), scaled)), acc)
+        dest = builder.gep(out_data, [builder.add(builder.mul(t, width), builder.mul(s, ir.Constant(i64, 16)))])
+        builder.store(builder.load(acc), builder.bitcast(dest, floats16.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.void(q, s, xq, t, qs, xs, out), codegen
 
 
 @njit("void(float32[:, ::1], int16[:, ::1], float32[:, ::1])", fastmath=True, cache=True, nogil=True)
@@ -180,39 +206,257 @@ def _scale_to_int16(x, xq, xs):
 
 
 def _pmaddwd_gemv_kernel():
-    @njit("void(int16[:, ::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32[:, ::1])",
+    @njit("void(int16[:, ::1], float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])",
           parallel=True, fastmath=True, cache=True, nogil=True)
     def gemv(xq, xs, q, qs, out):
-        for n in prange(q.shape[0]):
+        for s in prange(q.shape[0]):
             for t in range(xq.shape[0]):
-                out[t, n] = _dot_pmaddwd(q, n, xq, t, qs, xs)
+                _strip_dot(q, s, xq, t, qs, xs, out)
     return gemv
 
 
-_pmaddwd_gemv = _pmaddwd_gemv_kernel() if PMADDWD else None  # compiled only where the instruction exists
+# --- AMX: the tile registers, named by number (immediates), configured per thread ------------
+
+def _tile_call(builder, name: str, operands) -> None:
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [o.type for o in operands]),
+                                        f"llvm.x86.{name}")
+    builder.call(fn, operands)
+
+
+def _tile(number) -> ir.Constant:
+    return ir.Constant(ir.IntType(8), number.literal_value)
+
+
+def _address(context, builder, arrty, arr, offset):
+    """The address of element offset of a C-contiguous array, as i8*."""
+    return builder.bitcast(builder.gep(_data(context, builder, arrty, arr), [offset]), ir.IntType(8).as_pointer())
+
+
+@intrinsic
+def _tile_config(typingctx, config):
+    def codegen(context, builder, signature, args):
+        _tile_call(builder, "ldtilecfg", [_address(context, builder, signature.args[0], args[0],
+                                                   ir.Constant(ir.IntType(64), 0))])
+        return context.get_dummy_value()
+    return types.void(config), codegen
+
+
+@intrinsic
+def _tile_release(typingctx):
+    def codegen(context, builder, signature, args):
+        _tile_call(builder, "tilerelease", [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic(prefer_literal=True)
+def _tile_zero(typingctx, tile):
+    if not isinstance(tile, types.IntegerLiteral):
+        return None
+
+    def codegen(context, builder, signature, args):
+        _tile_call(builder, "tilezero", [_tile(tile)])
+        return context.get_dummy_value()
+    return types.void(tile), codegen
+
+
+@intrinsic(prefer_literal=True)
+def _tile_load(typingctx, tile, array, offset, stride):
+    """Tile `tile` = 16 rows from array's element offset on, stride bytes apart."""
+    if not isinstance(tile, types.IntegerLiteral):
+        return None
+
+    def codegen(context, builder, signature, args):
+        _tile_call(builder, "tileloadd64", [_tile(tile), _address(context, builder, array, args[1], args[2]),
+                                            context.cast(builder, args[3], stride, types.int64)])
+        return context.get_dummy_value()
+    return types.void(tile, array, offset, stride), codegen
+
+
+@intrinsic(prefer_literal=True)
+def _tile_store(typingctx, tile, array, offset, stride):
+    if not isinstance(tile, types.IntegerLiteral):
+        return None
+
+    def codegen(context, builder, signature, args):
+        _tile_call(builder, "tilestored64", [_tile(tile), _address(context, builder, array, args[1], args[2]),
+                                             context.cast(builder, args[3], stride, types.int64)])
+        return context.get_dummy_value()
+    return types.void(tile, array, offset, stride), codegen
+
+
+@intrinsic(prefer_literal=True)
+def _tile_dot(typingctx, c, a, b):
+    """Tile c += tile a (16 x 32 bfloat16) times tile b (32 x 16, in pairs), in float32."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in (c, a, b)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        _tile_call(builder, "tdpbf16ps", [_tile(c), _tile(a), _tile(b)])
+        return context.get_dummy_value()
+    return types.void(c, a, b), codegen
+
+
+# Every tile 16 rows of 64 bytes: C (0) 16 x 16 float32; B (4) and A (6, 7) 16 x 32 bfloat16.
+_TILES = np.zeros(64, dtype=np.uint8)
+_TILES[0] = 1  # palette 1
+_TILES[16:32:2] = 64  # bytes per row of tiles 0-7 (little-endian uint16)
+_TILES[48:56] = 16  # their rows
+
+
+@njit("void(float32[:, ::1], uint16[:, ::1], uint16[:, ::1])", parallel=True, cache=True, nogil=True)
+def _split_bfloat16(x, high, rest):
+    """x = high + rest, both bfloat16 (rounded to nearest even): 16 significant bits in all."""
+    bits = x.view(np.uint32)
+    for t in prange(x.shape[0]):
+        part = np.empty(x.shape[1], dtype=np.float32)
+        part_bits = part.view(np.uint32)
+        for k in range(x.shape[1]):
+            b = bits[t, k]
+            h = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+            high[t, k] = np.uint16(h >> np.uint32(16))
+            part_bits[k] = h
+        for k in range(x.shape[1]):
+            part[k] = x[t, k] - part[k]
+        for k in range(x.shape[1]):
+            b = part_bits[k]
+            rest[t, k] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+def _round_to_bfloat16(builder, bits):
+    """float32 bits -> the bfloat16 nearest (ties to even), still in the high half."""
+    ints = bits.type
+    c = lambda v: ir.Constant(ints, [v] * ints.count)
+    odd = builder.and_(builder.lshr(bits, c(16)), c(1))
+    return builder.and_(builder.add(builder.add(bits, c(0x7FFF)), odd), c(0xFFFF0000 - (1 << 32)))
+
+@intrinsic
+def _bfloat16_planes(typingctx, q, qs, s, planes):
+    """planes[b, 0] and planes[b, 1]: the high and low bfloat16 parts of strip s's block b,
+    scaled, as tiles (16 x 32, in pairs); 16 significant bits together, so exact to 2^-17."""
+    def codegen(context, builder, signature, args):
+        q_data, qs_data, planes_data = (_data(context, builder, signature.args[i], args[i]) for i in (0, 1, 3))
+        q_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        s = args[2]
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        blocks = builder.extract_value(q_arr.shape, 1)
+        ints16, floats16, shorts16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(16), 16)
+        bytes16 = ir.VectorType(ir.IntType(8), 16)
+        with cgutils.for_range(builder, blocks) as loop:
+            block = builder.add(builder.mul(s, blocks), loop.index)
+            scales = builder.load(builder.bitcast(builder.gep(qs_data, [builder.mul(block, ir.Constant(i64, 16))]), floats16.as_pointer()), align=4)
+            halves = [builder.shuffle_vector(scales, scales, ir.Constant(ints16, [8 * h + lane // 2 for lane in range(16)])) for h in (0, 1)]
+            src = builder.gep(q_data, [builder.mul(block, ir.Constant(i64, 512))])
+            dst = builder.gep(planes_data, [builder.mul(loop.index, ir.Constant(i64, 1024))])
+            for chunk in range(32):
+                raw = builder.load(builder.bitcast(builder.gep(src, [ir.Constant(i64, 16 * chunk)]), bytes16.as_pointer()), align=1)
+                w = builder.fmul(builder.sitofp(builder.sext(raw, ints16), floats16), halves[chunk % 2])
+                high = _round_to_bfloat16(builder, builder.bitcast(w, ints16))
+                low = builder.fsub(w, builder.bitcast(high, floats16))
+                low = _round_to_bfloat16(builder, builder.bitcast(low, ints16))
+                for plane, part in ((0, high), (1, low)):
+                    shorts = builder.trunc(builder.lshr(part, ir.Constant(ints16, [16] * 16)), shorts16)
+                    at = builder.gep(dst, [ir.Constant(i64, 512 * plane + 16 * chunk)])
+                    builder.store(shorts, builder.bitcast(at, shorts16.as_pointer()), align=2)
+        return context.get_dummy_value()
+    return types.void(q, qs, s, planes), codegen
+
+
+def _amx_gemm_kernel():
+    @njit("void(uint8[::1], uint16[:, ::1], uint16[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])",
+          parallel=True, cache=True, nogil=True)
+    def gemm(tiles, high, rest, q, qs, out):
+        """out[:, 16s:16s+16] for every strip s, 64 rows at a time (4 C tiles): the weights'
+        two parts (B, tiles 4 and 5) against the activations' (A, tiles 6 and 7), all but the
+        two low parts' product, accumulated over every block in the tile unit."""
+        rows, in_dim = high.shape
+        strips, blocks = q.shape[0], q.shape[1]
+        a_stride, c_stride = in_dim * 2, out.shape[1] * 4
+        for s in prange(strips):
+            _tile_config(tiles)
+            planes = np.empty((blocks, 2, 512), dtype=np.uint16)
+            _bfloat16_planes(q, qs, s, planes)
+            for t0 in range(0, rows, 64):
+                _tile_zero(0)
+                _tile_zero(1)
+                _tile_zero(2)
+                _tile_zero(3)
+                for b in range(blocks):
+                    a = t0 * in_dim + b * 32
+                    _tile_load(4, planes, b * 1024, 64)
+                    _tile_load(5, planes, b * 1024 + 512, 64)
+                    _tile_load(6, high, a, a_stride)
+                    _tile_load(7, rest, a, a_stride)
+                    _tile_dot(0, 6, 4)
+                    _tile_dot(0, 6, 5)
+                    _tile_dot(0, 7, 4)
+                    _tile_load(6, high, a + 16 * in_dim, a_stride)
+                    _tile_load(7, rest, a + 16 * in_dim, a_stride)
+                    _tile_dot(1, 6, 4)
+                    _tile_dot(1, 6, 5)
+                    _tile_dot(1, 7, 4)
+                    _tile_load(6, high, a + 32 * in_dim, a_stride)
+                    _tile_load(7, rest, a + 32 * in_dim, a_stride)
+                    _tile_dot(2, 6, 4)
+                    _tile_dot(2, 6, 5)
+                    _tile_dot(2, 7, 4)
+                    _tile_load(6, high, a + 48 * in_dim, a_stride)
+                    _tile_load(7, rest, a + 48 * in_dim, a_stride)
+                    _tile_dot(3, 6, 4)
+                    _tile_dot(3, 6, 5)
+                    _tile_dot(3, 7, 4)
+                c = t0 * out.shape[1] + s * 16
+                _tile_store(0, out, c, c_stride)
+                _tile_store(1, out, c + 16 * out.shape[1], c_stride)
+                _tile_store(2, out, c + 32 * out.shape[1], c_stride)
+                _tile_store(3, out, c + 48 * out.shape[1], c_stride)
+            _tile_release()
+    return gemm
+
+
+# compiled only where the instructions exist
+_pmaddwd_gemv = _pmaddwd_gemv_kernel() if PMADDWD else None
+_amx_gemm = _amx_gemm_kernel() if AMX else None
 _slab = np.empty(0, dtype=np.float32)
 
 
 def matmul(x: np.ndarray, w: Q8Weight) -> np.ndarray:
     """x @ w.T for activations x (tokens, in), as float32 (tokens, out)."""
-    global _slab
     x = np.ascontiguousarray(x, dtype=np.float32)
-    out_dim, in_dim = w.shape
-    out = np.empty((x.shape[0], out_dim), dtype=np.float32)
-    if x.shape[0] <= GEMV_ROWS:
+    tokens, in_dim = x.shape
+    strips = w.q.shape[0]
+    if tokens <= GEMV_ROWS:
+        out = np.empty((tokens, strips * STRIP), dtype=np.float32)
         if PMADDWD:
             xq = np.empty(x.shape, dtype=np.int16)
-            xs = np.empty((x.shape[0], in_dim // BLOCK), dtype=np.float32)
+            xs = np.empty((tokens, in_dim // BLOCK), dtype=np.float32)
             _scale_to_int16(x, xq, xs)
             _pmaddwd_gemv(xq, xs, w.q, w.scale, out)
         else:
             _gemv(x, w.q, w.scale, out)
-        return out
+    elif AMX:
+        padded = -(-tokens // 64) * 64
+        high = np.zeros((padded, in_dim), dtype=np.uint16)
+        rest = np.zeros((padded, in_dim), dtype=np.uint16)
+        _split_bfloat16(x, high[:tokens], rest[:tokens])
+        out = np.empty((padded, strips * STRIP), dtype=np.float32)
+        _amx_gemm(_TILES, high, rest, w.q, w.scale, out)
+        out = out[:tokens]
+    else:
+        out = _blas_matmul(x, w)
+    return out if w.rows == out.shape[1] else np.ascontiguousarray(out[:, :w.rows])
+
+
+def _blas_matmul(x: np.ndarray, w: Q8Weight) -> np.ndarray:
+    global _slab
+    strips, in_dim = w.q.shape[0], w.shape[1]
+    out = np.empty((x.shape[0], strips * STRIP), dtype=np.float32)
     if _slab.size < SLAB_ROWS * in_dim:
         _slab = np.empty(SLAB_ROWS * in_dim, dtype=np.float32)
-    for start in range(0, out_dim, SLAB_ROWS):
-        rows = min(SLAB_ROWS, out_dim - start)
-        slab = _slab[:rows * in_dim].reshape(rows, in_dim)
-        _widen(w.q, w.scale, start, slab)
-        np.matmul(x, slab.T, out=out[:, start:start + rows])
+    for first in range(0, strips, SLAB_ROWS // STRIP):
+        count = min(SLAB_ROWS // STRIP, strips - first)
+        slab = _slab[:count * STRIP * in_dim].reshape(count * STRIP, in_dim)
+        _widen(w.q, w.scale, first, slab)
+        start = first * STRIP
+        np.matmul(x, slab.T, out=out[:, start:start + count * STRIP])
     return out
