@@ -52,6 +52,7 @@ def test_silu_and_mul_matches_numpy(rng, tokens, width):
     ([1, 1, 1], [5, 16, 37], 9, 3, 64, 16),  # decode rows: ragged contexts, GQA groups of 3
     ([1, 6, 1, 3], [9, 6, 30, 40], 4, 2, 32, 4),  # decode rows beside prefill chunks on a cached prefix
     ([5], [5], 2, 2, 16, 16),  # prefill only
+    ([1, 300], [20, 340], 6, 2, 16, 16),  # a long chunk on a cached prefix: three causal tiles
 ])
 def test_paged_attention_matches_numpy(rng, query_lens, context_lens, heads, kv_heads, dim, block_size):
     blocks = 64

@@ -26,6 +26,7 @@ from numba import njit, prange
 
 from model.ops import numpy_ops
 from model.ops import q8
+from model.ops.numpy_ops import _scratch
 from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, as numpy_ops has it)
     asarray,
     release,
@@ -169,12 +170,11 @@ def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
 
 class AttentionPlan:
     """A step's attention, planned once for every layer: decode rows (one query token) for the
-    kernel, the other rows as numpy_ops chunks."""
+    kernel, the others (prefill chunks) one by one in causal tiles."""
 
     def __init__(self, query_lens, context_lens, block_tables, block_size):
         starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)
         decode = [r for r, n in enumerate(query_lens) if n == 1]
-        others = [r for r, n in enumerate(query_lens) if n != 1]
         self.token = starts[decode]
         self.context = np.array([context_lens[r] for r in decode], dtype=np.int64)
         width = max((-(-int(c) // block_size) for c in self.context), default=0)
@@ -182,16 +182,83 @@ class AttentionPlan:
         for i, r in enumerate(decode):
             used = -(-context_lens[r] // block_size)
             self.tables[i, :used] = block_tables[r][:used]
-        # the other rows' tokens, gathered into a step of their own for numpy_ops
-        self.index = np.concatenate([np.arange(starts[r], starts[r] + query_lens[r]) for r in others]) \
-            if others else np.zeros(0, dtype=np.int64)
-        self.chunks = numpy_ops.attention_meta(
-            [query_lens[r] for r in others], [context_lens[r] for r in others],
-            [block_tables[r] for r in others], block_size) if others else []
+        # (first token on the step's axis, query tokens, context, the blocks it uses)
+        self.prefill = [(int(starts[r]), n, context_lens[r],
+                         np.asarray(block_tables[r][:-(-context_lens[r] // block_size)], dtype=np.int64))
+                        for r, n in enumerate(query_lens) if n != 1]
 
 
 def attention_meta(query_lens, context_lens, block_tables, block_size) -> AttentionPlan:
     return AttentionPlan(list(query_lens), list(context_lens), block_tables, block_size)
+
+
+# Query tokens a prefill tile holds: tile i attends only to the keys its last token sees, so a
+# long prompt computes about half the score matrix instead of all of it.
+PREFILL_TILE = 128
+LOG2E, LN2_HIGH, LN2_LOW = np.float32(1.4426950408889634), np.float32(0.693145751953125), \
+    np.float32(1.428606765330187e-06)
+
+
+@kernel(f"void({F3}, int64, int64, int32[:, ::1])")
+def _causal_softmax(scores, group, first, powers):
+    """Each row of scores[h], for query token i // group of a tile whose first token is at
+    position first: softmax over keys 0..first + i // group, zero after. The exponential is
+    computed in plain arithmetic that vectorises (Cody-Waite reduction, a degree-6 polynomial,
+    2^n through the exponent bits), as numba's np.exp does not without Intel's SVML."""
+    heads, rows, keys = scores.shape
+    for job in prange(heads * rows):
+        h, i = job // rows, job % rows
+        seen = min(keys, first + i // group + 1)
+        top = scores[h, i, 0]
+        for k in range(1, seen):
+            top = max(top, scores[h, i, k])
+        bits = powers[job]
+        for k in range(seen):
+            x = max(scores[h, i, k] - top, np.float32(-87.0))
+            n = np.floor(x * LOG2E + np.float32(0.5))
+            r = x - n * LN2_HIGH - n * LN2_LOW
+            p = np.float32(1.0 / 720)
+            p = p * r + np.float32(1.0 / 120)
+            p = p * r + np.float32(1.0 / 24)
+            p = p * r + np.float32(1.0 / 6)
+            p = p * r + np.float32(0.5)
+            p = p * r + np.float32(1.0)
+            scores[h, i, k] = p * r + np.float32(1.0)
+            bits[k] = (np.int32(n) + np.int32(127)) << np.int32(23)
+        power = bits.view(np.float32)
+        total = np.float32(0.0)
+        for k in range(seen):
+            scores[h, i, k] *= power[k]
+            total += scores[h, i, k]
+        inv = np.float32(1.0) / total
+        for k in range(seen):
+            scores[h, i, k] *= inv
+        for k in range(seen, keys):
+            scores[h, i, k] = 0
+
+
+def _prefill_attention(q, cache_k, cache_v, first, count, context, blocks, scale, out):
+    """out[first:first + count] for one row's query tokens, the last count of its context:
+    per tile, scores = Q K^T for every query head of a KV head in one GEMM, the causal softmax,
+    then P V."""
+    kv_heads, _, block_size, dim = cache_k.shape
+    group = q.shape[1] // kv_heads
+    k = np.take(cache_k, blocks, axis=1).reshape(kv_heads, -1, dim)
+    v = np.take(cache_v, blocks, axis=1).reshape(kv_heads, -1, dim)
+    # (kv head, token, query head of the group, dim): a tile of tokens is one matrix per KV head
+    queries = (q[first:first + count] * np.float32(scale)).reshape(count, kv_heads, group, dim).transpose(1, 0, 2, 3)
+    queries = np.ascontiguousarray(queries)
+    for t0 in range(0, count, PREFILL_TILE):
+        tokens = min(PREFILL_TILE, count - t0)
+        position = context - count + t0  # of the tile's first query token
+        seen = position + tokens
+        tile = queries[:, t0:t0 + tokens].reshape(kv_heads, tokens * group, dim)
+        scores = np.matmul(tile, k[:, :seen].transpose(0, 2, 1),
+                           out=_scratch("prefill scores", (kv_heads, tokens * group, seen)))
+        powers = _scratch("prefill powers", (kv_heads * tokens * group, seen)).view(np.int32)
+        _causal_softmax(scores.size, scores, group, position, powers)
+        o = np.matmul(scores, v[:, :seen]).reshape(kv_heads, tokens, group, dim)
+        out[first + t0:first + t0 + tokens] = o.transpose(1, 0, 2, 3).reshape(tokens, -1)
 
 
 @kernel(f"void({F3}, {F4}, {F4}, {I1}, {I1}, {I2}, float32, {F2})")
@@ -250,8 +317,8 @@ def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
         work = int(plan.context.sum()) * heads * dim
         _decode_attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.token, plan.context, plan.tables,
                           np.float32(scale), out)
-    if plan.chunks:
-        out[plan.index] = numpy_ops.paged_attention(q[plan.index], cache_k, cache_v, plan.chunks, scale)
+    for first, count, context, blocks in plan.prefill:
+        _prefill_attention(q, cache_k, cache_v, first, count, context, blocks, scale, out)
     return out
 
 
