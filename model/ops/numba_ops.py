@@ -22,7 +22,11 @@ this module is imported (about 5 s the first time on a machine, then read from t
 import types
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange
+from numba.core import cgutils
+from numba.core import types as nbtypes
+from numba.extending import intrinsic
 
 from model.ops import numpy_ops
 from model.ops import q8
@@ -199,42 +203,49 @@ LOG2E, LN2_HIGH, LN2_LOW = np.float32(1.4426950408889634), np.float32(0.69314575
     np.float32(1.428606765330187e-06)
 
 
+@njit(inline="always", fastmath=True)
+def _exp_shifted(x, top, count, powers):
+    """x[k] = exp(x[k] - top) for k < count, returning their sum; powers (int32, count or more)
+    is scratch. Plain arithmetic that vectorises, as numba's np.exp does not without Intel's
+    SVML: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial, and 2^n through
+    the exponent bits (inputs below -87 give about 1e-38, never a denormal)."""
+    for k in range(count):
+        v = max(x[k] - top, np.float32(-87.0))
+        n = np.floor(v * LOG2E + np.float32(0.5))
+        r = v - n * LN2_HIGH - n * LN2_LOW
+        p = np.float32(1.0 / 720)
+        p = p * r + np.float32(1.0 / 120)
+        p = p * r + np.float32(1.0 / 24)
+        p = p * r + np.float32(1.0 / 6)
+        p = p * r + np.float32(0.5)
+        p = p * r + np.float32(1.0)
+        x[k] = p * r + np.float32(1.0)
+        powers[k] = (np.int32(n) + np.int32(127)) << np.int32(23)
+    scale = powers.view(np.float32)
+    total = np.float32(0.0)
+    for k in range(count):
+        x[k] *= scale[k]
+        total += x[k]
+    return total
+
+
 @kernel(f"void({F3}, int64, int64, int32[:, ::1])")
 def _causal_softmax(scores, group, first, powers):
     """Each row of scores[h], for query token i // group of a tile whose first token is at
-    position first: softmax over keys 0..first + i // group, zero after. The exponential is
-    computed in plain arithmetic that vectorises (Cody-Waite reduction, a degree-6 polynomial,
-    2^n through the exponent bits), as numba's np.exp does not without Intel's SVML."""
+    position first: softmax over keys 0..first + i // group, zero after."""
     heads, rows, keys = scores.shape
     for job in prange(heads * rows):
         h, i = job // rows, job % rows
         seen = min(keys, first + i // group + 1)
-        top = scores[h, i, 0]
+        row = scores[h, i]
+        top = row[0]
         for k in range(1, seen):
-            top = max(top, scores[h, i, k])
-        bits = powers[job]
+            top = max(top, row[k])
+        inv = np.float32(1.0) / _exp_shifted(row, top, seen, powers[job])
         for k in range(seen):
-            x = max(scores[h, i, k] - top, np.float32(-87.0))
-            n = np.floor(x * LOG2E + np.float32(0.5))
-            r = x - n * LN2_HIGH - n * LN2_LOW
-            p = np.float32(1.0 / 720)
-            p = p * r + np.float32(1.0 / 120)
-            p = p * r + np.float32(1.0 / 24)
-            p = p * r + np.float32(1.0 / 6)
-            p = p * r + np.float32(0.5)
-            p = p * r + np.float32(1.0)
-            scores[h, i, k] = p * r + np.float32(1.0)
-            bits[k] = (np.int32(n) + np.int32(127)) << np.int32(23)
-        power = bits.view(np.float32)
-        total = np.float32(0.0)
-        for k in range(seen):
-            scores[h, i, k] *= power[k]
-            total += scores[h, i, k]
-        inv = np.float32(1.0) / total
-        for k in range(seen):
-            scores[h, i, k] *= inv
+            row[k] *= inv
         for k in range(seen, keys):
-            scores[h, i, k] = 0
+            row[k] = 0
 
 
 def _prefill_attention(q, cache_k, cache_v, first, count, context, blocks, scale, out):
@@ -261,6 +272,22 @@ def _prefill_attention(q, cache_k, cache_v, first, count, context, blocks, scale
         out[first + t0:first + t0 + tokens] = o.transpose(1, 0, 2, 3).reshape(tokens, -1)
 
 
+@intrinsic
+def _prefetch(typingctx, array, offset):
+    """Ask for the cache line holding flat element offset of a C-contiguous array (no fault if
+    it is out of range): a decode step walks blocks scattered through memory, which the
+    hardware prefetcher cannot guess."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        address = builder.bitcast(builder.gep(data, [args[1]]), i8p)
+        builder.call(fn, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return nbtypes.void(array, offset), codegen
+
+
 @kernel(f"void({F3}, {F4}, {F4}, {I1}, {I1}, {I2}, float32, {F2})")
 def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
     """One query token per row: out[token[r]] = softmax(q K^T * scale) V over the row's
@@ -277,12 +304,18 @@ def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
         m = np.full(group, -np.inf, dtype=np.float32)
         total = np.zeros(group, dtype=np.float32)
         s = np.empty((group, block_size), dtype=np.float32)
+        powers = np.empty(block_size, dtype=np.int32)
         for g in range(group):
             for d in range(dim):
                 qs[g, d] = q[t, kh * group + g, d] * scale
         for b in range(-(-n // block_size)):
             block = tables[r, b]
             keys = min(block_size, n - b * block_size)
+            if b + 1 < -(-n // block_size):  # the next block's K and V, while this one computes
+                following = (kh * cache_k.shape[1] + tables[r, b + 1]) * block_size * dim
+                for line in range(0, block_size * dim, 64 // cache_k.itemsize):
+                    _prefetch(cache_k, following + line)
+                    _prefetch(cache_v, following + line)
             for i in range(keys):
                 for g in range(group):
                     dot = np.float32(0.0)
@@ -295,12 +328,12 @@ def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
                     top = max(top, s[g, i])
                 correction = np.exp(m[g] - top)
                 m[g] = top
-                total[g] *= correction
+                total[g] = total[g] * correction + _exp_shifted(s[g], top, keys, powers)
                 for d in range(dim):
                     acc[g, d] *= correction
-                for i in range(keys):
-                    p = np.exp(s[g, i] - top)
-                    total[g] += p
+            for i in range(keys):
+                for g in range(group):
+                    p = s[g, i]
                     for d in range(dim):
                         acc[g, d] += p * cache_v[kh, block, i, d]
         for g in range(group):
