@@ -96,6 +96,37 @@ F1, F2, F3, F4, I1, I2 = "float32[::1]", "float32[:, ::1]", "float32[:, :, ::1]"
     "int64[::1]", "int64[:, ::1]"
 
 
+LOG2E, LN2_HIGH, LN2_LOW = np.float32(1.4426950408889634), np.float32(0.693145751953125), \
+    np.float32(1.428606765330187e-06)
+
+
+@njit(inline="always", fastmath=True)
+def _exp_shifted(x, top, count, powers):
+    """x[k] = exp(x[k] - top) for k < count, returning their sum; powers (int32, count or more)
+    is scratch. Plain arithmetic that vectorises, as numba's np.exp does not without Intel's
+    SVML: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial, and 2^n through
+    the exponent bits. Inputs are clamped to [-87, 88], so the result is a normal float (about
+    1e-38 for anything below, 1.7e38 for anything above)."""
+    for k in range(count):
+        v = min(max(x[k] - top, np.float32(-87.0)), np.float32(88.0))
+        n = np.floor(v * LOG2E + np.float32(0.5))
+        r = v - n * LN2_HIGH - n * LN2_LOW
+        p = np.float32(1.0 / 720)
+        p = p * r + np.float32(1.0 / 120)
+        p = p * r + np.float32(1.0 / 24)
+        p = p * r + np.float32(1.0 / 6)
+        p = p * r + np.float32(0.5)
+        p = p * r + np.float32(1.0)
+        x[k] = p * r + np.float32(1.0)
+        powers[k] = (np.int32(n) + np.int32(127)) << np.int32(23)
+    scale = powers.view(np.float32)
+    total = np.float32(0.0)
+    for k in range(count):
+        x[k] *= scale[k]
+        total += x[k]
+    return total
+
+
 @kernel(f"void({F2}, {F2}, {F1}, float32, {F2})")
 def _add_rms_norm(x, delta, gamma, eps, out):
     tokens, hidden = x.shape
@@ -161,9 +192,13 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def _silu_and_mul(gate_up, out):
     tokens, width = out.shape
     for t in prange(tokens):
+        row = out[t]
+        powers = np.empty(width, dtype=np.int32)
         for i in range(width):
-            g = gate_up[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, width + i]
+            row[i] = -gate_up[t, i]
+        _exp_shifted(row, np.float32(0.0), width, powers)
+        for i in range(width):
+            row[i] = gate_up[t, i] / (np.float32(1.0) + row[i]) * gate_up[t, width + i]
 
 
 def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
@@ -199,36 +234,6 @@ def attention_meta(query_lens, context_lens, block_tables, block_size) -> Attent
 # Query tokens a prefill tile holds: tile i attends only to the keys its last token sees, so a
 # long prompt computes about half the score matrix instead of all of it.
 PREFILL_TILE = 128
-LOG2E, LN2_HIGH, LN2_LOW = np.float32(1.4426950408889634), np.float32(0.693145751953125), \
-    np.float32(1.428606765330187e-06)
-
-
-@njit(inline="always", fastmath=True)
-def _exp_shifted(x, top, count, powers):
-    """x[k] = exp(x[k] - top) for k < count, returning their sum; powers (int32, count or more)
-    is scratch. Plain arithmetic that vectorises, as numba's np.exp does not without Intel's
-    SVML: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial, and 2^n through
-    the exponent bits (inputs below -87 give about 1e-38, never a denormal)."""
-    for k in range(count):
-        v = max(x[k] - top, np.float32(-87.0))
-        n = np.floor(v * LOG2E + np.float32(0.5))
-        r = v - n * LN2_HIGH - n * LN2_LOW
-        p = np.float32(1.0 / 720)
-        p = p * r + np.float32(1.0 / 120)
-        p = p * r + np.float32(1.0 / 24)
-        p = p * r + np.float32(1.0 / 6)
-        p = p * r + np.float32(0.5)
-        p = p * r + np.float32(1.0)
-        x[k] = p * r + np.float32(1.0)
-        powers[k] = (np.int32(n) + np.int32(127)) << np.int32(23)
-    scale = powers.view(np.float32)
-    total = np.float32(0.0)
-    for k in range(count):
-        x[k] *= scale[k]
-        total += x[k]
-    return total
-
-
 @kernel(f"void({F3}, int64, int64, int32[:, ::1])")
 def _causal_softmax(scores, group, first, powers):
     """Each row of scores[h], for query token i // group of a tile whose first token is at
