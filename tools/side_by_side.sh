@@ -6,9 +6,9 @@
 #
 #   tools/side_by_side.sh path/to/llama-server q4_1.gguf f32.gguf OUT
 #
-# llama-server runs with 2 threads and 64 slots; Spool with its defaults (float32 weights, numba
-# kernels) and with --dtype q8_0, and
-# OpenBLAS free to pick its own kernels (FIELD-NOTES: the environment pins Haswell for CI).
+# llama-server runs with 2 threads and 64 slots; Spool with its defaults (q8_0 weights, numba
+# kernels) and with --dtype float32, and OpenBLAS free to pick its own kernels (FIELD-NOTES: the
+# environment pins Haswell for CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 server=$1 q4=$2 f32=$3 out=$4
@@ -33,11 +33,11 @@ measure() {  # NAME: three loads against whatever listens on $port
     done
 }
 
-for name in spool spool-q8_0 llama-f32 llama-q4_1; do
+for name in spool spool-float32 llama-f32 llama-q4_1; do
     echo "== $name"
     case $name in
         spool) env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m app serve --port $port > "$out/$name.log" 2>&1 & ;;
-        spool-q8_0) env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m app serve --port $port --dtype q8_0 \
+        spool-float32) env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m app serve --port $port --dtype float32 \
             > "$out/$name.log" 2>&1 & ;;
         llama-f32) "$server" -m "$f32" -t 2 --parallel 64 -c 65536 -ub 512 --port $port --metrics \
             --alias SmolLM2-135M-Instruct > "$out/$name.log" 2>&1 & ;;
@@ -50,5 +50,5 @@ for name in spool spool-q8_0 llama-f32 llama-q4_1; do
     kill $pid
     wait $pid || true
 done
-python tools/loadtest.py --compare "$out"/spool-c64.json "$out"/spool-q8_0-c64.json "$out"/llama-f32-c64.json "$out"/llama-q4_1-c64.json \
+python tools/loadtest.py --compare "$out"/spool-c64.json "$out"/spool-float32-c64.json "$out"/llama-f32-c64.json "$out"/llama-q4_1-c64.json \
     --plot "$out/side-by-side-c64.png"
