@@ -4,7 +4,9 @@
 to float32, undoes llama.cpp's q/k row permutation (architecture `llama` only), and writes:
 
     config.json              the model's shape, as transformers would write it
-    model.safetensors        float16 weights under Hugging Face names
+    model.safetensors        float16 weights under Hugging Face names (float32 for Q8_0
+                             tensors, so that the CPU backend's Q8_0 gets the file's own
+                             int8 values and scales back exactly)
     tokenizer.json           a `tokenizers` tokenizer rebuilt from the GGUF vocabulary
     tokenizer_config.json    special tokens, add_bos_token and the chat template
     generation_config.json   bos/eos ids
@@ -616,7 +618,7 @@ def _dequantized(t, permute: int, shape: tuple[int, ...], path: Path) -> np.ndar
     if permute:
         # Undo llama.cpp's rope layout: rows go from (head, pair, 2) back to (head, 2, pair).
         w = w.reshape(permute, w.shape[0] // permute // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-    out = w.astype(np.float16)
+    out = w.astype(_stored_dtype(t))
     if not np.isfinite(out).all():
         raise ModelError(
             f"tensor {t.name} in {path.name} has values outside float16's range (or NaN);"
@@ -625,15 +627,25 @@ def _dequantized(t, permute: int, shape: tuple[int, ...], path: Path) -> np.ndar
     return out
 
 
+def _stored_dtype(t) -> np.dtype:
+    """float16, except for Q8_0 tensors: their values (a float16 scale times an int8) are exact
+    in float32, so the CPU backend's own Q8_0 quantization at load gets the file's int8 values
+    and scales back bit for bit, where float16 would round the products."""
+    import gguf
+
+    return np.dtype(np.float32 if t.tensor_type == gguf.GGMLQuantizationType.Q8_0 else np.float16)
+
+
 def _write_weights(plan: dict, dest: Path, gguf_path: Path, progress: bool) -> None:
     """Stream a safetensors file: header first, then one tensor at a time (memory: one tensor)."""
     from tqdm import tqdm
 
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for hf_name, _, _, shape in plan["tensors"]:
-        nbytes = 2 * math.prod(shape)
-        header[hf_name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+    for hf_name, t, _, shape in plan["tensors"]:
+        nbytes = _stored_dtype(t).itemsize * math.prod(shape)
+        header[hf_name] = {"dtype": "F32" if _stored_dtype(t) == np.float32 else "F16", "shape": list(shape),
+                           "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -644,7 +656,7 @@ def _write_weights(plan: dict, dest: Path, gguf_path: Path, progress: bool) -> N
                    disable=not progress, file=sys.stderr, leave=False)
         for hf_name, t, permute, shape in bar:
             arr = _dequantized(t, permute, shape, gguf_path)
-            f.write(np.ascontiguousarray(arr, dtype="<f2").tobytes())
+            f.write(np.ascontiguousarray(arr, dtype=_stored_dtype(t).newbyteorder("<")).tobytes())
         bar.close()
         f.flush()
         os.fsync(f.fileno())

@@ -16,7 +16,7 @@ from model.errors import ModelError
 from model.gguf import convert_gguf, llama3_rope_factors
 from tiny_gguf import (
     CHAT_TEMPLATE, CORPUS, FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, LAYERS, SPECIALS, export_vocab,
-    hf_weights, permute_for_gguf, tiny_gguf, train_bpe, write_gguf,
+    gguf_name, hf_weights, permute_for_gguf, tiny_gguf, train_bpe, write_gguf,
 )
 
 TEXTS = [
@@ -96,6 +96,27 @@ def test_quantized_weights_are_unpermuted_after_dequantizing(tmp_path):
     for name, want in weights.items():
         tol = 0.02 * np.abs(want).max() if want.ndim == 2 else 0
         np.testing.assert_allclose(got[name].astype(np.float32), want, atol=tol + 2e-3, rtol=1e-3, err_msg=name)
+
+
+def test_q8_0_tensors_come_back_as_the_same_8bit_blocks(tmp_path):
+    """Stored in float32 (a float16 scale times an int8 is exact there), so the CPU backend's
+    Q8_0 quantization at load reproduces the file's blocks: not one value rounded twice."""
+    from model.ops import q8
+
+    src, _, _ = tiny_gguf(tmp_path / "m.gguf", quant=gguf.GGMLQuantizationType.Q8_0)
+    got = load_weights(convert_gguf(src, tmp_path / "out", progress=False))
+    quantized = [t for t in gguf.GGUFReader(src).tensors if t.tensor_type == gguf.GGMLQuantizationType.Q8_0]
+    assert len(quantized) >= 7 * LAYERS
+    for t in quantized:
+        blocks = np.asarray(t.data).reshape(-1, 34)  # per block: float16 scale, 32 int8 values
+        scale = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+        values = blocks[:, 2:].copy().view(np.int8).astype(np.float32) * scale
+        hf = next(n for n in got if gguf_name(n) == t.name)
+        w = got[hf]
+        assert w.dtype == np.float32
+        np.testing.assert_array_equal(q8.dequantize(q8.quantize(w)), w, err_msg=hf)
+        if "attn_q" not in t.name and "attn_k" not in t.name:  # those rows were unpermuted
+            np.testing.assert_array_equal(w.reshape(-1), values.reshape(-1), err_msg=hf)
 
 
 @pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "default"])
