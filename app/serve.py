@@ -45,8 +45,8 @@ def add_arguments(parser) -> None:
            " numpy is the plain NumPy reference (default: auto)")
     a("--dtype", choices=DTYPES, default="auto",
       help="weights, activations and KV cache: cuda takes bfloat16, float16 or float32 (auto: bfloat16);"
-           " cpu takes q8_0 weights (auto; 8-bit blocks: a quarter of the memory, faster up to about 32 running"
-           " requests) or float32 ones (faster above) (default: auto)")
+           " cpu takes q8_0 weights (auto; 8-bit blocks: a quarter of the memory, and faster) or float32 ones"
+           " (the exact path) (default: auto)")
     a("--max-seqs", type=int, default=64, help="most requests running at once (default: 64)")
     a("--max-model-len", type=int, default=None, help="context length, prompt plus output (default: the model's)")
     a("--kv-cache-gib", type=float, default=1.0, help="memory for the paged KV cache in GiB (default: 1.0)")
@@ -63,6 +63,7 @@ def add_arguments(parser) -> None:
     a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
     a("--shutdown-timeout", type=float, default=30.0,
       help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")
+    a("--no-ui", action="store_true", help="do not serve the chat page at /")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="(default: info)")
     limits.add_arguments(parser)
 
@@ -101,6 +102,7 @@ def load(args, state: ServerState) -> Engine:
     model = backend.load(model_dir, args.max_model_len)
     config = model.config
     state.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+    state.backend = f"{backend.name} ({backend.dtype})"
     block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE, backend.ops.storage_dtype.itemsize)
     num_blocks = int(args.kv_cache_gib * GIB // block_bytes)
     if num_blocks < 2:
@@ -170,7 +172,7 @@ def run_serve(args) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    state = ServerState(model_name=model_name(args), api_key=args.api_key or None,
+    state = ServerState(model_name=model_name(args), api_key=args.api_key or None, ui=not args.no_ui,
                         request_timeout=args.request_timeout or None, limits=limits.Limits.from_args(args))
     failure = trio.run(serve, state, args, functools.partial(load, args, state))
     if failure:

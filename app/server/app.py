@@ -13,7 +13,7 @@ from quart import request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from app.server import metrics, openapi
+from app.server import chat_page, metrics, openapi
 from app.server.errors import APIError, decode_json, validate
 from app.server.generation import ChatText, Generation, chat_prompt, merge, start_generation
 from app.server.limits import Limits
@@ -52,6 +52,8 @@ class ServerState:
     tokenizer: object = None
     max_model_len: int = 0
     api_key: str | None = None
+    ui: bool = True  # serve the chat page at /
+    backend: str = ""  # "cpu (q8_0)", once loaded
     request_timeout: float | None = None  # seconds; None: no limit
     limits: Limits = field(default_factory=Limits)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
@@ -86,10 +88,11 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.before_request
     async def read_body_and_check_key():
-        if state.engine is None and request.path != "/health":
+        public = request.path == "/health" or (state.ui and chat_page.is_page(request.path))
+        if state.engine is None and not public:
             raise APIError(503, "the model is still loading; retry shortly", code="loading",
                            headers={"Retry-After": "5"})
-        if state.api_key and request.path != "/health":
+        if state.api_key and not public:
             if request.headers.get("Authorization", "") != f"Bearer {state.api_key}":
                 raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
                                code="invalid_api_key")
@@ -292,7 +295,7 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.get("/metrics")
     async def prometheus():
-        body, content_type = metrics.render(state.engine, state.model_name, state.connections)
+        body, content_type = metrics.render(state.engine, state.model_name, state.backend, state.connections)
         return body, 200, {"Content-Type": content_type}
 
     @app.post("/tokenize")
@@ -323,12 +326,17 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.websocket("/v1/ws")
     async def websocket_route():
-        if state.api_key and websocket.headers.get("Authorization", "") != f"Bearer {state.api_key}":
+        if state.api_key and not chat_page.key_offered(websocket, state.api_key):
             await websocket.close(1008, "missing or invalid API key")  # 1008: policy violation
             return
         if state.engine is None:
             await websocket.close(1013, "the model is still loading")  # 1013: try again later
             return
+        if chat_page.SUBPROTOCOL in websocket.requested_subprotocols:  # a browser must get one back
+            await websocket.accept(subprotocol=chat_page.SUBPROTOCOL)
         await serve_websocket(state)
+
+    if state.ui:
+        chat_page.add_routes(app)
 
     return app

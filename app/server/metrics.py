@@ -75,9 +75,23 @@ class ConnectionCollector:
         yield closed
 
 
-def render(engine, model_name: str, connections) -> tuple[bytes, str]:
+class ServerInfo:
+    """spool:server_info{model_name, backend} 1: what the chat page's header shows."""
+
+    def __init__(self, model_name: str, backend: str):
+        self.labels = [model_name, backend]
+
+    def collect(self):
+        info = GaugeMetricFamily("spool:server_info", "The served model and the numerics backend.",
+                                 labels=["model_name", "backend"])
+        info.add_metric(self.labels, 1)
+        yield info
+
+
+def render(engine, model_name: str, backend: str, connections) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model_name))
+    registry.register(ServerInfo(model_name, backend))
     registry.register(ConnectionCollector(connections))
     ProcessCollector(registry=registry)
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,194 @@
+"""The chat page at GET /: served by Spool itself, driven in headless Chromium (Debian's
+chromium package, through Playwright pointed at it; nothing downloads a browser) against a live
+server on the default model."""
+
+import base64
+import re
+import shutil
+import time
+
+import httpx
+import pytest
+import trio
+from trio_websocket import HandshakeError, open_websocket_url
+
+from live_server import LiveServer
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+KEY = "sekret-key"
+
+
+def running_and_held(server) -> tuple[float, float]:
+    samples = server.metrics()
+    value = lambda name: next(v for k, v in samples.items() if k.startswith(f"spool:{name}"))  # noqa: E731
+    return value("num_requests_running"), value("kv_cache_usage_perc")
+
+
+# --- the page over plain HTTP and WebSocket ---------------------------------------------------
+
+def test_the_page_and_its_files_are_served_with_a_strict_policy(server):
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "connect-src 'self'" in policy
+    assert '<script src="/ui/chat.js">' in page.text
+    for name, kind in (("chat.js", "text/javascript"), ("chat.css", "text/css")):
+        reply = httpx.get(f"{server.url}/ui/{name}")
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith(kind)
+    missing = httpx.get(server.url + "/ui/secrets.txt")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    info = httpx.get(server.url + "/metrics").text
+    assert 'spool:server_info{backend="cpu (q8_0)",model_name="SmolLM2-135M-Instruct"} 1.0' in info
+
+
+def test_the_page_stays_small():
+    from importlib.resources import files
+
+    script = (files("app.server") / "ui" / "chat.js").read_text()
+    assert len(script.splitlines()) < 400
+    assert "innerHTML" not in script  # model output only ever becomes text
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    s = LiveServer("--api-key", KEY, "--no-ui", "--kv-cache-gib", "0.05")
+    yield s
+    s.stop()
+
+
+async def test_a_websocket_may_carry_the_key_as_a_subprotocol(keyed_server):
+    url = keyed_server.url.replace("http", "ws") + "/v1/ws"
+    token = base64.urlsafe_b64encode(KEY.encode()).rstrip(b"=").decode()
+    for protocols in ([], ["spool"], ["spool", "spool.bearer." + base64.urlsafe_b64encode(b"wrong").decode()]):
+        with pytest.raises(HandshakeError):
+            async with open_websocket_url(url, subprotocols=protocols):
+                pass
+    async with open_websocket_url(url, subprotocols=["spool", f"spool.bearer.{token}"]) as ws:
+        assert ws.subprotocol == "spool"
+        await ws.send_message('{"type": "generate", "id": "a", "prompt": "Hi", "max_tokens": 2}')
+        with trio.fail_after(60):
+            while (frame := await ws.get_message()) and '"done"' not in frame:
+                assert '"error"' not in frame
+    async with open_websocket_url(url, extra_headers=[("Authorization", f"Bearer {KEY}")]) as ws:
+        assert ws.subprotocol is None  # none offered, none chosen: clients as before
+
+
+def test_no_ui_turns_the_page_off(keyed_server):
+    assert httpx.get(keyed_server.url + "/").status_code == 401  # no page route: the key guard answers
+    assert httpx.get(keyed_server.url + "/", headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
+
+
+# --- in the browser ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (Debian's chromium package; .ci/run installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def expect(locator):
+    from playwright.sync_api import expect as playwright_expect  # its waits run under the page's CSP
+
+    return playwright_expect(locator)
+
+
+def open_page(browser, url):
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    return page, errors
+
+
+def last(page, selector):
+    return page.locator(selector).last
+
+
+@pytest.mark.slow
+def test_chat_stop_compare_and_errors_in_a_real_browser(browser, server, tmp_path):
+    page, errors = open_page(browser, server.url)
+    page.wait_for_selector("#status.ok", timeout=30_000)
+    assert page.inner_text("#model") == "SmolLM2-135M-Instruct"
+    expect(page.locator("#backend")).to_contain_text("cpu")
+    assert "running 0" in page.inner_text("#load")
+
+    # a message, and its answer streamed in
+    page.fill("#temperature", "0")
+    page.fill("#prompt", "What is the capital of France?")
+    page.click("#send")
+    page.wait_for_selector(".answer.done", timeout=60_000)
+    assert "Paris" in last(page, ".answer .text").inner_text()
+    stats = last(page, ".answer .stats").inner_text()
+    assert "first token" in stats and "tokens" in stats and "stop" in stats
+
+    # a long answer, stopped: the partial text stays, and the server lets go of everything
+    page.fill("#max_tokens", "1500")
+    page.fill("#prompt", "Count from 1 to 1000, one number per line.")
+    page.press("#prompt", "Enter")
+    expect(page.locator(".answer").nth(1).locator(".text")).to_have_text(re.compile(r"[\s\S]{30}"), timeout=60_000)
+    last(page, ".answer .stop").click()
+    page.wait_for_selector(".answer.stopped", timeout=30_000)
+    partial = last(page, ".answer .text").inner_text()
+    assert len(partial) > 30 and "stopped" in last(page, ".answer .stats").inner_text()
+    deadline = time.monotonic() + 30
+    while running_and_held(server) != (0, 0):
+        assert time.monotonic() < deadline, running_and_held(server)
+        time.sleep(0.2)
+    assert last(page, ".answer .text").inner_text() == partial  # nothing more arrived
+
+    # compare: two answers to one prompt on the same socket, each with its own Stop
+    page.fill("#max_tokens", "40")
+    page.fill("#prompt", "Name three fruits.")
+    page.click("#compare")
+    expect(page.locator(".compare .answer.done")).to_have_count(2, timeout=90_000)
+    answers = page.locator(".compare .answer")
+    assert answers.count() == 2 and all(answers.nth(i).locator(".text").inner_text() for i in range(2))
+    assert page.locator(".compare .answer .setting").all_inner_texts() == ["temperature 0", "temperature 1"]
+
+    # a request the server refuses shows its message
+    page.fill("#max_tokens", "0")
+    page.fill("#prompt", "Hello")
+    page.click("#send")
+    page.wait_for_selector(".answer.failed .error", timeout=30_000)
+    assert "max_tokens" in last(page, ".answer .error").inner_text()
+
+    shot = tmp_path / "chat-page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    assert errors == []
+
+
+@pytest.mark.slow
+def test_the_page_asks_for_the_key_and_keeps_it(browser):
+    server = LiveServer("--api-key", KEY, "--kv-cache-gib", "0.05")
+    try:
+        page, errors = open_page(browser, server.url)
+        page.wait_for_selector("#keyform:not([hidden])", timeout=30_000)
+        refused = page.evaluate("""() => new Promise((done) => {
+            const ws = new WebSocket(`ws://${location.host}/v1/ws`, ["spool"]);
+            ws.onopen = () => done("open");
+            ws.onclose = () => done("refused");
+        })""")
+        assert refused == "refused"
+        assert page.inner_text("#status") == "offline"
+
+        page.fill("#key", KEY)
+        page.click("#keyform button")
+        page.wait_for_selector("#status.ok", timeout=30_000)
+        page.fill("#prompt", "Say hi.")
+        page.click("#send")
+        page.wait_for_selector(".answer.done", timeout=60_000)
+        assert last(page, ".answer .text").inner_text()
+        assert page.evaluate("localStorage.getItem('spool-api-key')") == KEY
+
+        page.reload()  # the key is remembered for this origin
+        page.wait_for_selector("#status.ok", timeout=30_000)
+        assert page.locator("#keyform").is_hidden()
+        assert errors == []
+    finally:
+        assert server.stop() == 0
