@@ -20,8 +20,8 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, *args: str, env: dict | None = None):
-        self.port = free_port()
+    def __init__(self, *args: str, env: dict | None = None, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"spool-server-{self.port}.log"
         self.log = open(self.log_path, "w")

@@ -5,7 +5,6 @@ server on the default model."""
 import base64
 import re
 import shutil
-import time
 
 import httpx
 import pytest
@@ -16,12 +15,6 @@ from live_server import LiveServer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 KEY = "sekret-key"
-
-
-def running_and_held(server) -> tuple[float, float]:
-    samples = server.metrics()
-    value = lambda name: next(v for k, v in samples.items() if k.startswith(f"spool:{name}"))  # noqa: E731
-    return value("num_requests_running"), value("kv_cache_usage_perc")
 
 
 # --- the page over plain HTTP and WebSocket ---------------------------------------------------
@@ -135,10 +128,8 @@ def test_chat_stop_compare_and_errors_in_a_real_browser(browser, server, tmp_pat
     page.wait_for_selector(".answer.stopped", timeout=30_000)
     partial = last(page, ".answer .text").inner_text()
     assert len(partial) > 30 and "stopped" in last(page, ".answer .stats").inner_text()
-    deadline = time.monotonic() + 30
-    while running_and_held(server) != (0, 0):
-        assert time.monotonic() < deadline, running_and_held(server)
-        time.sleep(0.2)
+    server.wait_gauge("num_requests_running", 0)
+    server.wait_gauge("kv_cache_usage_perc", 0)
     assert last(page, ".answer .text").inner_text() == partial  # nothing more arrived
 
     # compare: two answers to one prompt on the same socket, each with its own Stop
@@ -189,6 +180,17 @@ def test_the_page_asks_for_the_key_and_keeps_it(browser):
         page.reload()  # the key is remembered for this origin
         page.wait_for_selector("#status.ok", timeout=30_000)
         assert page.locator("#keyform").is_hidden()
+
+        # the server goes away: the page says so, and reconnects when it is back
+        assert server.stop() == 0
+        expect(page.locator("#banner")).to_contain_text("trying again", timeout=30_000)
+        assert page.inner_text("#status") == "offline"
+        server = LiveServer("--api-key", KEY, "--kv-cache-gib", "0.05", port=server.port)
+        page.wait_for_selector("#status.ok", timeout=60_000)
+        expect(page.locator("#banner")).to_be_hidden()
+        page.fill("#prompt", "Say hi again.")
+        page.click("#send")
+        expect(page.locator(".answer.done")).to_have_count(1, timeout=60_000)  # a new page since the reload
         assert errors == []
     finally:
-        assert server.stop() == 0
+        server.stop()
