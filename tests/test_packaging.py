@@ -1,4 +1,5 @@
-"""What a non-editable install carries: the kernels' sources, where model/ops/kernels.py looks."""
+"""What a non-editable install carries: the kernels' sources, where model/ops/kernels.py looks,
+and the chat page's files."""
 
 import os
 import subprocess
@@ -22,6 +23,9 @@ def test_an_installed_copy_carries_every_kernel_source(tmp_path):
         for source in sources(file):
             assert (installed / source.relative_to(CUDA_DIR)).is_file(), source
     assert (installed / "shim" / "spool_shim.h").is_file()
+    from app.server.chat_page import FILES
+
+    assert all((lib / "app" / "server" / "ui" / name).is_file() for name in FILES)
     found = subprocess.run([sys.executable, "-c", "from model.ops.kernels import CUDA_DIR; print(CUDA_DIR)"],
                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(lib)}, capture_output=True, text=True)
     assert found.stdout.strip() == str(installed), found.stderr
