@@ -260,29 +260,23 @@ def _tile_zero(typingctx, tile):
     return types.void(tile), codegen
 
 
-@intrinsic(prefer_literal=True)
-def _tile_load(typingctx, tile, array, offset, stride):
-    """Tile `tile` = 16 rows from array's element offset on, stride bytes apart."""
-    if not isinstance(tile, types.IntegerLiteral):
-        return None
+def _tile_memory(instruction: str):
+    """An intrinsic (tile, array, element offset, row stride in bytes) for a tile load or store
+    of 16 rows; the tile's number must be a literal."""
+    def memory(typingctx, tile, array, offset, stride):
+        if not isinstance(tile, types.IntegerLiteral):
+            return None
 
-    def codegen(context, builder, signature, args):
-        _tile_call(builder, "tileloadd64", [_tile(tile), _address(context, builder, array, args[1], args[2]),
-                                            context.cast(builder, args[3], stride, types.int64)])
-        return context.get_dummy_value()
-    return types.void(tile, array, offset, stride), codegen
+        def codegen(context, builder, signature, args):
+            _tile_call(builder, instruction, [_tile(tile), _address(context, builder, array, args[1], args[2]),
+                                              context.cast(builder, args[3], stride, types.int64)])
+            return context.get_dummy_value()
+        return types.void(tile, array, offset, stride), codegen
+    memory.__name__ = memory.__qualname__ = f"_tile_{instruction}"  # numba keys intrinsics by name
+    return intrinsic(prefer_literal=True)(memory)
 
 
-@intrinsic(prefer_literal=True)
-def _tile_store(typingctx, tile, array, offset, stride):
-    if not isinstance(tile, types.IntegerLiteral):
-        return None
-
-    def codegen(context, builder, signature, args):
-        _tile_call(builder, "tilestored64", [_tile(tile), _address(context, builder, array, args[1], args[2]),
-                                             context.cast(builder, args[3], stride, types.int64)])
-        return context.get_dummy_value()
-    return types.void(tile, array, offset, stride), codegen
+_tile_load, _tile_store = _tile_memory("tileloadd64"), _tile_memory("tilestored64")
 
 
 @intrinsic(prefer_literal=True)
