@@ -280,15 +280,22 @@ _tile_load, _tile_store = _tile_memory("tileloadd64"), _tile_memory("tilestored6
 
 
 @intrinsic(prefer_literal=True)
-def _tile_dot(typingctx, c, a, b):
-    """Tile c += tile a (16 x 32 bfloat16) times tile b (32 x 16, in pairs), in float32."""
-    if not all(isinstance(t, types.IntegerLiteral) for t in (c, a, b)):
+def _accumulate(typingctx, c, high, rest, offset, stride):
+    """Tile c += 16 activation rows from element offset on (two bfloat16 parts, loaded into
+    tiles 6 and 7) times the weights' two parts in tiles 4 and 5: every product but low x low,
+    the one below float32's precision. Tile c's number must be a literal."""
+    if not isinstance(c, types.IntegerLiteral):
         return None
 
     def codegen(context, builder, signature, args):
-        _tile_call(builder, "tdpbf16ps", [_tile(c), _tile(a), _tile(b)])
+        row_stride = context.cast(builder, args[4], stride, types.int64)
+        for tile, part, array in ((6, args[1], high), (7, args[2], rest)):
+            _tile_call(builder, "tileloadd64", [ir.Constant(ir.IntType(8), tile),
+                                                _address(context, builder, array, part, args[3]), row_stride])
+        for a, b in ((6, 4), (6, 5), (7, 4)):
+            _tile_call(builder, "tdpbf16ps", [_tile(c), ir.Constant(ir.IntType(8), a), ir.Constant(ir.IntType(8), b)])
         return context.get_dummy_value()
-    return types.void(c, a, b), codegen
+    return types.void(c, high, rest, offset, stride), codegen
 
 
 # Every tile 16 rows of 64 bytes: C (0) 16 x 16 float32; B (4) and A (6, 7) 16 x 32 bfloat16.
@@ -379,26 +386,10 @@ def _amx_gemm_kernel():
                     a = t0 * in_dim + b * 32
                     _tile_load(4, planes, b * 1024, 64)
                     _tile_load(5, planes, b * 1024 + 512, 64)
-                    _tile_load(6, high, a, a_stride)
-                    _tile_load(7, rest, a, a_stride)
-                    _tile_dot(0, 6, 4)
-                    _tile_dot(0, 6, 5)
-                    _tile_dot(0, 7, 4)
-                    _tile_load(6, high, a + 16 * in_dim, a_stride)
-                    _tile_load(7, rest, a + 16 * in_dim, a_stride)
-                    _tile_dot(1, 6, 4)
-                    _tile_dot(1, 6, 5)
-                    _tile_dot(1, 7, 4)
-                    _tile_load(6, high, a + 32 * in_dim, a_stride)
-                    _tile_load(7, rest, a + 32 * in_dim, a_stride)
-                    _tile_dot(2, 6, 4)
-                    _tile_dot(2, 6, 5)
-                    _tile_dot(2, 7, 4)
-                    _tile_load(6, high, a + 48 * in_dim, a_stride)
-                    _tile_load(7, rest, a + 48 * in_dim, a_stride)
-                    _tile_dot(3, 6, 4)
-                    _tile_dot(3, 6, 5)
-                    _tile_dot(3, 7, 4)
+                    _accumulate(0, high, rest, a, a_stride)
+                    _accumulate(1, high, rest, a + 16 * in_dim, a_stride)
+                    _accumulate(2, high, rest, a + 32 * in_dim, a_stride)
+                    _accumulate(3, high, rest, a + 48 * in_dim, a_stride)
                 c = t0 * out.shape[1] + s * 16
                 _tile_store(0, out, c, c_stride)
                 _tile_store(1, out, c + 16 * out.shape[1], c_stride)
