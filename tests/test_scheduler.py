@@ -254,6 +254,21 @@ def test_prefix_cache_hits_are_confirmed_and_counted(tok):
     assert h.final(a).usage.cached_tokens == 0
 
 
+def test_flushing_the_prefix_cache_forgets_only_unreferenced_blocks(tok):
+    runner, h = make(tok, num_blocks=32, block_size=4)
+    shared = prompt(17)
+    h.submit(shared, max_tokens=3)
+    h.run()
+    pool = h.pool
+    cached = len(pool.evictable)
+    assert cached >= 4 and pool.flush() == cached
+    assert not pool.evictable and not pool.key_of and not pool.block_of and pool.available == 32
+    pool.check({})
+    again = h.submit(shared, max_tokens=3)
+    h.run()
+    assert h.final(again).usage.cached_tokens == 0 and h.tokens(again) == runner.expected(shared, 3)
+
+
 @pytest.mark.parametrize("parent", ["evicted", "duplicate"])
 def test_prefix_cache_never_chains_through_a_reused_parent_id(tok, parent):
     """A cached block's K/V depends on every token before it. Once its parent's id holds other

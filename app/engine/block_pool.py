@@ -65,6 +65,15 @@ class BlockPool:
                 else:
                     self.free.append(block)
 
+    def flush(self) -> int:
+        """Forget every cached block no request holds (they become free); how many."""
+        flushed = list(self.evictable)
+        for block in flushed:
+            self._forget(block)
+            self.free.append(block)
+        self.evictable.clear()
+        return len(flushed)
+
     def match_prefix(self, token_ids) -> list[int]:
         """Cached blocks holding the longest prefix of token_ids, each now referenced once more.
         Only full blocks match, and at least one token is always left to compute, so the

@@ -13,7 +13,7 @@ from quart import request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from app.server import chat_page, metrics, openapi
+from app.server import chat_page, metrics, openapi, worker_routes
 from app.server.errors import APIError, decode_json, validate
 from app.server.generation import ChatText, Generation, chat_prompt, merge, start_generation
 from app.server.limits import Limits
@@ -44,6 +44,7 @@ from app.server.tools import ToolUse
 from app.server.websocket import serve_websocket
 
 log = logging.getLogger("spool.server")
+http_log = logging.getLogger("spool.http")
 
 @dataclass
 class ServerState:
@@ -54,6 +55,9 @@ class ServerState:
     api_key: str | None = None
     ui: bool = True  # serve the chat page at /
     backend: str = ""  # "cpu (q8_0)", once loaded
+    model_path: str = ""  # the Hugging Face directory served, once loaded
+    model_type: str = ""
+    architectures: list = field(default_factory=list)
     request_timeout: float | None = None  # seconds; None: no limit
     limits: Limits = field(default_factory=Limits)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
@@ -98,6 +102,13 @@ def create_app(state: ServerState) -> QuartTrio:
                                code="invalid_api_key")
         if request.method in ("POST", "PUT", "PATCH"):
             await request.get_data()  # an unread body would hang the keep-alive connection
+
+    @app.after_request
+    async def log_request(response):
+        """Every request's method, path and status, as uvicorn logs them for vLLM: what a router
+        asks of a worker shows in its log."""
+        http_log.info(f"{request.remote_addr} {request.method} {request.path} {response.status_code}")
+        return response
 
     @app.errorhandler(APIError)
     async def api_error(e: APIError):
@@ -336,6 +347,7 @@ def create_app(state: ServerState) -> QuartTrio:
             await websocket.accept(subprotocol=chat_page.SUBPROTOCOL)
         await serve_websocket(state)
 
+    worker_routes.add_routes(app, state)
     if state.ui:
         chat_page.add_routes(app)
 
