@@ -4,6 +4,7 @@ with streams in flight, and 200 concurrent clients."""
 import json
 import random
 import signal
+import time
 
 import httpx
 import pytest
@@ -152,9 +153,16 @@ async def test_sigterm_drains_short_streams_and_ends_long_ones():
                     await trio.sleep(0.05)
             server.proc.send_signal(signal.SIGTERM)
             await trio.sleep(0.3)
+            # a router sees the drain at once, and is told when to come back
             refused = await trio.to_thread.run_sync(lambda: httpx.get(server.url + "/health", timeout=5))
-            assert refused.status_code == 503
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+            late = await trio.to_thread.run_sync(lambda: httpx.post(
+                server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=5))
+            assert late.status_code == 503 and late.headers["Retry-After"] == "1"
+            assert late.json()["error"]["code"] == "draining"
+        last_stream_ended = time.monotonic()
         code = await trio.to_thread.run_sync(server.proc.wait, 60)
+        assert time.monotonic() - last_stream_ended < 2  # it exits when the last stream ends
     finally:
         server.stop()
     assert code == 0, server.output()

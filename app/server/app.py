@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.server import chat_page, metrics, openapi, worker_routes
 from app.server.errors import APIError, decode_json, validate
-from app.server.generation import ChatText, Generation, chat_prompt, merge, start_generation
+from app.server.generation import RETRY_AFTER_SECONDS, ChatText, Generation, chat_prompt, merge, start_generation
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
 from app.server.schemas import (
@@ -302,7 +302,7 @@ def create_app(state: ServerState) -> QuartTrio:
         if status["running"]:
             return {"status": "ok"}
         reason = "draining" if status["draining"] else "the engine is not running"
-        return APIError(503, reason, code="unavailable").response()
+        return APIError(503, reason, code="unavailable", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
 
     @app.get("/metrics")
     async def prometheus():

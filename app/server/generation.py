@@ -63,7 +63,7 @@ def engine_error(e: EngineError) -> APIError:
     if isinstance(e, Overloaded):
         return APIError(429, str(e), code="overloaded", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     if isinstance(e, Draining):
-        return APIError(503, str(e), code="draining")
+        return APIError(503, str(e), code="draining", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     return APIError(400, str(e), param=e.param)
 
 
