@@ -94,6 +94,9 @@ def cpu_kernels():
 
 def check_model(backend: Backend, config: ModelConfig) -> None:
     """Refuse, before loading weights, a model the backend's kernels cannot run."""
+    if backend.name == "cpu" and config.head_dim % 8:
+        raise ValueError(f"the CPU kernels read K/V rows eight values at a time; this model's head_dim is"
+                         f" {config.head_dim}; use --backend numpy")
     if backend.name != "cuda":
         return
     group = config.num_heads // config.num_kv_heads

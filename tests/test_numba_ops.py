@@ -57,18 +57,46 @@ def test_silu_and_mul_matches_numpy(rng, tokens, width):
     ([5], [5], 2, 2, 16, 16),  # prefill only
     ([1, 300], [20, 340], 6, 2, 16, 16),  # a long chunk on a cached prefix: three causal tiles
 ])
-def test_paged_attention_matches_numpy(rng, query_lens, context_lens, heads, kv_heads, dim, block_size):
+@pytest.mark.parametrize("half", [False, True], ids=["float32 K/V", "float16 K/V"])
+def test_paged_attention_matches_numpy(rng, query_lens, context_lens, heads, kv_heads, dim, block_size, half):
     blocks = 64
     cache_k = rng.standard_normal((kv_heads, blocks, block_size, dim), dtype=np.float32)
     cache_v = rng.standard_normal((kv_heads, blocks, block_size, dim), dtype=np.float32)
+    cache_k[0, :, 0, :4] = [0, -0.0, 3e-6, -6e-8]  # zeros and float16 subnormals
+    if half:  # numpy_ops attends over the float16 values, widened; numba_ops reads the bits
+        cache_k, cache_v = (c.astype(np.float16).astype(np.float32) for c in (cache_k, cache_v))
     free = list(rng.permutation(blocks))  # each row's blocks scattered through the cache
     tables = [[int(free.pop()) for _ in range(-(-c // block_size))] for c in context_lens]
     q = rng.standard_normal((sum(query_lens), heads, dim), dtype=np.float32)
     want = numpy_ops.paged_attention(q, cache_k, cache_v,
                                      numpy_ops.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
+    if half:
+        cache_k, cache_v = (c.astype(np.float16).view(numba_ops.HALF) for c in (cache_k, cache_v))
     got = numba_ops.paged_attention(q, cache_k, cache_v,
                                     numba_ops.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_float16_k_v_round_trip_through_write_kv(rng):
+    cache_k, cache_v = (np.zeros((2, 4, 16, 8), dtype=numba_ops.HALF) for _ in range(2))
+    k, v = (rng.standard_normal((3, 2, 8), dtype=np.float32) for _ in range(2))
+    slots = np.array([5, 17, 63])
+    numba_ops.write_kv(cache_k, cache_v, slots, k, v)
+    for cache, want in ((cache_k, k), (cache_v, v)):
+        back = numba_ops._blocks_as_float32(cache, np.arange(4))[:, slots].transpose(1, 0, 2)
+        np.testing.assert_array_equal(back, want.astype(np.float16).astype(np.float32))
+
+
+def test_the_cpu_backend_refuses_a_head_dim_it_cannot_read():
+    from model.backend import check_model, resolve
+    from model.config import ModelConfig
+
+    config = ModelConfig(model_type="llama", vocab_size=10, hidden_size=24, intermediate_size=32, num_layers=1,
+                         num_heads=2, num_kv_heads=2, head_dim=12, rms_norm_eps=1e-5, rope_theta=1e4,
+                         rope_scaling=None, max_position_embeddings=64, tie_word_embeddings=True,
+                         attention_bias=False, qk_norm=False, eos_token_ids=(2,), bos_token_id=1)
+    with pytest.raises(ValueError, match="head_dim is 12; use --backend numpy"):
+        check_model(resolve("cpu"), config)
 
 
 def test_a_whole_model_step_matches_numpy(tiny_dir):

@@ -37,7 +37,6 @@ from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, a
     storage_dtype,
     to_host,
     weight,
-    write_kv,
     zeros,
 )
 from model.sampling import seeded_uniform
@@ -48,12 +47,35 @@ SURFACE = ("name", "storage_dtype", "asarray", "to_host", "zeros", "weight", "em
            "sample", "release")
 
 
+# K/V in float16, as llama.cpp keeps them by default: a decode step's attention reads half the
+# bytes (at 64 rows of 256 tokens it reads more K/V than weights), and a cache of the same size
+# holds twice the tokens. numba has no float16 type, so the cache holds the bit patterns and the
+# kernels widen them (vcvtph2ps) as they read.
+HALF = np.dtype(np.uint16)
+
+
 def with_q8_weights() -> types.SimpleNamespace:
     """These ops, with every 2-D weight whose rows split into blocks of 32 kept in Q8_0
-    (model/ops/q8.py): the projections, the embedding and the LM head."""
+    (model/ops/q8.py): the projections, the embedding and the LM head; and K/V in float16.
+    (--dtype float32 keeps float32 K/V too: the exact path.)"""
     ops = types.SimpleNamespace(**{op: globals()[op] for op in SURFACE})
     ops.weight = lambda w: q8.quantize(w) if q8.quantizable(w) else weight(w)
+    ops.storage_dtype = HALF
     return ops
+
+
+def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    if cache_k.dtype == HALF:
+        k, v = (np.asarray(x).astype(np.float16).view(HALF) for x in (k, v))
+    numpy_ops.write_kv(cache_k, cache_v, slots, k, v)
+
+
+def _blocks_as_float32(cache: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """(kv_heads, len(blocks) * block_size, head_dim) float32, gathered."""
+    out = np.take(cache, blocks, axis=1)
+    if cache.dtype == HALF:
+        out = out.view(np.float16).astype(np.float32)
+    return out.reshape(cache.shape[0], -1, cache.shape[3])
 
 
 def embedding(table, token_ids: np.ndarray) -> np.ndarray:
@@ -75,7 +97,7 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
 PARALLEL_WORK = 1 << 15
 
 
-def kernel(signature: str):
+def kernel(*signatures: str):
     """The function compiled twice when the module loads, for C-contiguous arrays: on every
     core (prange splits) and on one (prange is range). The serial twin is a copy under
     another name: numba's cache keys on the name, not the flags."""
@@ -83,8 +105,8 @@ def kernel(signature: str):
         twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__,
                                   fn.__closure__)
         twin.__qualname__ = fn.__qualname__ + "_serial"
-        serial = njit(signature, fastmath=True, cache=True, nogil=True)(twin)
-        parallel = njit(signature, parallel=True, fastmath=True, cache=True, nogil=True)(fn)
+        serial = njit(list(signatures), fastmath=True, cache=True, nogil=True)(twin)
+        parallel = njit(list(signatures), parallel=True, fastmath=True, cache=True, nogil=True)(fn)
 
         def run(work: int, *args):
             return (parallel if work >= PARALLEL_WORK else serial)(*args)
@@ -94,6 +116,7 @@ def kernel(signature: str):
 
 F1, F2, F3, F4, I1, I2 = "float32[::1]", "float32[:, ::1]", "float32[:, :, ::1]", "float32[:, :, :, ::1]", \
     "int64[::1]", "int64[:, ::1]"
+H4 = "uint16[:, :, :, ::1]"  # a K/V cache of float16 bit patterns
 
 
 LOG2E, LN2_HIGH, LN2_LOW = np.float32(1.4426950408889634), np.float32(0.693145751953125), \
@@ -259,8 +282,7 @@ def _prefill_attention(q, cache_k, cache_v, first, count, context, blocks, scale
     then P V."""
     kv_heads, _, block_size, dim = cache_k.shape
     group = q.shape[1] // kv_heads
-    k = np.take(cache_k, blocks, axis=1).reshape(kv_heads, -1, dim)
-    v = np.take(cache_v, blocks, axis=1).reshape(kv_heads, -1, dim)
+    k, v = _blocks_as_float32(cache_k, blocks), _blocks_as_float32(cache_v, blocks)
     # (kv head, token, query head of the group, dim): a tile of tokens is one matrix per KV head
     queries = (q[first:first + count] * np.float32(scale)).reshape(count, kv_heads, group, dim).transpose(1, 0, 2, 3)
     queries = np.ascontiguousarray(queries)
@@ -293,40 +315,100 @@ def _prefetch(typingctx, array, offset):
     return nbtypes.void(array, offset), codegen
 
 
-@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I1}, {I2}, float32, {F2})")
+def _element(context, builder, arrty, arr, offset):
+    return builder.gep(context.make_array(arrty)(context, builder, arr).data, [offset])
+
+
+def _load8(builder, address, dtype) -> ir.Value:
+    """Eight elements from address as <8 x float>: float32 as they are, float16 bits widened."""
+    floats = ir.VectorType(ir.FloatType(), 8)
+    if dtype == nbtypes.float32:
+        return builder.load(builder.bitcast(address, floats.as_pointer()), align=4)
+    halves = ir.VectorType(ir.HalfType(), 8)
+    return builder.fpext(builder.load(builder.bitcast(address, halves.as_pointer()), align=2), floats)
+
+
+def _eight_at_a_time(builder, dim):
+    """A loop over dim // 8 chunks (head_dim is a multiple of 8: check_model says so); its
+    index times 8."""
+    i64 = ir.IntType(64)
+    loop = cgutils.for_range(builder, builder.sdiv(dim, ir.Constant(i64, 8)))
+    return loop, lambda index: builder.mul(index, ir.Constant(i64, 8))
+
+
+@intrinsic
+def _dot_row(typingctx, q, q_at, row, at, dim):
+    """q[q_at:q_at + dim] . row[at:at + dim] (flat offsets), the row float32 or float16 bits."""
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        q_ptr = _element(context, builder, signature.args[0], args[0], args[1])
+        row_ptr = _element(context, builder, signature.args[2], args[2], args[3])
+        acc = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(ir.FloatType(), 8), None))
+        loop, offset = _eight_at_a_time(builder, args[4])
+        with loop as chunk:
+            a = _load8(builder, builder.gep(q_ptr, [offset(chunk.index)]), nbtypes.float32)
+            b = _load8(builder, builder.gep(row_ptr, [offset(chunk.index)]), signature.args[2].dtype)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(a, b)), acc)
+        total = builder.load(acc)
+        for width in (4, 2, 1):  # halves added pairwise
+            lanes = [ir.Constant(ir.VectorType(i32, width), list(range(start, start + width))) for start in (0, width)]
+            total = builder.fadd(*(builder.shuffle_vector(total, total, mask) for mask in lanes))
+        return builder.extract_element(total, ir.Constant(i32, 0))
+    return nbtypes.float32(q, q_at, row, at, dim), codegen
+
+
+@intrinsic
+def _add_row(typingctx, acc, acc_at, p, row, at, dim):
+    """acc[acc_at:acc_at + dim] += p * row[at:at + dim], the row float32 or float16 bits."""
+    def codegen(context, builder, signature, args):
+        i32, floats = ir.IntType(32), ir.VectorType(ir.FloatType(), 8)
+        acc_ptr = _element(context, builder, signature.args[0], args[0], args[1])
+        row_ptr = _element(context, builder, signature.args[3], args[3], args[4])
+        weight = builder.insert_element(ir.Constant(floats, None), args[2], ir.Constant(i32, 0))
+        weight = builder.shuffle_vector(weight, weight, ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+        loop, offset = _eight_at_a_time(builder, args[5])
+        with loop as chunk:
+            dest = builder.bitcast(builder.gep(acc_ptr, [offset(chunk.index)]), floats.as_pointer())
+            b = _load8(builder, builder.gep(row_ptr, [offset(chunk.index)]), signature.args[3].dtype)
+            builder.store(builder.fadd(builder.load(dest, align=4), builder.fmul(weight, b)), dest, align=4)
+        return context.get_dummy_value()
+    return nbtypes.void(acc, acc_at, p, row, at, dim), codegen
+
+
+@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I1}, {I2}, float32, {F2})",
+        f"void({F3}, {H4}, {H4}, {I1}, {I1}, {I2}, float32, {F2})")
 def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
     """One query token per row: out[token[r]] = softmax(q K^T * scale) V over the row's
-    context[r] cached positions, block by block with a running max and sum per query head."""
+    context[r] cached positions, block by block with a running max and sum per query head.
+    K/V rows are float32 or float16 bits, read through _dot_row and _add_row."""
     rows = token.shape[0]
     heads, dim = q.shape[1], q.shape[2]
-    kv_heads, block_size = cache_k.shape[0], cache_k.shape[2]
+    kv_heads, cache_blocks, block_size = cache_k.shape[0], cache_k.shape[1], cache_k.shape[2]
     group = heads // kv_heads
     for job in prange(rows * kv_heads):
         r, kh = job // kv_heads, job % kv_heads
         t, n = token[r], context[r]
-        qs = np.empty((group, dim), dtype=np.float32)
-        acc = np.zeros((group, dim), dtype=np.float32)
+        qs = np.empty(group * dim, dtype=np.float32)  # query head g at g * dim
+        acc = np.zeros(group * dim, dtype=np.float32)
         m = np.full(group, -np.inf, dtype=np.float32)
         total = np.zeros(group, dtype=np.float32)
         s = np.empty((group, block_size), dtype=np.float32)
         powers = np.empty(block_size, dtype=np.int32)
         for g in range(group):
             for d in range(dim):
-                qs[g, d] = q[t, kh * group + g, d] * scale
-        for b in range(-(-n // block_size)):
-            block = tables[r, b]
+                qs[g * dim + d] = q[t, kh * group + g, d] * scale
+        blocks = -(-n // block_size)
+        for b in range(blocks):
             keys = min(block_size, n - b * block_size)
-            if b + 1 < -(-n // block_size):  # the next block's K and V, while this one computes
-                following = (kh * cache_k.shape[1] + tables[r, b + 1]) * block_size * dim
+            first = (kh * cache_blocks + tables[r, b]) * block_size * dim  # the block's flat offset
+            if b + 1 < blocks:  # the next block's K and V, while this one computes
+                following = (kh * cache_blocks + tables[r, b + 1]) * block_size * dim
                 for line in range(0, block_size * dim, 64 // cache_k.itemsize):
                     _prefetch(cache_k, following + line)
                     _prefetch(cache_v, following + line)
             for i in range(keys):
                 for g in range(group):
-                    dot = np.float32(0.0)
-                    for d in range(dim):
-                        dot += qs[g, d] * cache_k[kh, block, i, d]
-                    s[g, i] = dot
+                    s[g, i] = _dot_row(qs, g * dim, cache_k, first + i * dim, dim)
             for g in range(group):
                 top = m[g]
                 for i in range(keys):
@@ -335,16 +417,14 @@ def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
                 m[g] = top
                 total[g] = total[g] * correction + _exp_shifted(s[g], top, keys, powers)
                 for d in range(dim):
-                    acc[g, d] *= correction
+                    acc[g * dim + d] *= correction
             for i in range(keys):
                 for g in range(group):
-                    p = s[g, i]
-                    for d in range(dim):
-                        acc[g, d] += p * cache_v[kh, block, i, d]
+                    _add_row(acc, g * dim, s[g, i], cache_v, first + i * dim, dim)
         for g in range(group):
             inv = np.float32(1.0) / total[g]
             for d in range(dim):
-                out[t, (kh * group + g) * dim + d] = acc[g, d] * inv
+                out[t, (kh * group + g) * dim + d] = acc[g * dim + d] * inv
 
 
 def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
