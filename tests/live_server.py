@@ -19,6 +19,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ok(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    """Poll url until it answers 200 (True), or until proc exits or timeout passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 class LiveServer:
     def __init__(self, *args: str, env: dict | None = None, port: int | None = None):
         self.port = port or free_port()
@@ -28,18 +41,11 @@ class LiveServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--port", str(self.port), *args],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
+        if not wait_until_ok(self.url + "/health", self.proc, timeout=180):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"the server did not come up:\n{self.output()}")
+            self.stop()
+            raise RuntimeError(f"the server did not come up:\n{self.output()}")
 
     def openai_client(self, timeout: float = 120, api_key: str = "unused"):
         """The official client pointed at this server, without retries (a test sees every error)."""

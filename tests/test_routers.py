@@ -3,12 +3,11 @@ run as a user would: real binaries from PyPI, real replicas on the default model
 
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from live_server import LiveServer, free_port
+from live_server import LiveServer, free_port, wait_until_ok
 
 pytestmark = pytest.mark.slow
 
@@ -29,17 +28,9 @@ class Router:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([*command, "--port", str(self.port), "--prometheus-port", str(free_port())],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"{command[0]} exited with {self.proc.returncode}"
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"{command[0]} did not come up")
+        if not wait_until_ok(self.url + "/v1/models", self.proc, timeout=90):
+            self.stop()
+            raise RuntimeError(f"{command[2]} did not come up (exit code {self.proc.returncode})")
 
     def stop(self):
         self.proc.terminate()
