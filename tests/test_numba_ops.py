@@ -77,14 +77,19 @@ def test_paged_attention_matches_numpy(rng, query_lens, context_lens, heads, kv_
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_float16_k_v_round_trip_through_write_kv(rng):
-    cache_k, cache_v = (np.zeros((2, 4, 16, 8), dtype=numba_ops.HALF) for _ in range(2))
-    k, v = (rng.standard_normal((3, 2, 8), dtype=np.float32) for _ in range(2))
-    slots = np.array([5, 17, 63])
+@pytest.mark.parametrize("half", [False, True], ids=["float32 K/V", "float16 K/V"])
+def test_write_kv_stores_what_numpy_stores(rng, half):
+    """K and V as the forward pass hands them over: views into the fused qkv output."""
+    qkv = rng.standard_normal((5, 8 * 3), dtype=np.float32) * 100
+    k, v = qkv[:, 8:16].reshape(5, 1, 8), qkv[:, 16:].reshape(5, 1, 8)
+    slots = np.array([0, 17, 33, 40, 63])
+    want_k, want_v = (np.zeros((1, 4, 16, 8), dtype=np.float32) for _ in range(2))
+    numpy_ops.write_kv(want_k, want_v, slots, k, v)
+    cache_k, cache_v = (np.zeros((1, 4, 16, 8), dtype=numba_ops.HALF if half else np.float32) for _ in range(2))
     numba_ops.write_kv(cache_k, cache_v, slots, k, v)
-    for cache, want in ((cache_k, k), (cache_v, v)):
-        back = numba_ops._blocks_as_float32(cache, np.arange(4))[:, slots].transpose(1, 0, 2)
-        np.testing.assert_array_equal(back, want.astype(np.float16).astype(np.float32))
+    for cache, want in ((cache_k, want_k), (cache_v, want_v)):
+        got = numba_ops._blocks_as_float32(cache, np.arange(4)).reshape(want.shape)
+        np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32) if half else want)
 
 
 def test_the_cpu_backend_refuses_a_head_dim_it_cannot_read():

@@ -64,12 +64,6 @@ def with_q8_weights() -> types.SimpleNamespace:
     return ops
 
 
-def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-    if cache_k.dtype == HALF:
-        k, v = (np.asarray(x).astype(np.float16).view(HALF) for x in (k, v))
-    numpy_ops.write_kv(cache_k, cache_v, slots, k, v)
-
-
 def _blocks_as_float32(cache: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     """(kv_heads, len(blocks) * block_size, head_dim) float32, gathered."""
     out = np.take(cache, blocks, axis=1)
@@ -117,6 +111,40 @@ def kernel(*signatures: str):
 F1, F2, F3, F4, I1, I2 = "float32[::1]", "float32[:, ::1]", "float32[:, :, ::1]", "float32[:, :, :, ::1]", \
     "int64[::1]", "int64[:, ::1]"
 H4 = "uint16[:, :, :, ::1]"  # a K/V cache of float16 bit patterns
+
+
+@intrinsic
+def _half_bits(typingctx, x):
+    """float32 -> the bits of the nearest float16 (vcvtps2ph when vectorised)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return nbtypes.uint16(x), codegen
+
+
+KV = "float32[:, :, :]"  # (tokens, kv_heads, head_dim) K or V, any strides (v is a view of qkv)
+
+
+@kernel(f"void({F4}, {F4}, {I1}, {KV}, {KV})", f"void({H4}, {H4}, {I1}, {KV}, {KV})")
+def _write_kv(cache_k, cache_v, slots, k, v):
+    tokens, heads, dim = k.shape
+    block_size = cache_k.shape[2]
+    for job in prange(tokens * heads):
+        t, h = job // heads, job % heads
+        block, i = slots[t] // block_size, slots[t] % block_size
+        if cache_k.itemsize == 2:
+            for d in range(dim):
+                cache_k[h, block, i, d] = _half_bits(k[t, h, d])
+                cache_v[h, block, i, d] = _half_bits(v[t, h, d])
+        else:
+            for d in range(dim):
+                cache_k[h, block, i, d] = k[t, h, d]
+                cache_v[h, block, i, d] = v[t, h, d]
+
+
+def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """K/V (tokens, kv_heads, head_dim) into the caches' flat slots, as float16 bits where the
+    caches hold them."""
+    _write_kv(k.size, cache_k, cache_v, np.asarray(slots, dtype=np.int64), k, v)
 
 
 LOG2E, LN2_HIGH, LN2_LOW = np.float32(1.4426950408889634), np.float32(0.693145751953125), \
