@@ -6,17 +6,22 @@ Kernels compile once per machine (`cache=True`, into numba's cache beside this f
 NUMBA_CACHE_DIR) and run on all cores through `prange`. What each replaces, and why:
 - decode attention reads K/V in place through the block table, one block at a time, with an
   online softmax; the query heads of a KV head share each K/V load; (row, KV head) pairs run in
-  parallel. NumPy must gather every row's blocks into a padded copy first. Rows with several
-  query tokens (prefill chunks) keep NumPy's batched matmuls, which are faster there;
-- the residual add with RMSNorm, rotary, and SiLU-and-mul are one pass each, in place where
-  NumPy makes temporaries;
+  parallel, and each prefetches its next block. NumPy must gather every row's blocks into a
+  padded copy first. K/V rows go through two LLVM intrinsics that read float32 or widen
+  float16 bits eight values at a time (the q8_0 ops keep K/V in float16, see HALF);
+- prefill chunks attend in causal tiles: one GEMM per KV head for a tile's queries against only
+  the keys its last token sees, then a fused causal softmax;
+- the softmaxes and SiLU use an exponential written in plain arithmetic that vectorises (numba's
+  np.exp is a scalar call without Intel's SVML);
+- the residual add with RMSNorm, rotary, SiLU-and-mul and the K/V write are one pass each, in
+  place where NumPy makes temporaries;
 - the sampler draws every row that asks only for a temperature (or greedy) in one kernel over
   the batch, from C-ordered logits (a strided row costs an argmax 20 times more); rows with
   filters, penalties, a grammar or logprobs go through numpy_ops.sample.
 
 OpenBLAS's worker threads spin for a while after each call, and so do numba's: model/__init__.py
-shortens both before NumPy loads. Every kernel is compiled for C-contiguous float32 arrays when
-this module is imported (about 5 s the first time on a machine, then read from the cache).
+shortens both before NumPy loads. Every kernel is compiled for C-contiguous arrays when this
+module is imported (about 10 s the first time on a machine, then read from the cache).
 """
 
 import types
