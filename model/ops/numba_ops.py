@@ -35,6 +35,7 @@ from numba.extending import intrinsic
 
 from model.ops import numpy_ops
 from model.ops import q8
+from model.ops.llvm_ir import byte_address, element, splat
 from model.ops.numpy_ops import _scratch
 from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, as numpy_ops has it)
     asarray,
@@ -338,18 +339,13 @@ def _prefetch(typingctx, array, offset):
     it is out of range): a decode step walks blocks scattered through memory, which the
     hardware prefetcher cannot guess."""
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
                                             "llvm.prefetch.p0")
-        address = builder.bitcast(builder.gep(data, [args[1]]), i8p)
+        address = byte_address(context, builder, signature.args[0], args[0], args[1])
         builder.call(fn, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         return context.get_dummy_value()
     return nbtypes.void(array, offset), codegen
-
-
-def _element(context, builder, arrty, arr, offset):
-    return builder.gep(context.make_array(arrty)(context, builder, arr).data, [offset])
 
 
 def _load8(builder, address, dtype) -> ir.Value:
@@ -374,8 +370,8 @@ def _dot_row(typingctx, q, q_at, row, at, dim):
     """q[q_at:q_at + dim] . row[at:at + dim] (flat offsets), the row float32 or float16 bits."""
     def codegen(context, builder, signature, args):
         i32 = ir.IntType(32)
-        q_ptr = _element(context, builder, signature.args[0], args[0], args[1])
-        row_ptr = _element(context, builder, signature.args[2], args[2], args[3])
+        q_ptr = element(context, builder, signature.args[0], args[0], args[1])
+        row_ptr = element(context, builder, signature.args[2], args[2], args[3])
         acc = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(ir.FloatType(), 8), None))
         loop, offset = _eight_at_a_time(builder, args[4])
         with loop as chunk:
@@ -394,11 +390,10 @@ def _dot_row(typingctx, q, q_at, row, at, dim):
 def _add_row(typingctx, acc, acc_at, p, row, at, dim):
     """acc[acc_at:acc_at + dim] += p * row[at:at + dim], the row float32 or float16 bits."""
     def codegen(context, builder, signature, args):
-        i32, floats = ir.IntType(32), ir.VectorType(ir.FloatType(), 8)
-        acc_ptr = _element(context, builder, signature.args[0], args[0], args[1])
-        row_ptr = _element(context, builder, signature.args[3], args[3], args[4])
-        weight = builder.insert_element(ir.Constant(floats, None), args[2], ir.Constant(i32, 0))
-        weight = builder.shuffle_vector(weight, weight, ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+        floats = ir.VectorType(ir.FloatType(), 8)
+        acc_ptr = element(context, builder, signature.args[0], args[0], args[1])
+        row_ptr = element(context, builder, signature.args[3], args[3], args[4])
+        weight = splat(builder, args[2], floats)
         loop, offset = _eight_at_a_time(builder, args[5])
         with loop as chunk:
             dest = builder.bitcast(builder.gep(acc_ptr, [offset(chunk.index)]), floats.as_pointer())

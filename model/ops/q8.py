@@ -30,6 +30,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from model.ops.llvm_ir import array, byte_address, splat
+
 BLOCK = 32
 STRIP = 16  # weight rows a strip holds: an AMX tile's width in float32 outputs
 GEMV_ROWS = 32  # up to this many activation rows, the GEMV; above, the GEMM
@@ -136,21 +138,15 @@ def _widen(q, scale, first, out):
                     out[i * 16 + n, b * 32 + 2 * r + 1] = q[s, b, r * 32 + 2 * n + 1] * scale[s, b, n]
 
 
-def _data(context, builder, arrty, arr):
-    return context.make_array(arrty)(context, builder, arr).data
-
-
 @intrinsic
 def _strip_dot(typingctx, q, s, xq, t, qs, xs, out):
     """out[t, 16s:16s+16] = strip s times activation row t: per block, 16 lines of 32 int8
     weights (widened) times a broadcast pair of int16 activations through vpmaddwd, summed in
     int32, then scaled by the weight and activation scales into 16 float lanes."""
     def codegen(context, builder, signature, args):
-        q_data, xq_data, qs_data, xs_data, out_data = (
-            _data(context, builder, signature.args[i], args[i]) for i in (0, 2, 4, 5, 6))
+        q_arr, xq_arr, qs_arr, xs_arr, out_arr = (
+            array(context, builder, signature.args[i], args[i]) for i in (0, 2, 4, 5, 6))
         s, t = args[1], args[3]
-        q_arr = context.make_array(signature.args[0])(context, builder, args[0])
-        out_arr = context.make_array(signature.args[6])(context, builder, args[6])
         i64, i32, i16 = ir.IntType(64), ir.IntType(32), ir.IntType(16)
         blocks = builder.extract_value(q_arr.shape, 1)
         width = builder.extract_value(out_arr.shape, 1)
@@ -158,11 +154,10 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, out):
         ints16, floats16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16)
         pmaddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints16, [shorts32, shorts32]),
                                                  "llvm.x86.avx512.pmaddw.d.512")
-        broadcast = ir.Constant(ints16, [0] * 16)
-        q_strip = builder.gep(q_data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, 512)))])
-        x_row = builder.gep(xq_data, [builder.mul(t, builder.mul(blocks, ir.Constant(i64, 32)))])
-        qs_strip = builder.gep(qs_data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, 16)))])
-        xs_row = builder.gep(xs_data, [builder.mul(t, blocks)])
+        q_strip = builder.gep(q_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, 512)))])
+        x_row = builder.gep(xq_arr.data, [builder.mul(t, builder.mul(blocks, ir.Constant(i64, 32)))])
+        qs_strip = builder.gep(qs_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, 16)))])
+        xs_row = builder.gep(xs_arr.data, [builder.mul(t, blocks)])
         acc = cgutils.alloca_once_value(builder, ir.Constant(floats16, None))
         with cgutils.for_range(builder, blocks) as loop:
             b = loop.index
@@ -172,18 +167,15 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, out):
             for r in range(16):
                 line = builder.bitcast(builder.gep(lines, [ir.Constant(i64, 32 * r)]), bytes32.as_pointer())
                 weights = builder.sext(builder.load(line, align=1), shorts32)
-                pair = builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2)
-                pair = builder.insert_element(ir.Constant(ints16, None), pair, ir.Constant(i32, 0))
-                pair = builder.bitcast(builder.shuffle_vector(pair, pair, broadcast), shorts32)
+                pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
+                pair = builder.bitcast(pair, shorts32)
                 ints = builder.add(ints, builder.call(pmaddwd, [weights, pair]))
             scales = builder.bitcast(builder.gep(qs_strip, [builder.mul(b, ir.Constant(i64, 16))]),
                                      floats16.as_pointer())
-            x_scale = builder.insert_element(ir.Constant(floats16, None), builder.load(builder.gep(xs_row, [b])),
-                                             ir.Constant(i32, 0))
-            x_scale = builder.shuffle_vector(x_scale, x_scale, broadcast)
+            x_scale = splat(builder, builder.load(builder.gep(xs_row, [b])), floats16)
             scaled = builder.fmul(builder.load(scales, align=4), x_scale)
             builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(ints, floats16), scaled)), acc)
-        dest = builder.gep(out_data, [builder.add(builder.mul(t, width), builder.mul(s, ir.Constant(i64, 16)))])
+        dest = builder.gep(out_arr.data, [builder.add(builder.mul(t, width), builder.mul(s, ir.Constant(i64, 16)))])
         builder.store(builder.load(acc), builder.bitcast(dest, floats16.as_pointer()), align=4)
         return context.get_dummy_value()
     return types.void(q, s, xq, t, qs, xs, out), codegen
@@ -227,15 +219,10 @@ def _tile(number) -> ir.Constant:
     return ir.Constant(ir.IntType(8), number.literal_value)
 
 
-def _address(context, builder, arrty, arr, offset):
-    """The address of element offset of a C-contiguous array, as i8*."""
-    return builder.bitcast(builder.gep(_data(context, builder, arrty, arr), [offset]), ir.IntType(8).as_pointer())
-
-
 @intrinsic
 def _tile_config(typingctx, config):
     def codegen(context, builder, signature, args):
-        _tile_call(builder, "ldtilecfg", [_address(context, builder, signature.args[0], args[0],
+        _tile_call(builder, "ldtilecfg", [byte_address(context, builder, signature.args[0], args[0],
                                                    ir.Constant(ir.IntType(64), 0))])
         return context.get_dummy_value()
     return types.void(config), codegen
@@ -268,7 +255,7 @@ def _tile_memory(instruction: str):
             return None
 
         def codegen(context, builder, signature, args):
-            _tile_call(builder, instruction, [_tile(tile), _address(context, builder, array, args[1], args[2]),
+            _tile_call(builder, instruction, [_tile(tile), byte_address(context, builder, array, args[1], args[2]),
                                               context.cast(builder, args[3], stride, types.int64)])
             return context.get_dummy_value()
         return types.void(tile, array, offset, stride), codegen
@@ -289,9 +276,9 @@ def _accumulate(typingctx, c, high, rest, offset, stride):
 
     def codegen(context, builder, signature, args):
         row_stride = context.cast(builder, args[4], stride, types.int64)
-        for tile, part, array in ((6, args[1], high), (7, args[2], rest)):
+        for tile, part, part_type in ((6, args[1], high), (7, args[2], rest)):
             _tile_call(builder, "tileloadd64", [ir.Constant(ir.IntType(8), tile),
-                                                _address(context, builder, array, part, args[3]), row_stride])
+                                                byte_address(context, builder, part_type, part, args[3]), row_stride])
         for a, b in ((6, 4), (6, 5), (7, 4)):
             _tile_call(builder, "tdpbf16ps", [_tile(c), ir.Constant(ir.IntType(8), a), ir.Constant(ir.IntType(8), b)])
         return context.get_dummy_value()
@@ -331,26 +318,30 @@ def _round_to_bfloat16(builder, bits):
     odd = builder.and_(builder.lshr(bits, c(16)), c(1))
     return builder.and_(builder.add(builder.add(bits, c(0x7FFF)), odd), c(0xFFFF0000 - (1 << 32)))
 
+
 @intrinsic
 def _bfloat16_planes(typingctx, q, qs, s, planes):
     """planes[b, 0] and planes[b, 1]: the high and low bfloat16 parts of strip s's block b,
     scaled, as tiles (16 x 32, in pairs); 16 significant bits together, so exact to 2^-17."""
     def codegen(context, builder, signature, args):
-        q_data, qs_data, planes_data = (_data(context, builder, signature.args[i], args[i]) for i in (0, 1, 3))
-        q_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        q_arr, qs_arr, planes_arr = (array(context, builder, signature.args[i], args[i]) for i in (0, 1, 3))
         s = args[2]
         i64, i32 = ir.IntType(64), ir.IntType(32)
         blocks = builder.extract_value(q_arr.shape, 1)
-        ints16, floats16, shorts16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(16), 16)
-        bytes16 = ir.VectorType(ir.IntType(8), 16)
+        ints16, floats16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16)
+        shorts16, bytes16 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.IntType(8), 16)
         with cgutils.for_range(builder, blocks) as loop:
             block = builder.add(builder.mul(s, blocks), loop.index)
-            scales = builder.load(builder.bitcast(builder.gep(qs_data, [builder.mul(block, ir.Constant(i64, 16))]), floats16.as_pointer()), align=4)
-            halves = [builder.shuffle_vector(scales, scales, ir.Constant(ints16, [8 * h + lane // 2 for lane in range(16)])) for h in (0, 1)]
-            src = builder.gep(q_data, [builder.mul(block, ir.Constant(i64, 512))])
-            dst = builder.gep(planes_data, [builder.mul(loop.index, ir.Constant(i64, 1024))])
+            scales = builder.gep(qs_arr.data, [builder.mul(block, ir.Constant(i64, 16))])
+            scales = builder.load(builder.bitcast(scales, floats16.as_pointer()), align=4)
+            # a chunk of 16 weights is half a line: rows 0-7 (or 8-15), each twice
+            halves = [builder.shuffle_vector(scales, scales, ir.Constant(ints16, [8 * h + n // 2 for n in range(16)]))
+                      for h in (0, 1)]
+            src = builder.gep(q_arr.data, [builder.mul(block, ir.Constant(i64, 512))])
+            dst = builder.gep(planes_arr.data, [builder.mul(loop.index, ir.Constant(i64, 1024))])
             for chunk in range(32):
-                raw = builder.load(builder.bitcast(builder.gep(src, [ir.Constant(i64, 16 * chunk)]), bytes16.as_pointer()), align=1)
+                raw = builder.gep(src, [ir.Constant(i64, 16 * chunk)])
+                raw = builder.load(builder.bitcast(raw, bytes16.as_pointer()), align=1)
                 w = builder.fmul(builder.sitofp(builder.sext(raw, ints16), floats16), halves[chunk % 2])
                 high = _round_to_bfloat16(builder, builder.bitcast(w, ints16))
                 low = builder.fsub(w, builder.bitcast(high, floats16))
