@@ -9,7 +9,6 @@ down with it: there is never a server without a scheduler.
 """
 
 import functools
-import json
 import logging
 import os
 import signal
@@ -105,7 +104,7 @@ def load(args, state: ServerState) -> Engine:
     state.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     state.backend = f"{backend.name} ({backend.dtype})"
     state.model_path, state.model_type = str(model_dir), config.model_type
-    state.architectures = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures", [])
+    state.architectures = list(config.architectures)
     block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE, backend.ops.storage_dtype.itemsize)
     num_blocks = int(args.kv_cache_gib * GIB // block_bytes)
     if num_blocks < 2:

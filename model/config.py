@@ -39,6 +39,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     torch_dtype: str | None = None  # what the checkpoint was trained in: the GPU's default --dtype
+    architectures: tuple[str, ...] = ()  # as config.json names them (what routers ask a worker)
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
@@ -87,6 +88,7 @@ class ModelConfig:
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
                 torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+                architectures=tuple(raw.get("architectures") or ()),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelError(

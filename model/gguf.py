@@ -643,8 +643,9 @@ def _write_weights(plan: dict, dest: Path, gguf_path: Path, progress: bool) -> N
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for hf_name, t, _, shape in plan["tensors"]:
-        nbytes = _stored_dtype(t).itemsize * math.prod(shape)
-        header[hf_name] = {"dtype": "F32" if _stored_dtype(t) == np.float32 else "F16", "shape": list(shape),
+        dtype = _stored_dtype(t)
+        nbytes = dtype.itemsize * math.prod(shape)
+        header[hf_name] = {"dtype": f"F{8 * dtype.itemsize}", "shape": list(shape),
                            "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()

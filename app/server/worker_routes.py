@@ -21,7 +21,9 @@ from app.server.tools import ToolUse
 
 
 def add_routes(app, state) -> None:
-    def server_info() -> dict:
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info():
         engine = state.engine
         pool, config = engine.pool, engine.config
         return {
@@ -45,13 +47,11 @@ def add_routes(app, state) -> None:
             },
         }
 
-    def model_info() -> dict:
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info():
         return {"model_path": state.model_path, "tokenizer_path": state.model_path, "is_generation": True,
                 "model_type": state.model_type, "architectures": state.architectures}
-
-    for path, view in (("/server_info", server_info), ("/get_server_info", server_info),
-                       ("/model_info", model_info), ("/get_model_info", model_info)):
-        app.add_url_rule(path, f"worker {path}", _json_view(view), methods=["GET"])
 
     @app.get("/get_load")
     async def get_load():
@@ -83,9 +83,3 @@ def add_routes(app, state) -> None:
     def rendered(token_ids: list[int]) -> dict:
         """vLLM's render shape: the prompt's ids, and no multimodal features."""
         return {"model": state.model_name, "token_ids": token_ids, "features": None}
-
-
-def _json_view(build):
-    async def view():
-        return build()
-    return view
