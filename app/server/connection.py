@@ -163,6 +163,7 @@ class Connection:
                 except Paused:
                     self.paused = True
                 except Http2Preface:
+                    self.close_reason("http2")  # before the write: the peer may hang up on reading it
                     await self.write(HTTP2_REFUSAL)
                     await self.close("http2")
 
@@ -252,21 +253,24 @@ class Connection:
                 return
 
     async def expire(self) -> None:
+        """Say why, then close. The reason is recorded before the last frame is written: a peer
+        that reads it and hangs up at once would otherwise be counted as having left ("client")."""
+        shutting_down = self.server.terminating_since is not None
         if self.websocket:
-            shutting_down = self.server.terminating_since is not None
+            self.close_reason("shutdown" if shutting_down else "ws_idle")
             try:
                 frame = self.protocol.stream.connection.send(CloseConnection(
                     code=1001, reason="server shutting down" if shutting_down else "idle timeout"))
             except (AttributeError, LocalProtocolError):  # not accepted yet, or a close is under way
                 frame = b""
             await self.write(frame)
-            await self.close("shutdown" if shutting_down else "ws_idle")
-        elif self.server.terminating_since is not None:
-            await self.close("shutdown")
+        elif shutting_down:
+            self.close_reason("shutdown")
         elif self.partial_since is not None:
+            self.close_reason("header_timeout")
             await self.write(canned_response(
                 408, "Request Timeout", f"the request headers took longer than --header-timeout"
                 f" ({self.limits.header_timeout:g} s)", "header_timeout"))
-            await self.close("header_timeout")
         else:
-            await self.close("keep_alive")
+            self.close_reason("keep_alive")
+        await self.close(self.reason)
