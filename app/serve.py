@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import trio
@@ -23,8 +24,9 @@ from app.server.app import ServerState, create_app
 from app.server.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
 from model.backend import BACKENDS, DTYPES, resolve
-from model.errors import ModelError
+from model.errors import ModelError, one_line
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
+from model.memory import gpu_kv_blocks
 from model.runner import ModelRunner
 from model.tokenizer import Tokenizer
 
@@ -49,9 +51,14 @@ def add_arguments(parser) -> None:
            " or float32 ones (the exact path) (default: auto)")
     a("--max-seqs", type=int, default=64, help="most requests running at once (default: 64)")
     a("--max-model-len", type=int, default=None, help="context length, prompt plus output (default: the model's)")
-    a("--kv-cache-gib", type=float, default=1.0, help="memory for the paged KV cache in GiB (default: 1.0)")
+    a("--kv-cache-gib", type=float, default=None,
+      help="memory for the paged KV cache in GiB (default: 1.0 on the CPU; on a GPU, what --gpu-memory-utilization"
+           " leaves)")
     a("--gpu-memory-utilization", type=float, default=0.9,
-      help="CUDA: share of GPU memory for weights and KV cache (default: 0.9)")
+      help="CUDA: share of the GPU's memory for the weights, a step's activations and the KV cache; the KV cache"
+           " gets what the other two leave, measured by a profiling step at start-up (default: 0.9)")
+    a("--enforce-eager", action="store_true",
+      help="CUDA: run decode steps kernel by kernel instead of replaying CUDA graphs captured at start-up")
     a("--prefill-chunk", type=int, default=256, help="most prompt tokens prefilled per step (default: 256)")
     a("--max-batched-tokens", type=int, default=1024, help="most tokens per step, decode rows included (default: 1024)")
     a("--swap-space", type=float, default=0.0,
@@ -73,7 +80,7 @@ def check(args) -> None:
     for name in ("max_seqs", "prefill_chunk", "max_batched_tokens", "max_queue"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.kv_cache_gib <= 0 or args.swap_space < 0:
+    if (args.kv_cache_gib is not None and args.kv_cache_gib <= 0) or args.swap_space < 0:
         raise ValueError("--kv-cache-gib must be positive and --swap-space not negative")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")
@@ -106,19 +113,44 @@ def load(args, state: ServerState) -> Engine:
     state.model_path, state.model_type = str(model_dir), config.model_type
     state.architectures = list(config.architectures)
     block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE, backend.ops.storage_dtype.itemsize)
-    num_blocks = int(args.kv_cache_gib * GIB // block_bytes)
-    if num_blocks < 2:
-        raise ValueError(f"--kv-cache-gib {args.kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes")
-    runner = ModelRunner(config, model, num_blocks)
+    if backend.name == "cuda" and args.kv_cache_gib is None:
+        num_blocks = gpu_kv_blocks(model, args.gpu_memory_utilization, args.max_seqs, args.max_batched_tokens,
+                                   state.max_model_len)
+    else:
+        kv_cache_gib = args.kv_cache_gib or 1.0
+        num_blocks = int(kv_cache_gib * GIB // block_bytes)
+        if num_blocks < 2:
+            raise ValueError(f"--kv-cache-gib {kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes")
+    try:
+        runner = ModelRunner(config, model, num_blocks)
+    except MemoryError as e:  # CuPy's OutOfMemoryError is one
+        raise ValueError(f"out of memory allocating the KV cache of {num_blocks} blocks ({one_line(e)});"
+                         " lower --gpu-memory-utilization or --kv-cache-gib") from None
+    if backend.name == "cuda" and not args.enforce_eager:
+        capture_graphs(runner, args.max_seqs, state.max_model_len)
     engine = Engine(runner, state.tokenizer, EngineConfig(
         max_model_len=state.max_model_len, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
         swap_blocks=int(args.swap_space * GIB // block_bytes), prefix_caching=not args.no_prefix_caching))
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
              f" ({backend.dtype}, weights {model.weight_bytes / 2**20:.0f} MiB),"
-             f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB),"
+             f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB:"
+             f" {num_blocks * DEFAULT_BLOCK_SIZE / state.max_model_len:.1f} requests at full length),"
              f" max_model_len {state.max_model_len}")
     return engine
+
+
+def capture_graphs(runner, max_seqs: int, max_model_len: int) -> None:
+    """Decode graphs for every padded batch size; a device that refuses them is served eagerly."""
+    started = time.monotonic()
+    try:
+        runner.capture_graphs(max_seqs, max_model_len)
+    except Exception as e:
+        log.warning(f"CUDA graphs could not be captured ({one_line(e)}); decoding eagerly")
+        runner.graphs = None
+        return
+    log.info(f"captured {len(runner.graphs.sizes)} decode graphs (batch sizes up to {max_seqs})"
+             f" in {time.monotonic() - started:.1f} s")
 
 
 async def serve(state: ServerState, args, load_engine) -> str | None:

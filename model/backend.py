@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.config import ModelConfig
+from model.errors import one_line
 from model.llama import Llama
 from model.ops import numpy_ops
 from model.runner import load_model
@@ -44,7 +45,11 @@ class Backend:
             if self.dtype == "auto":
                 self.dtype = "float16" if config.torch_dtype == "float16" else "bfloat16"
             self.ops = cupy_ops.create(self.dtype)
-        return load_model(model_dir, self.ops, max_model_len)
+        try:
+            return load_model(model_dir, self.ops, max_model_len)
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one
+            raise ValueError(f"the weights do not fit in memory ({one_line(e)}); serve a smaller model or a narrower"
+                             " --dtype (bfloat16 rather than float32)") from None
 
 
 def cuda_available() -> bool:

@@ -61,6 +61,13 @@ class ModelRunner:
         self.ops = model.ops
         self.cache = KVCache(self.ops, config, num_blocks, block_size)
         self.rng = np.random.default_rng(seed)
+        self.graphs = None  # model.cuda_graphs.DecodeGraphs once captured
+
+    def capture_graphs(self, max_seqs: int, max_model_len: int) -> None:
+        """CUDA only: capture the decode graphs that logits() replays from now on."""
+        from model.cuda_graphs import DecodeGraphs
+
+        self.graphs = DecodeGraphs(self.model, self.cache, max_seqs, max_model_len)
 
     @classmethod
     def from_dir(cls, model_dir: Path, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
@@ -78,6 +85,8 @@ class ModelRunner:
 
     def logits(self, plan: StepPlan):
         """Run the forward pass; fp32 logits (sampling rows, vocab) on the ops device."""
+        if self.graphs is not None and self.graphs.can_replay(plan):
+            return self.graphs.replay(plan)
         ops, rows = self.ops, plan.rows
         query_lens = [len(r.token_ids) for r in rows]
         token_ids = np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in rows])

@@ -102,12 +102,46 @@ def build(unit: str, library) -> None:
         os.replace(out, library)
 
 
+class ReplayedGraph:
+    """A CUDA graph's stand-in: replay runs the captured function again on the same buffers and
+    writes its result into the output captured first, where a graph's kernels would write."""
+
+    def __init__(self, fn):
+        self.fn, self.output = fn, fn()
+
+    def replay(self) -> None:
+        self.output[...] = self.fn()
+
+
 class CpuLauncher:
     """The launcher interface of model/ops/cuda_ops.py, on the CPU: function(file,
-    name_expression) for the kernels, and linear(x, w, bias, out) for the GEMMs."""
+    name_expression) for the kernels, linear(x, w, bias, out) for the GEMMs, a stand-in for CUDA
+    graphs, and memory_info() reporting `memory` ((free, total) bytes, set by a test)."""
 
-    def __init__(self):
+    def __init__(self, memory: tuple[int, int] | None = None):
         self.modules: dict[str, CpuModule] = {}
+        self.memory = memory
+        self.captures = 0
+
+    def memory_info(self) -> tuple[int, int]:
+        assert self.memory is not None, "this CpuLauncher was made without a memory size"
+        return self.memory
+
+    def synchronize(self) -> None:
+        pass
+
+    @staticmethod
+    def pinned(size: int, dtype) -> np.ndarray:
+        return np.zeros(size, dtype)
+
+    @staticmethod
+    def upload(device, host) -> None:
+        device[...] = host
+
+    def capture(self, fn) -> ReplayedGraph:
+        fn()  # the warm-up run a GPU capture makes too
+        self.captures += 1
+        return ReplayedGraph(fn)
 
     def function(self, file: str, expression: str) -> CpuKernel:
         if file not in self.modules:

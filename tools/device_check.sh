@@ -36,7 +36,7 @@ fi
 
 SECONDS=0
 timeout 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider "${deselect[@]}" tests/test_kernels.py \
-    tests/test_cuda_forward.py tests/test_cuda_default_model.py -s > "$OUT/pytest-gpu.txt" 2>&1
+    tests/test_cuda_forward.py tests/test_cuda_graphs.py tests/test_cuda_default_model.py -s > "$OUT/pytest-gpu.txt" 2>&1
 echo "pytest exit $? after ${SECONDS}s" >> "$OUT/pytest-gpu.txt"
 SECONDS=0
 timeout 120 python3 tools/bench_kernels.py --json "$OUT/bench_kernels.json" > "$OUT/bench_kernels.txt" 2>&1

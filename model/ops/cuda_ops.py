@@ -6,7 +6,8 @@ arrays are NumPy's and the launcher is the CPU harness (tests/cuda_harness.py), 
 same .cu files. So the whole forward pass of model/llama.py is tested through the kernels
 without a GPU. A launcher has two methods: `function(file, name_expression)`, returning a
 callable `(grid, block, args, shared_mem=0)` as CuPy's RawKernel is called, and
-`linear(x, w, bias, out)`, the GEMM (cuBLAS on a GPU).
+`linear(x, w, bias, out)`, the GEMM (cuBLAS on a GPU); and for sizing the KV pool,
+`memory_info()` and `synchronize()`.
 
 Weights, activations and K/V are in the storage type (float32, float16, or bfloat16 held as
 uint16 bits, model/ops/dtypes.py); model/llama.py never does arithmetic on them itself, only
@@ -72,6 +73,13 @@ class CudaOps:
         out = self.xp.empty((h.shape[0], w.shape[0]), dtype=np.float32)
         self.launcher.linear(self.contiguous(h), w, None, out)
         return out
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory, as the driver counts them."""
+        return self.launcher.memory_info()
+
+    def synchronize(self) -> None:
+        self.launcher.synchronize()
 
     def contiguous(self, x):
         return self.xp.ascontiguousarray(x)

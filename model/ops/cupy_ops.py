@@ -3,6 +3,7 @@ cuda/*.cu by NVRTC through CuPy's RawModule, once per process (CuPy caches the b
 under CUPY_CACHE_DIR). Needs the `cuda12` or `cuda13` extra and a device."""
 
 import cupy
+import cupyx
 import numpy as np
 
 from model.errors import one_line
@@ -15,8 +16,9 @@ CUDA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 14}
 
 
 class RawModuleLauncher:
-    """The launcher interface of cuda_ops on a GPU: function(file, name_expression) and
-    linear(x, w, bias, out)."""
+    """The launcher interface of cuda_ops on a GPU: function(file, name_expression),
+    linear(x, w, bias, out), memory_info() and synchronize(); and for CUDA graphs
+    (model/cuda_graphs.py) pinned(size, dtype), upload(device, host) and capture(fn)."""
 
     def __init__(self):
         from cupy_backends.cuda.libs import cublas  # loads libcublas: ImportError where it is missing
@@ -24,6 +26,7 @@ class RawModuleLauncher:
         self.cublas = cublas
         self.modules: dict[str, cupy.RawModule] = {}
         self.one, self.zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
+        self.graph_pool = None  # the memory every captured graph allocates from, and nothing else
 
     def function(self, file: str, expression: str):
         if file not in self.modules:
@@ -31,6 +34,42 @@ class RawModuleLauncher:
                                                 options=("-std=c++17", f"-I{CUDA_DIR}"),
                                                 name_expressions=name_expressions(file))
         return self.modules[file].get_function(expression)
+
+    @staticmethod
+    def memory_info() -> tuple[int, int]:
+        return cupy.cuda.runtime.memGetInfo()
+
+    @staticmethod
+    def synchronize() -> None:
+        cupy.cuda.get_current_stream().synchronize()
+
+    @staticmethod
+    def pinned(size: int, dtype) -> np.ndarray:
+        """A host array in page-locked memory, so a copy from it is asynchronous."""
+        return cupyx.empty_pinned(size, dtype)
+
+    @staticmethod
+    def upload(device, host) -> None:
+        device.set(host, stream=cupy.cuda.get_current_stream())
+
+    def capture(self, fn) -> "CapturedGraph":
+        """fn's kernels as a CUDA graph. fn runs once eagerly first (compiling its kernels and
+        filling the graph pool), then under capture on a side stream. Its allocations come from
+        a pool of their own: memory a graph uses as scratch must never be handed to eager code,
+        which may hold it across a replay."""
+        if self.graph_pool is None:
+            self.graph_pool = cupy.cuda.MemoryPool()
+        stream = cupy.cuda.Stream(non_blocking=False)  # ordered with the legacy stream eager work uses
+        with cupy.cuda.using_allocator(self.graph_pool.malloc), stream:
+            fn()
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                output = fn()
+            finally:
+                graph = stream.end_capture()
+        graph.upload()
+        return CapturedGraph(graph, output)
 
     def linear(self, x, w, bias, out) -> None:
         """out = x @ w.T (+ bias) through cublasGemmEx, accumulating in fp32 whatever the storage
@@ -43,6 +82,7 @@ class RawModuleLauncher:
         beta = self.one if bias is not None else self.zero
         storage = CUDA_TYPES[dtype_name(x.dtype)]
         cublas, handle = self.cublas, cupy.cuda.device.get_cublas_handle()
+        cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)  # a capture's stream, when capturing
         mode = cublas.getPointerMode(handle)
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         try:
@@ -52,6 +92,14 @@ class RawModuleLauncher:
                           cublas.CUBLAS_GEMM_DEFAULT)
         finally:
             cublas.setPointerMode(handle, mode)
+
+
+class CapturedGraph:
+    def __init__(self, graph, output):
+        self.graph, self.output = graph, output
+
+    def replay(self) -> None:
+        self.graph.launch(stream=cupy.cuda.get_current_stream())
 
 
 def available() -> bool:

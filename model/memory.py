@@ -1,0 +1,80 @@
+"""How many KV blocks fit on the GPU under --gpu-memory-utilization, sized as vLLM sizes them.
+
+With the weights loaded, one profiling step as large as the scheduler may ever plan
+(--max-batched-tokens tokens over --max-seqs rows, every row sampled) runs on a throwaway cache.
+CuPy's memory pool keeps what that step allocated, so the device's used memory afterwards is the
+CUDA context, the weights and the peak of a step's activations together. Whatever is left under
+the fraction of the device's total goes to the KV pool.
+"""
+
+from dataclasses import dataclass
+
+from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
+from model.runner import ModelRunner, Row, StepPlan
+
+GIB = 1 << 30
+
+
+@dataclass
+class MemoryPlan:
+    total: int  # bytes on the device
+    used: int  # context, weights and a step's peak activations
+    budget: int  # total x utilization
+    block_bytes: int
+
+    @property
+    def num_blocks(self) -> int:
+        return max(0, (self.budget - self.used) // self.block_bytes)
+
+    def describe(self) -> str:
+        return (f"{self.used / GIB:.2f} GiB for the weights and a step's activations, {self.budget / GIB:.2f} GiB"
+                f" allowed of {self.total / GIB:.2f} GiB")
+
+
+def profile_plan(max_seqs: int, max_batched_tokens: int, max_model_len: int, block_size: int) -> StepPlan:
+    """The largest step: max_batched_tokens tokens shared by max_seqs sampled rows, each within
+    max_model_len, on consecutive blocks of a throwaway cache."""
+    rows, tokens, next_block = [], max_batched_tokens, 0
+    for i in range(max_seqs):
+        n = min(max(1, tokens // (max_seqs - i)), max_model_len - 1)
+        blocks = -(-n // block_size)
+        rows.append(Row(f"profile-{i}", [0] * n, 0, list(range(next_block, next_block + blocks)), sample=True))
+        tokens, next_block = tokens - n, next_block + blocks
+    return StepPlan(rows)
+
+
+def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: int, max_model_len: int,
+                  block_size: int = DEFAULT_BLOCK_SIZE) -> MemoryPlan:
+    """Run the profiling step, then measure. The throwaway cache's blocks are not counted as
+    used: the KV pool takes their place."""
+    ops, config = model.ops, model.config
+    plan = profile_plan(max_seqs, max_batched_tokens, max_model_len, block_size)
+    num_blocks = sum(len(r.block_table) for r in plan.rows)
+    runner = ModelRunner(config, model, num_blocks, block_size)
+    runner.step(plan)
+    for row in plan.rows:
+        runner.release(row.request_id)
+    del runner
+    ops.synchronize()
+    free, total = ops.memory_info()
+    block_bytes = KVCache.bytes_per_block(config, block_size, ops.storage_dtype.itemsize)
+    return MemoryPlan(total=total, used=total - free - num_blocks * block_bytes, budget=int(total * utilization),
+                      block_bytes=block_bytes)
+
+
+def gpu_kv_blocks(model, utilization: float, max_seqs: int, max_batched_tokens: int, max_model_len: int,
+                  block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The KV pool's size in blocks, or a ValueError of one line that says which flag to change."""
+    lower = f"lower --max-batched-tokens ({max_batched_tokens}) and --max-seqs ({max_seqs})"
+    try:
+        memory = plan_kv_cache(model, utilization, max_seqs, max_batched_tokens, max_model_len, block_size)
+    except MemoryError as e:  # CuPy's OutOfMemoryError is one
+        raise ValueError(f"out of GPU memory in the profiling step ({e}); {lower}") from None
+    if memory.num_blocks < 2:
+        raise ValueError(f"no room for the KV cache on the GPU: {memory.describe()}; raise --gpu-memory-utilization"
+                         f" (now {utilization:g}) or {lower}")
+    if memory.num_blocks * block_size < max_model_len:
+        raise ValueError(f"the KV cache holds {memory.num_blocks * block_size} tokens ({memory.describe()}), fewer"
+                         f" than one request of --max-model-len {max_model_len}; lower --max-model-len or raise"
+                         f" --gpu-memory-utilization (now {utilization:g})")
+    return memory.num_blocks

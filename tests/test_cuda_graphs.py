@@ -1,0 +1,179 @@
+"""CUDA graphs for decode (model/cuda_graphs.py) and KV sizing by --gpu-memory-utilization
+(model/memory.py), on the CPU harness: the same CudaOps and kernels as on a GPU, with a graph
+stand-in whose replay runs the captured forward pass again on the fixed buffers. What that
+checks is the bookkeeping a GPU relies on: the padded sizes, what a step writes into the buffers
+(padding included), which steps replay, and that the logits, the sampled tokens and the K/V
+cache are those of eager steps. On a GPU (marked gpu) the same tests capture real graphs."""
+
+import numpy as np
+import pytest
+
+from cuda_harness import CpuLauncher
+from engine_harness import Harness
+from model.cuda_graphs import MAX_PADDING, graph_sizes
+from model.memory import GIB, gpu_kv_blocks, plan_kv_cache, profile_plan
+from model.ops.cuda_ops import CudaOps
+from model.runner import ModelRunner, Row, StepPlan
+from model.sampling import SamplingParams
+from model.tokenizer import Tokenizer
+from test_cuda_forward import cuda_ops
+from test_model import Blocks, rel_err
+
+BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("max_seqs", [1, 2, 3, 5, 8, 9, 64, 100, 256])
+def test_graph_sizes_cover_every_batch_with_little_padding(max_seqs):
+    sizes = graph_sizes(max_seqs)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == max_seqs
+    for rows in range(1, max_seqs + 1):
+        padded = next(s for s in sizes if s >= rows)
+        assert padded - rows < max(rows, MAX_PADDING)  # doubling up to 8, then at most 7 rows more
+    if max_seqs == 64:
+        assert sizes == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def runners(tiny_dir, backend, max_seqs=6, max_model_len=96):
+    """Two runners on the kernels with the same weights: one replays graphs, one runs eagerly."""
+    made = [ModelRunner.from_dir(tiny_dir, num_blocks=64, block_size=4, ops=cuda_ops(backend)) for _ in range(2)]
+    made[0].capture_graphs(max_seqs, max_model_len)
+    return made
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_replayed_decode_steps_match_eager_ones(tiny_dir, backend):
+    """Decode steps of 1 to 6 rows (padded to 1, 2, 4 and 6) give the eager logits; a prefill and
+    a mixed step run eagerly; padding writes no K/V (the caches stay equal)."""
+    graphed, eager = runners(tiny_dir, backend)
+    graphs = graphed.graphs
+    assert graphs.sizes == [1, 2, 4, 6] and set(graphs.graphs) == {1, 2, 4, 6}
+    blocks = Blocks(eager)
+    rng = np.random.default_rng(3)
+    lengths = {rid: int(n) for rid, n in zip("abcdef", rng.integers(3, 30, 6))}
+    prompts = {rid: rng.integers(3, 390, n).tolist() for rid, n in lengths.items()}
+
+    def step(rows):
+        plan = StepPlan([Row(rid, ids, start, blocks.table(rid, start + len(ids)), sample=True)
+                         for rid, ids, start in rows])
+        before = graphs.replays
+        got, want = (r.ops.to_host(r.logits(plan)) for r in (graphed, eager))
+        assert got.shape == want.shape and rel_err(got, want) < 1e-5, rel_err(got, want)
+        return graphs.replays - before
+
+    assert step([(rid, prompts[rid], 0) for rid in "abcd"]) == 0  # prefill: eager
+    position = dict(lengths)
+    for rids in ["abc", "a", "abcd", "bd"]:  # 3 rows pad to 4; 1; 4; 2
+        assert step([(rid, [int(rng.integers(3, 390))], position[rid]) for rid in rids]) == 1
+        for rid in rids:
+            position[rid] += 1
+    mixed = [("a", [7], position["a"]), ("e", prompts["e"], 0)]
+    assert step(mixed) == 0
+    position["a"] += 1
+    assert step([("f", prompts["f"], 0)]) == 0
+    position["e"], position["f"] = lengths["e"], lengths["f"]
+    assert step([(rid, [int(rng.integers(3, 390))], position[rid]) for rid in "abcdef"]) == 1  # the largest graph
+    for ours, theirs in zip(graphed.cache.k + graphed.cache.v, eager.cache.k + eager.cache.v):
+        assert np.allclose(graphed.ops.to_host(ours), eager.ops.to_host(theirs), atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_step_buffers_hold_the_rows_then_padding(tiny_dir, backend):
+    graphed, _ = runners(tiny_dir, backend, max_seqs=8, max_model_len=40)
+    graphs = graphed.graphs
+    rows = [Row("a", [11], 9, [5, 2, 7], sample=True), Row("b", [12], 0, [3], sample=True),
+            Row("c", [13], 4, [1, 6], sample=True)]
+    graphs.fill(rows)
+    fields = graphs.host[:4 * 8].reshape(4, 8)
+    tables = graphs.host[4 * 8:].reshape(8, 10)  # 40 tokens in blocks of 4: 10 columns
+    assert fields[0].tolist() == [11, 12, 13, 0, 0, 0, 0, 0]  # token ids
+    assert fields[1].tolist() == [9, 0, 4, 0, 0, 0, 0, 0]  # positions
+    assert fields[2].tolist() == [7 * 4 + 1, 3 * 4, 6 * 4, -1, -1, -1, -1, -1]  # slots; padding writes nothing
+    assert fields[3].tolist() == [10, 1, 5, 1, 1, 1, 1, 1]  # context lengths
+    assert tables[:3, :3].tolist() == [[5, 2, 7], [3, 0, 0], [1, 6, 0]] and not tables[3:].any()
+    graphs.fill(rows[1:2])  # fewer rows: the earlier rows' tables are cleared
+    assert tables[0].tolist() == [3] + [0] * 9 and not tables[1:].any()
+    assert graphs.padded_size(3) == 4 and graphs.padded_size(5) == 8
+    assert not graphs.can_replay(StepPlan([Row("a", [1, 2], 0, [0], sample=True)]))  # a prefill row
+    assert not graphs.can_replay(StepPlan([Row("a", [1], 3, [0], sample=False)]))  # a row that does not sample
+    assert not graphs.can_replay(StepPlan([Row(i, [1], 3, [0], sample=True) for i in range(9)]))  # too many
+    assert graphs.can_replay(StepPlan([Row(i, [1], 3, [0], sample=True) for i in range(8)]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_scheduler_on_graphs_generates_what_it_does_eagerly(tiny_dir, backend):
+    """Through the engine's scheduler, with penalties, a seeded draw, logprobs and preemption by
+    recompute: the same tokens and logprobs, and most steps replayed."""
+    tok = Tokenizer(tiny_dir)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(3, 390, n).tolist() for n in (9, 23, 5, 14, 11)]
+    sampling = [SamplingParams(temperature=0.0, repetition_penalty=1.5, logprobs=2),
+                SamplingParams(temperature=0.8, seed=4), SamplingParams(temperature=0.0, frequency_penalty=0.7),
+                SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.9, seed=2)]
+    results = []
+    for graphed in (True, False):
+        runner = ModelRunner.from_dir(tiny_dir, num_blocks=16, block_size=4, ops=cuda_ops(backend))
+        if graphed:
+            runner.capture_graphs(4, 64)
+        h = Harness(runner, tok, max_seqs=4, immunity_tokens=2)
+        rids = [h.submit(p, sampling=s, max_tokens=12) for p, s in zip(prompts, sampling)]
+        h.run()
+        results.append(([h.tokens(r) for r in rids], [[lp for f in h.frames[r] for lp in f.logprobs or []]
+                                                        for r in rids], h, runner))
+    (tokens, logprobs, h, runner), (want_tokens, want_logprobs, _, _) = results
+    assert h.s.stats.preemptions > 0
+    assert tokens == want_tokens
+    for got, want in zip(logprobs, want_logprobs):
+        np.testing.assert_allclose([lp for _, lp, _ in got], [lp for _, lp, _ in want], atol=1e-4)
+    assert runner.graphs.replays >= 12
+
+
+def harness_model(tiny_dir, memory):
+    from model.runner import load_model
+
+    return load_model(tiny_dir, CudaOps(np, CpuLauncher(memory=memory)))
+
+
+def test_the_kv_cache_gets_what_the_fraction_leaves(tiny_dir):
+    """(free, total) after the profiling step is what the harness reports; the throwaway cache's
+    blocks are not counted as used."""
+    total, free = 8 * GIB, 5 * GIB
+    model = harness_model(tiny_dir, (free, total))
+    memory = plan_kv_cache(model, 0.9, max_seqs=8, max_batched_tokens=64, max_model_len=128, block_size=4)
+    throwaway = sum(len(r.block_table) for r in profile_plan(8, 64, 128, 4).rows)
+    assert memory.used == total - free - throwaway * memory.block_bytes
+    assert memory.num_blocks == (int(total * 0.9) - memory.used) // memory.block_bytes
+    assert not model.ops.sampler.slots  # the profiling rows left no sampler state behind
+
+
+@pytest.mark.parametrize("max_seqs,tokens,max_model_len", [(1, 1, 2), (8, 64, 128), (5, 37, 9), (64, 1024, 8192)])
+def test_the_profiling_step_is_the_largest_step_the_scheduler_may_plan(max_seqs, tokens, max_model_len):
+    plan = profile_plan(max_seqs, tokens, max_model_len, block_size=16)
+    lengths = [len(r.token_ids) for r in plan.rows]
+    assert len(plan.rows) == max_seqs and all(r.sample for r in plan.rows)
+    assert sum(lengths) == min(tokens, max_seqs * (max_model_len - 1)) and 1 <= min(lengths)
+    assert max(lengths) < max_model_len
+    ids = [b for r in plan.rows for b in r.block_table]
+    assert len(ids) == len(set(ids)) and all(len(r.block_table) * 16 >= len(r.token_ids) for r in plan.rows)
+
+
+def test_too_little_memory_is_one_line_naming_the_flags(tiny_dir):
+    model = harness_model(tiny_dir, (GIB // 100, GIB))  # 99% used before the cache
+    with pytest.raises(ValueError, match=r"raise --gpu-memory-utilization \(now 0.9\) or lower --max-batched-tokens"):
+        gpu_kv_blocks(model, 0.9, max_seqs=4, max_batched_tokens=32, max_model_len=64)
+    model.ops.launcher.memory = (GIB, GIB)
+    blocks = gpu_kv_blocks(model, 0.9, max_seqs=4, max_batched_tokens=32, max_model_len=64)
+    assert blocks * 16 >= 64
+    with pytest.raises(ValueError, match="fewer than one request of --max-model-len 10000000; lower --max-model-len"):
+        gpu_kv_blocks(model, 0.9, max_seqs=4, max_batched_tokens=32, max_model_len=10_000_000)
+
+
+def test_running_out_of_memory_in_the_profiling_step_says_which_flags_to_lower(tiny_dir, monkeypatch):
+    model = harness_model(tiny_dir, (GIB, GIB))
+
+    def out_of_memory(*args):
+        raise MemoryError("Out of memory allocating 1,073,741,824 bytes")
+
+    monkeypatch.setattr(model.ops.launcher, "linear", out_of_memory)
+    with pytest.raises(ValueError, match=r"^out of GPU memory in the profiling step \(Out of memory allocating"
+                                         r" 1,073,741,824 bytes\); lower --max-batched-tokens \(32\) and --max-seqs"):
+        gpu_kv_blocks(model, 0.9, max_seqs=4, max_batched_tokens=32, max_model_len=64)
