@@ -88,11 +88,13 @@ class DecodeGraphs:
             tables[i, :len(table)] = table
         self.filled = n
 
-    def replay(self, plan):
-        """The step's logits (rows, vocab), fp32, from the smallest graph that holds its rows."""
+    def replay(self, plan, fill_ahead):
+        """The step's logits (rows, vocab), fp32, from the smallest graph that holds its rows.
+        fill_ahead (ModelRunner's) puts the tokens of rows fed AHEAD in place on the device."""
         rows = plan.rows
         self.fill(rows)
         self.ops.launcher.upload(self.device, self.host)
+        fill_ahead(self.fields["token_ids"], range(len(rows)), rows)
         graph = self.graphs[self.padded_size(len(rows))]
         graph.replay()
         self.replays += 1

@@ -18,6 +18,7 @@ from model.sampling import SamplingParams
 from model.weights import load_weights
 
 GREEDY = SamplingParams(temperature=0.0)
+AHEAD = -1  # a decode row's input token that the step before it, still running, is sampling
 
 
 @dataclass
@@ -38,6 +39,16 @@ class Row:
 @dataclass
 class StepPlan:
     rows: list[Row] = field(default_factory=list)
+
+
+@dataclass
+class Launched:
+    """A step whose work is queued on the device; collect() waits for its sampled ids."""
+
+    rows: list[Row]  # the sampling rows, in the order of ids
+    ids: object  # ops.download of the sampled ids
+    logprobs: list
+    top: list
 
 
 @dataclass
@@ -62,6 +73,9 @@ class ModelRunner:
         self.cache = KVCache(self.ops, config, num_blocks, block_size)
         self.rng = np.random.default_rng(seed)
         self.graphs = None  # model.cuda_graphs.DecodeGraphs once captured
+        # a device runs the steps: the engine may plan and launch the next before this one lands
+        self.overlaps = getattr(self.ops, "asynchronous", False)
+        self.last_sampled = (None, {})  # the last launched step's ids on the device, and each request's row
 
     def capture_graphs(self, max_seqs: int, max_model_len: int) -> None:
         """CUDA only: capture the decode graphs that logits() replays from now on."""
@@ -86,7 +100,7 @@ class ModelRunner:
     def logits(self, plan: StepPlan):
         """Run the forward pass; fp32 logits (sampling rows, vocab) on the ops device."""
         if self.graphs is not None and self.graphs.can_replay(plan):
-            return self.graphs.replay(plan)
+            return self.graphs.replay(plan, self.fill_ahead)
         ops, rows = self.ops, plan.rows
         query_lens = [len(r.token_ids) for r in rows]
         token_ids = np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in rows])
@@ -96,21 +110,53 @@ class ModelRunner:
         logit_index = np.array([end for r, end in zip(rows, ends) if r.sample], dtype=np.int64)
         meta = ops.attention_meta(query_lens, [r.start_pos + n for r, n in zip(rows, query_lens)],
                                   [r.block_table for r in rows], self.block_size)
-        return self.model.forward(ops.asarray(token_ids, np.int64), ops.asarray(positions, np.int64),
-                                  ops.asarray(slots, np.int64), meta, self.cache,
-                                  ops.asarray(logit_index, np.int64))
+        device_tokens = ops.asarray(token_ids, np.int64)
+        self.fill_ahead(device_tokens, ends - np.asarray(query_lens) + 1, rows)
+        return self.model.forward(device_tokens, ops.asarray(positions, np.int64),
+                                  ops.asarray(slots, np.int64), meta, self.cache, ops.asarray(logit_index, np.int64))
 
-    def step(self, plan: StepPlan) -> list[Sampled]:
+    def fill_ahead(self, device_tokens, starts, rows) -> None:
+        """Rows whose input is AHEAD take the token the step before sampled for their request,
+        device to device: starts[i] is where row i's tokens begin in device_tokens."""
+        ahead = [(start, self.last_sampled[1][r.request_id]) for start, r in zip(starts, rows)
+                 if r.token_ids[0] == AHEAD]
+        if ahead:
+            at, source = np.array(ahead, dtype=np.int64).T
+            device_tokens[self.ops.asarray(at, np.int64)] = self.last_sampled[0][self.ops.asarray(source, np.int64)]
+
+    def launch(self, plan: StepPlan) -> Launched:
+        """Queue the step on the device: forward pass, sampling, and the copy of the sampled ids
+        to the host. On the CPU the work is done when this returns."""
         sampling = [r for r in plan.rows if r.sample]
         logits = self.logits(plan)  # the masks are computed meanwhile
         if not sampling:
-            return []
+            return Launched([], None, [], [])
         ids, logprobs, top = self.ops.sample(
             logits, [r.params for r in sampling], [r.prompt_ids for r in sampling],
-            [r.output_ids for r in sampling], self.rng, [r.request_id for r in sampling],
+            [self.history(r) for r in sampling], self.rng, [r.request_id for r in sampling],
             [None if r.mask is None else r.mask.result() for r in sampling])
-        ids = self.ops.to_host(ids)
-        return [Sampled(r.request_id, int(ids[i]), logprobs[i], top[i]) for i, r in enumerate(sampling)]
+        self.last_sampled = (ids, {r.request_id: i for i, r in enumerate(sampling)})
+        return Launched(sampling, self.ops.download(ids), logprobs, top)
+
+    @staticmethod
+    def history(row: Row):
+        """The output so far as the sampler counts it: a row fed AHEAD has one token more than
+        the engine knows yet. Only penalties and seeded draws read it (and then only its
+        length, unless a slot must be refilled), so only they pay for the copy."""
+        if row.token_ids[0] != AHEAD or not (row.params.penalized or row.params.seed is not None):
+            return row.output_ids
+        return [*row.output_ids, AHEAD]
+
+    def collect(self, launched: Launched) -> list[Sampled]:
+        """Wait for a launched step's sampled ids."""
+        if not launched.rows:
+            return []
+        ids = launched.ids.result()
+        return [Sampled(r.request_id, int(ids[i]), launched.logprobs[i], launched.top[i])
+                for i, r in enumerate(launched.rows)]
+
+    def step(self, plan: StepPlan) -> list[Sampled]:
+        return self.collect(self.launch(plan))
 
     def release(self, request_id) -> None:
         """The request has ended: the sampler may drop what it kept for it."""

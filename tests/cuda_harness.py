@@ -138,6 +138,10 @@ class CpuLauncher:
     def upload(device, host) -> None:
         device[...] = host
 
+    @staticmethod
+    def download(device) -> tuple[np.ndarray, None]:
+        return device.copy(), None
+
     def capture(self, fn) -> ReplayedGraph:
         fn()  # the warm-up run a GPU capture makes too
         self.captures += 1

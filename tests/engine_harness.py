@@ -15,6 +15,7 @@ class Harness:
         self.s = Scheduler(SchedulerConfig(**config), self.pool, runner, tokenizer)
         self.frames: dict[str, list] = {}
         self.count = 0
+        self.running = None  # (plan, launched) while a step is in flight: the overlapped loop
 
     def submit(self, prompt, request_id=None, closed=False, **params) -> str:
         params.setdefault("sampling", SamplingParams(temperature=0.0))
@@ -33,18 +34,34 @@ class Harness:
         return rid
 
     def tick(self) -> None:
+        """One turn of Engine._tick_loop: the overlapped loop when the runner overlaps."""
         plan = self.s.schedule()
-        if plan.rows:
-            try:
-                sampled = self.runner.step(plan)
-            except AssertionError:  # the fake runner caught a wrong block table: a test failure
-                raise
-            except Exception as e:
-                self.s.fail(plan, str(e))
-            else:
-                self.s.apply(plan, sampled)
+        if plan is None:
+            self.land(*self.running)
+            self.running = None
+        else:
+            launched = self.launch(plan) if plan.rows else None
+            landed, self.running = self.running, None
+            if landed is not None:
+                self.land(*landed)
+            if launched is not None:
+                if getattr(self.runner, "overlaps", False):
+                    self.running = (plan, launched)
+                else:
+                    self.land(plan, launched)
         self.s.flush()
         self.check()
+
+    def launch(self, plan):
+        try:
+            return self.runner.launch(plan)
+        except AssertionError:  # the fake runner caught a wrong block table: a test failure
+            raise
+        except Exception as e:
+            self.s.fail(plan, str(e))
+
+    def land(self, plan, launched) -> None:
+        self.s.apply(plan, self.runner.collect(launched))
 
     def check(self) -> None:
         """Blocks held by live requests are exactly the blocks the pool counts as used, and
@@ -66,7 +83,7 @@ class Harness:
 
     def run(self, max_ticks: int = 10_000) -> None:
         for _ in range(max_ticks):
-            if not self.s.has_work:
+            if not self.s.has_work and self.running is None:
                 return
             self.tick()
         raise AssertionError("did not go idle")

@@ -5,15 +5,20 @@ spill mistake changes them."""
 
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
-from model.runner import Sampled, StepPlan
+from model.runner import AHEAD, Sampled, StepPlan
 
 
 class FakeRunner:
+    """launch() does the step's work at once (step()); overlaps=True has the engine run its
+    overlapped loop on it, where a row fed AHEAD takes the token the last launch sampled."""
+
     def __init__(self, num_blocks: int, block_size: int = 4, vocab: int = 400, first_token: int = 3,
-                 step_cost: float = 0.0, eos_id: int | None = None, eos_after: int | None = None):
+                 step_cost: float = 0.0, eos_id: int | None = None, eos_after: int | None = None,
+                 overlaps: bool = False):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.vocab, self.first_token = vocab, first_token
         self.kv = np.full(num_blocks * block_size, -1, dtype=np.int64)
@@ -26,6 +31,24 @@ class FakeRunner:
         self.rows_seen: list[list] = []  # per step, the request ids planned
         self.released: list = []  # request ids, in the order the engine said they ended
         self.lock = threading.Lock()
+        self.overlaps = overlaps
+        self.last_sampled: dict = {}  # request id -> the token the last launch sampled for it
+        self.ahead_rows = 0  # rows fed AHEAD
+
+    def launch(self, plan: StepPlan) -> list[Sampled]:
+        rows = []
+        for row in plan.rows:
+            if row.token_ids[0] == AHEAD:
+                self.ahead_rows += 1
+                row = replace(row, token_ids=[self.last_sampled[row.request_id]])
+            rows.append(row)
+        sampled = self.step(StepPlan(rows))
+        self.last_sampled = {s.request_id: s.token_id for s in sampled}
+        return sampled
+
+    @staticmethod
+    def collect(launched: list[Sampled]) -> list[Sampled]:
+        return launched
 
     def next_token(self, context: list[int]) -> int:
         for prompt, script in self.scripts.items():

@@ -13,7 +13,7 @@ from engine_harness import Harness
 from model.cuda_graphs import MAX_PADDING, graph_sizes
 from model.memory import GIB, gpu_kv_blocks, plan_kv_cache, profile_plan
 from model.ops.cuda_ops import CudaOps
-from model.runner import ModelRunner, Row, StepPlan
+from model.runner import AHEAD, ModelRunner, Row, StepPlan
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 from test_cuda_forward import cuda_ops
@@ -101,8 +101,9 @@ def test_the_step_buffers_hold_the_rows_then_padding(tiny_dir, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_scheduler_on_graphs_generates_what_it_does_eagerly(tiny_dir, backend):
-    """Through the engine's scheduler, with penalties, a seeded draw, logprobs and preemption by
-    recompute: the same tokens and logprobs, and most steps replayed."""
+    """Through the engine's scheduler, with penalties, seeded draws, logprobs and preemption by
+    recompute: graphs and the overlapped loop (rows fed AHEAD) give the tokens and logprobs of
+    eager steps run one at a time; most steps replay."""
     tok = Tokenizer(tiny_dir)
     rng = np.random.default_rng(9)
     prompts = [rng.integers(3, 390, n).tolist() for n in (9, 23, 5, 14, 11)]
@@ -112,8 +113,17 @@ def test_the_scheduler_on_graphs_generates_what_it_does_eagerly(tiny_dir, backen
     results = []
     for graphed in (True, False):
         runner = ModelRunner.from_dir(tiny_dir, num_blocks=16, block_size=4, ops=cuda_ops(backend))
+        runner.overlaps = graphed
         if graphed:
             runner.capture_graphs(4, 64)
+            launch = runner.launch
+
+            def counting(plan):
+                counting.ahead += sum(r.token_ids[0] == AHEAD for r in plan.rows)
+                return launch(plan)
+
+            counting.ahead = 0
+            runner.launch = counting
         h = Harness(runner, tok, max_seqs=4, immunity_tokens=2)
         rids = [h.submit(p, sampling=s, max_tokens=12) for p, s in zip(prompts, sampling)]
         h.run()
@@ -124,7 +134,7 @@ def test_the_scheduler_on_graphs_generates_what_it_does_eagerly(tiny_dir, backen
     assert tokens == want_tokens
     for got, want in zip(logprobs, want_logprobs):
         np.testing.assert_allclose([lp for _, lp, _ in got], [lp for _, lp, _ in want], atol=1e-4)
-    assert runner.graphs.replays >= 12
+    assert runner.graphs.replays >= 12 and runner.launch.ahead >= 12
 
 
 def harness_model(tiny_dir, memory):

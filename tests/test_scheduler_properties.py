@@ -35,6 +35,7 @@ from app.engine.scheduler import EngineError
 from app.engine.stops import StopMatcher
 from engine_harness import Harness
 from fake_runner import FakeRunner
+from model.runner import AHEAD
 from model.sampling import SamplingParams
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -83,19 +84,28 @@ class RecordingRunner(FakeRunner):
         self.max_batched_tokens, self.max_seqs = max_batched_tokens, max_seqs
         self.during_step = None  # called once with the plan, as the Engine's other tasks run then
 
-    def step(self, plan):
-        if self.during_step is not None:
-            during, self.during_step = self.during_step, None
-            during(plan)
+    def launch(self, plan):
         ids = [r.request_id for r in plan.rows]
         assert len(ids) == len(set(ids)), f"a request twice in one step: {ids}"
         assert len(ids) <= self.max_seqs
         assert sum(len(r.token_ids) for r in plan.rows) <= self.max_batched_tokens
         for r in plan.rows:
-            end = r.start_pos + len(r.token_ids)
-            assert r.token_ids and end <= len(r.block_table) * self.block_size, r
-            assert list(r.token_ids) == (list(r.prompt_ids) + list(r.output_ids))[r.start_pos:end], r
-            assert not r.sample or end == len(r.prompt_ids) + len(r.output_ids), r
+            known = list(r.prompt_ids) + list(r.output_ids)
+            fed = list(r.token_ids)
+            if fed == [AHEAD]:  # the token the step in flight samples, at the position after it
+                assert self.overlaps and r.sample and r.request_id in self.last_sampled, r
+                fed = [self.last_sampled[r.request_id]]
+                known.append(fed[0])
+            end = r.start_pos + len(fed)
+            assert fed and end <= len(r.block_table) * self.block_size, r
+            assert fed == known[r.start_pos:end], r
+            assert not r.sample or end == len(known), r
+        return super().launch(plan)
+
+    def step(self, plan):
+        if self.during_step is not None:
+            during, self.during_step = self.during_step, None
+            during(plan)
         return super().step(plan)
 
 
@@ -126,14 +136,15 @@ class SchedulerMachine(RuleBasedStateMachine):
                 extra_batch=st.one_of(st.just(1024), st.integers(0, 16)),
                 immunity=st.sampled_from([0, 2, 16]), eos_after=st.one_of(st.none(), st.integers(3, 12)),
                 alphabet=st.sampled_from([2, 3, 8, 0]),  # 0: the whole vocabulary
-                max_model_len=st.one_of(st.just(4096), st.integers(16, 80)))
+                max_model_len=st.one_of(st.just(4096), st.integers(16, 80)), overlaps=st.booleans())
     @guarded
     def setup(self, num_blocks, block_size, swap_blocks, prefix_caching, max_seqs, prefill_chunk,
-              extra_batch, immunity, eos_after, alphabet, max_model_len):
+              extra_batch, immunity, eos_after, alphabet, max_model_len, overlaps):
         eos = self.tok.hf.token_to_id("<|im_end|>")
         mbt = max_seqs + extra_batch
         self.runner = RecordingRunner(num_blocks, block_size, vocab=self.tok.vocab_size, eos_id=eos,
-                                      eos_after=eos_after, max_batched_tokens=mbt, max_seqs=max_seqs)
+                                      eos_after=eos_after, max_batched_tokens=mbt, max_seqs=max_seqs,
+                                      overlaps=overlaps)
         self.h = Harness(self.runner, self.tok, prefix_caching=prefix_caching, max_model_len=max_model_len,
                          max_seqs=max_seqs, max_batched_tokens=mbt, prefill_chunk=prefill_chunk,
                          swap_blocks=swap_blocks, immunity_tokens=immunity)
@@ -300,7 +311,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.h is None or self.broken:
             return
         for _ in range(20_000):
-            if not self.h.s.has_work:
+            if not self.h.s.has_work and self.h.running is None:
                 break
             self.tick_and_check()
         else:
@@ -308,7 +319,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         s, pool = self.h.s, self.h.pool
         assert pool.used == 0 and pool.available == pool.num_blocks, pool.used
         assert s.swap_used == 0, s.swap_used
-        assert not (s.waiting or s.prefilling or s.decoding or s.preempted or s.finished)
+        assert not (s.waiting or s.prefilling or s.decoding or s.preempted or s.finished or s.in_flight)
         assert self.done == set(self.subs), set(self.subs) - self.done
         assert self.pre_submitted <= self.done
         # an abort stays pending only for an id the scheduler has not seen live: not for one that

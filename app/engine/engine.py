@@ -4,6 +4,12 @@ of Frames.
 The tick never awaits a client: frames go out with send_nowait, and a full or closed channel
 aborts that request. The forward pass runs in a worker thread, so streams keep flowing.
 
+A runner whose steps run on a device (`runner.overlaps`, the CUDA runner) gets the overlapped
+loop: step N+1 is planned and launched before step N's sampled ids are awaited and applied, so
+the device runs N+1 while the host applies N, sends its frames and plans N+2. What a plan may
+see one step late is in scheduler.py's docstring. On the CPU the step is the host's own work,
+and nothing would overlap: there the loop waits for each step before planning the next.
+
 submit() and abort() are synchronous and put their request or id straight into the scheduler's
 waiting queue or pending-abort set. That is safe because Trio runs every task on one thread and
 the tick touches the scheduler only between its awaits; the set is applied at the next step
@@ -128,25 +134,54 @@ class Engine:
 
     async def _tick_loop(self):
         s = self.scheduler
+        overlaps = getattr(self.runner, "overlaps", False)
+        running = None  # (plan, Launched): launched, not yet applied
         while True:
             plan = s.schedule()
+            if plan is None:  # only preemption would make room while a step runs: wait for it
+                await self._land(*running)
+                running = None
+                continue
             self._report_admitted()
-            if plan.rows:
-                try:
-                    sampled = await trio.to_thread.run_sync(self.runner.step, plan)
-                except Exception as e:  # the runner failed: those rows end, the engine serves on
-                    log.exception("forward step failed")
-                    s.fail(plan, f"the model step failed: {type(e).__name__}: {e}")
+            launched = await self._launch(plan) if plan.rows else None
+            landed, running = running, None
+            if landed is not None:
+                await self._land(*landed)
+            if launched is not None:
+                if overlaps:
+                    running = (plan, launched)
                 else:
-                    s.apply(plan, sampled)
-                self.steps += 1
-                line = self.reporter.decode_step(s, self.pool)
-                if line:
-                    log.info(line)
+                    await self._land(plan, launched)
             s.flush()
-            if not plan.rows:  # idle, or blocked until a submission or an abort changes things
+            if not plan.rows and landed is None:  # idle, or blocked until a submission or an abort
                 await self._wake.wait()
                 self._wake = trio.Event()
+
+    async def _launch(self, plan):
+        """The step queued on the runner; None when that failed (its rows have then ended)."""
+        try:
+            return await trio.to_thread.run_sync(self.runner.launch, plan)
+        except Exception as e:
+            self._failed(plan, e)
+            return None
+
+    async def _land(self, plan, launched) -> None:
+        """Wait for a launched step's sampled ids and apply them."""
+        try:
+            sampled = await trio.to_thread.run_sync(self.runner.collect, launched)
+        except Exception as e:
+            self._failed(plan, e)
+        else:
+            self.scheduler.apply(plan, sampled)
+        self.steps += 1
+        line = self.reporter.decode_step(self.scheduler, self.pool)
+        if line:
+            log.info(line)
+
+    def _failed(self, plan, error: Exception) -> None:
+        """The runner failed: those rows end, the engine serves on."""
+        log.error("forward step failed", exc_info=error)
+        self.scheduler.fail(plan, f"the model step failed: {type(error).__name__}: {error}")
 
     def _report_admitted(self):
         admitted = self.scheduler.admitted

@@ -4,6 +4,20 @@ No Trio and no arrays here. The Engine calls, once per tick: `schedule()` (apply
 flush, resume, admit, plan), then the runner, then `apply()` or `fail()`, then `flush()`.
 Every early end goes through `finish()` and leaves through `flush()`, the one path that frees
 blocks and sends the final frame.
+
+The overlapped loop (a GPU runner) plans step N+1 while step N still runs, before N's tokens
+are applied. What such a plan sees one step late, and how it stays right:
+- A decoding request with a row in step N is fed the token N is sampling as AHEAD (the runner
+  takes it from the device) at the position after it; when that token turns out to be a stop,
+  the row's result is dropped at apply, and nothing past the stop is ever sent. A request whose
+  token in N is its max_tokens-th, or whose next row needs a mask (a grammar, a thinking
+  budget: they depend on that token), sits this step out.
+- A prefill chunk continues after the one in flight; a request whose last chunk is in flight
+  decodes from the step after.
+- Aborts, admissions and resumes happen at step boundaries as before; blocks freed while a step
+  runs go to later steps, which the device runs after it.
+- Preemption never happens while a step runs: when a row cannot get a block without one,
+  schedule() returns None, and the engine waits for the running step and plans again.
 """
 
 import time
@@ -16,7 +30,7 @@ from app.engine.request import Frame, GenerationParams, Request, State
 from app.engine.stats import Stats
 from app.engine.stops import StopMatcher
 from model.errors import one_line
-from model.runner import Row, Sampled, StepPlan
+from model.runner import AHEAD, Row, Sampled, StepPlan
 from model.tokenizer import IncrementalDetokenizer
 
 BAN = float("-inf")  # how min_tokens holds back the stops: they cannot be sampled at all
@@ -75,6 +89,7 @@ class Scheduler:
         self.finished: list[Request] = []
         self.aborts: set[str] = set()  # pending, including ids not seen yet (carried)
         self.swap_used = 0
+        self.in_flight: list[StepPlan] = []  # planned and not yet applied (or failed), oldest first
         self.stats = Stats()
         self.admitted = Admitted()
         self.grammars = Grammars(tokenizer)
@@ -146,13 +161,24 @@ class Scheduler:
 
     # -- the tick -----------------------------------------------------------------------
 
-    def schedule(self) -> StepPlan:
+    def schedule(self) -> StepPlan | None:
+        """The next step. While another runs (the overlapped loop), None when this one could
+        only be planned by preempting."""
         self.apply_aborts()
         self.flush()
         self.resume()
         self.admit()
-        decode_rows = self.plan_decode()
-        return StepPlan(decode_rows + self.plan_prefill(len(decode_rows)))
+        running = {r.request_id: r for r in self.in_flight[-1].rows} if self.in_flight else {}
+        decode_rows = self.plan_decode(running)
+        if decode_rows is None:
+            return None
+        plan = StepPlan(decode_rows + self.plan_prefill(len(decode_rows), running))
+        if plan.rows:
+            self.in_flight.append(plan)
+        return plan
+
+    def landed(self, plan: StepPlan) -> None:
+        self.in_flight = [p for p in self.in_flight if p is not plan]
 
     def apply_aborts(self) -> None:
         """Cancel where each request lives; ids not seen yet stay pending."""
@@ -286,22 +312,29 @@ class Scheduler:
 
     # -- planning and preemption ------------------------------------------------------------
 
-    def plan_decode(self) -> list[Row]:
+    def plan_decode(self, running: dict) -> list[Row] | None:
+        """running: the rows of the step in flight, by request id. None when a row needs a block
+        that only preemption could free while that step runs."""
         planned = []
         for request in sorted(self.decoding, key=lambda r: r.seq):
             if request.state is not State.DECODING:
                 continue  # preempted by an older row of this same step
-            position = request.num_tokens - 1
+            ahead = request.id in running
+            if ahead and (len(request.output_ids) + 1 >= request.max_tokens or self.needs_mask(request)):
+                continue  # its next row depends on the token in flight
+            position = request.num_tokens - 1 + ahead
             while len(request.block_table) <= position // self.pool.block_size:
                 block = self.pool.allocate()
                 if block is not None:
                     request.block_table.append(block)
                     continue
+                if running:
+                    return None
                 if not self.make_room(request):
                     break
             if request.state is State.DECODING:
-                planned.append(request)
-        return [self.decode_row(r) for r in planned if r.state is State.DECODING]
+                planned.append((request, ahead))
+        return [self.decode_row(r, ahead) for r, ahead in planned if r.state is State.DECODING]
 
     def make_room(self, needy: Request) -> bool:
         """Preempt one victim, newest first, never an immune one (unless only the needy one is
@@ -334,11 +367,11 @@ class Scheduler:
             request.num_computed = request.num_offered = 0
         self.preempted.append(request)
 
-    def sampling_params(self, request: Request):
+    def sampling_params(self, request: Request, ahead: bool = False):
         """min_tokens: until it is reached, the stop tokens are banned outright."""
         p = request.params
         sampling = p.sampling
-        if len(request.output_ids) < p.min_tokens:
+        if len(request.output_ids) + ahead < p.min_tokens:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
             if banned:
                 sampling = replace(sampling, logit_bias={**sampling.logit_bias, **{t: BAN for t in banned}})
@@ -351,17 +384,22 @@ class Scheduler:
             request.num_offered = self.pool.cache_full_blocks(
                 request.block_table, request.all_ids, request.num_offered, request.num_computed)
 
-    def decode_row(self, request: Request) -> Row:
-        last = request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
-        return Row(request.id, [last], request.num_tokens - 1, request.block_table, sample=True,
-                   params=self.sampling_params(request), prompt_ids=request.prompt_ids,
+    def decode_row(self, request: Request, ahead: bool) -> Row:
+        """ahead: fed the token the step in flight samples, at the position after it."""
+        last = AHEAD if ahead else request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
+        return Row(request.id, [last], request.num_tokens - 1 + ahead, request.block_table, sample=True,
+                   params=self.sampling_params(request, ahead), prompt_ids=request.prompt_ids,
                    output_ids=request.output_ids, mask=self.mask(request))
+
+    @staticmethod
+    def needs_mask(request: Request) -> bool:
+        return request.matcher is not None or request.params.thinking is not None
 
     def mask(self, request: Request):
         """None when nothing constrains the request; else a Future of its mask, computed on the
         grammars' thread while the step's forward pass runs (the runner waits for it only to
         sample). Its matcher is the thread's until then: apply() and fail() come after."""
-        if request.matcher is None and request.params.thinking is None:
+        if not self.needs_mask(request):
             return None
         return self.grammars.later(self.mask_now, request)
 
@@ -390,20 +428,25 @@ class Scheduler:
         written = next(k for k in range(len(end) - 1, -1, -1) if k == 0 or tuple(out[-k:]) == end[:k])
         return end[written]
 
-    def plan_prefill(self, decode_rows: int) -> list[Row]:
+    def plan_prefill(self, decode_rows: int, running: dict) -> list[Row]:
         """Up to prefill_chunk tokens, round-robin: each prefilling request in turn gets a chunk,
-        and the ones served go to the back of the line for the next step."""
+        and the ones served go to the back of the line for the next step. A chunk in flight
+        counts as computed."""
         budget = self.prefill_budget(decode_rows)
         rows, served = [], []
         for request in list(self.prefilling):
             if budget <= 0:
                 break
-            n = min(request.target - request.num_computed, budget)
+            flying = running.get(request.id)
+            start = request.num_computed + (len(flying.token_ids) if flying is not None else 0)
+            n = min(request.target - start, budget)
+            if n <= 0:
+                continue  # its last chunk is in flight
             budget -= n
-            end = request.num_computed + n
-            tokens = request.all_ids[request.num_computed:end]
+            end = start + n
+            tokens = request.all_ids[start:end]
             sample = end == request.target and not request.output_ids
-            rows.append(Row(request.id, tokens, request.num_computed, request.block_table, sample=sample,
+            rows.append(Row(request.id, tokens, start, request.block_table, sample=sample,
                             params=self.sampling_params(request), prompt_ids=request.prompt_ids,
                             output_ids=request.output_ids, mask=self.mask(request) if sample else None))
             served.append(request)
@@ -415,10 +458,13 @@ class Scheduler:
     # -- results --------------------------------------------------------------------------
 
     def apply(self, plan: StepPlan, sampled: list[Sampled]) -> None:
+        self.landed(plan)
         by_id = {s.request_id: s for s in sampled}
         now = time.monotonic()
         for row in plan.rows:
-            request = self.requests[row.request_id]
+            request = self.requests.get(row.request_id)
+            if request is None or request.state is State.FINISHED:
+                continue  # it ended while the step ran (the overlapped loop): the row's result is dropped
             request.num_computed += len(row.token_ids)
             self.offer_full_blocks(request)
             if request.state is State.PREFILLING and request.num_computed == request.target:
@@ -465,6 +511,7 @@ class Scheduler:
     def fail(self, plan: StepPlan, message: str) -> None:
         """The runner raised: every row of that step ends with an error frame (once its mask,
         if it has one, is done with its matcher)."""
+        self.landed(plan)
         for row in plan.rows:
             if row.mask is not None:
                 row.mask.exception()  # waits; the mask's own error, if any, is the step's

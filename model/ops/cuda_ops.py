@@ -22,6 +22,7 @@ import numpy as np
 from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
 from model.ops.kernels import name_expression
+from model.ops.numpy_ops import Download
 
 THREADS = 128
 DECODE_SPLIT = 512  # context tokens per decode block; longer contexts are split and reduced
@@ -41,6 +42,8 @@ class AttentionMeta:
 
 
 class CudaOps:
+    asynchronous = True  # kernels are queued: a step returns before the device has run it
+
     def __init__(self, xp, launcher, dtype: str = "float32"):
         self.xp, self.launcher, self.dtype = xp, launcher, dtype
         self.storage_dtype = ARRAY_DTYPES[dtype]
@@ -54,6 +57,11 @@ class CudaOps:
 
     def to_host(self, x) -> np.ndarray:
         return x.get() if hasattr(x, "get") else np.asarray(x)
+
+    def download(self, x) -> Download:
+        """x's copy to pinned host memory, queued now; its result() waits for that copy only,
+        so a step launched after it keeps the device busy meanwhile."""
+        return Download(*self.launcher.download(x))
 
     def zeros(self, shape, dtype=np.float32):
         return self.xp.zeros(shape, dtype=dtype)

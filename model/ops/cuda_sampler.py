@@ -43,7 +43,9 @@ class DeviceSampler:
             slot = self.slots[key] = self.free.pop()
         elif self.counted[key] == len(output):
             return slot
-        counts = np.bincount(np.asarray(output, dtype=np.int64), minlength=vocab).astype(np.int32)
+        history = np.asarray(output, dtype=np.int64)
+        history = history[history >= 0]  # not runner.AHEAD: a refill never meets one while its step runs
+        counts = np.bincount(history, minlength=vocab).astype(np.int32)
         seen = np.zeros(vocab, dtype=np.uint8)
         seen[np.asarray(prompt, dtype=np.int64)] = 1
         self.counts[slot] = self.xp.asarray(counts)

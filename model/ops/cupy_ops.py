@@ -18,7 +18,8 @@ CUDA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 14}
 class RawModuleLauncher:
     """The launcher interface of cuda_ops on a GPU: function(file, name_expression),
     linear(x, w, bias, out), memory_info() and synchronize(); and for CUDA graphs
-    (model/cuda_graphs.py) pinned(size, dtype), upload(device, host) and capture(fn)."""
+    (model/cuda_graphs.py) pinned(size, dtype), upload(device, host) and capture(fn); and download(device)
+    for the overlapped step loop."""
 
     def __init__(self):
         from cupy_backends.cuda.libs import cublas  # loads libcublas: ImportError where it is missing
@@ -51,6 +52,15 @@ class RawModuleLauncher:
     @staticmethod
     def upload(device, host) -> None:
         device.set(host, stream=cupy.cuda.get_current_stream())
+
+    @staticmethod
+    def download(device) -> tuple[np.ndarray, object]:
+        """(a pinned host array, the event after the copy into it), queued on the current stream."""
+        host = cupyx.empty_pinned(device.shape, device.dtype)
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        return host, stream.record()
 
     def capture(self, fn) -> "CapturedGraph":
         """fn's kernels as a CUDA graph. fn runs once eagerly first (compiling its kernels and

@@ -39,6 +39,7 @@ from model.ops.llvm_ir import byte_address, element, splat
 from model.ops.numpy_ops import _scratch
 from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, as numpy_ops has it)
     asarray,
+    download,
     release,
     storage_dtype,
     to_host,
@@ -48,7 +49,7 @@ from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, a
 from model.sampling import seeded_uniform
 
 name = "numba"
-SURFACE = ("name", "storage_dtype", "asarray", "to_host", "zeros", "weight", "embedding", "linear", "logits",
+SURFACE = ("name", "storage_dtype", "asarray", "to_host", "download", "zeros", "weight", "embedding", "linear", "logits",
            "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv", "attention_meta", "paged_attention",
            "sample", "release")
 

@@ -32,6 +32,23 @@ def to_host(x) -> np.ndarray:
     return x
 
 
+class Download:
+    """An array's copy to the host, started when made; result() waits for it (on the device:
+    for an event recorded after the copy, not for everything queued since)."""
+
+    def __init__(self, host: np.ndarray, event=None):
+        self.host, self.event = host, event
+
+    def result(self) -> np.ndarray:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
+
+
+def download(x) -> Download:
+    return Download(x)
+
+
 def zeros(shape, dtype=np.float32) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
