@@ -37,7 +37,15 @@ class Backend:
 
     def load(self, model_dir: Path, max_model_len: int | None = None) -> Llama:
         """The model's weights on this backend, after check_model."""
-        config = ModelConfig.load(Path(model_dir))
+        self.prepare(ModelConfig.load(Path(model_dir)))
+        try:
+            return load_model(model_dir, self.ops, max_model_len)
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one
+            raise ValueError(f"the weights do not fit in memory ({one_line(e)}); serve a smaller model or a narrower"
+                             " --dtype (bfloat16 rather than float32)") from None
+
+    def prepare(self, config: ModelConfig):
+        """check_model, then the ops for the config's dtype (CUDA decides it only now); returns them."""
         check_model(self, config)
         if self.ops is None:
             from model.ops import cupy_ops
@@ -45,11 +53,7 @@ class Backend:
             if self.dtype == "auto":
                 self.dtype = "float16" if config.torch_dtype == "float16" else "bfloat16"
             self.ops = cupy_ops.create(self.dtype)
-        try:
-            return load_model(model_dir, self.ops, max_model_len)
-        except MemoryError as e:  # CuPy's OutOfMemoryError is one
-            raise ValueError(f"the weights do not fit in memory ({one_line(e)}); serve a smaller model or a narrower"
-                             " --dtype (bfloat16 rather than float32)") from None
+        return self.ops
 
 
 def cuda_available() -> bool:
