@@ -262,8 +262,12 @@ def main() -> None:
     clock = DeviceClock() if backend.name == "cuda" else None
     if clock and not args.enforce_eager:
         started = time.perf_counter()
-        runner.capture_graphs(max_seqs, max_model_len)
-        print(f"# captured {len(runner.graphs.sizes)} decode graphs in {time.perf_counter() - started:.1f} s")
+        try:
+            runner.capture_graphs(max_seqs, max_model_len)
+            print(f"# captured {len(runner.graphs.sizes)} decode graphs in {time.perf_counter() - started:.1f} s")
+        except Exception as e:  # as serve does: measure eagerly, and say so
+            runner.graphs = None
+            print(f"# CUDA graphs could not be captured ({type(e).__name__}: {e}); decoding eagerly")
     events = []
     timed_runner = TimedRunner(runner, events, clock)
     config = EngineConfig(max_model_len=max_model_len, max_seqs=max_seqs,

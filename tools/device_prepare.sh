@@ -17,7 +17,7 @@ for p in manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2
 done
 rm -rf .whl && mkdir -p .whl
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    --platform any -d .whl trio 'hypercorn>=0.18,<0.19' h2 wsproto quart-trio gguf pydantic pytest-trio
+    --platform any -d .whl trio 'hypercorn>=0.18,<0.19' h2 wsproto quart-trio gguf pydantic pytest-trio llguidance tqdm
 # the image's own numpy is the one its CuPy was built against; its pytest is kept too
 rm -f .whl/numpy-* .whl/pytest-[0-9]* .whl/pluggy-* .whl/iniconfig-* .whl/jinja2-* .whl/markupsafe-*
 rm -rf .model && mkdir -p .model
