@@ -62,7 +62,8 @@ def add_arguments(parser) -> None:
     a("--prefill-chunk", type=int, default=256, help="most prompt tokens prefilled per step (default: 256)")
     a("--max-batched-tokens", type=int, default=1024, help="most tokens per step, decode rows included (default: 1024)")
     a("--swap-space", type=float, default=0.0,
-      help="host memory in GiB to spill preempted requests' KV to; 0 re-prefills them instead (default: 0)")
+      help="host memory in GiB to spill preempted requests' KV to (pinned on a GPU, copied on a side stream);"
+           " 0 re-prefills them instead (default: 0)")
     a("--max-queue", type=int, default=1024, help="most requests waiting; more get HTTP 429 (default: 1024)")
     a("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     a("--api-key", default=os.environ.get("SPOOL_API_KEY"),
@@ -126,12 +127,19 @@ def load(args, state: ServerState) -> Engine:
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         raise ValueError(f"out of memory allocating the KV cache of {num_blocks} blocks ({one_line(e)});"
                          " lower --gpu-memory-utilization or --kv-cache-gib") from None
+    swap_blocks = int(args.swap_space * GIB // block_bytes)
+    if backend.name == "cuda" and swap_blocks:
+        try:
+            runner.reserve_swap(swap_blocks)
+        except Exception as e:  # pinning fails where the host has too little memory to lock
+            raise ValueError(f"cannot pin --swap-space {args.swap_space:g} GiB of host memory ({one_line(e)});"
+                             " lower --swap-space") from None
     if backend.name == "cuda" and not args.enforce_eager:
         capture_graphs(runner, args.max_seqs, state.max_model_len)
     engine = Engine(runner, state.tokenizer, EngineConfig(
         max_model_len=state.max_model_len, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
-        swap_blocks=int(args.swap_space * GIB // block_bytes), prefix_caching=not args.no_prefix_caching))
+        swap_blocks=swap_blocks, prefix_caching=not args.no_prefix_caching))
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
              f" ({backend.dtype}, weights {model.weight_bytes / 2**20:.0f} MiB),"
              f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB:"

@@ -75,6 +75,7 @@ class ModelRunner:
         self.graphs = None  # model.cuda_graphs.DecodeGraphs once captured
         # a device runs the steps: the engine may plan and launch the next before this one lands
         self.overlaps = getattr(self.ops, "asynchronous", False)
+        self.swap = None  # model.swap.SwapPool on a GPU with --swap-space
         self.last_sampled = (None, {})  # the last launched step's ids on the device, and each request's row
 
     def capture_graphs(self, max_seqs: int, max_model_len: int) -> None:
@@ -162,8 +163,21 @@ class ModelRunner:
         """The request has ended: the sampler may drop what it kept for it."""
         self.ops.release(request_id)
 
-    def save_blocks(self, block_ids) -> np.ndarray:
-        return self.cache.save_blocks(block_ids)
+    def reserve_swap(self, num_blocks: int) -> None:
+        """A GPU's spill pool: num_blocks slots of pinned host memory, allocated now
+        (model/swap.py). Without one, a spill is a fresh host array (the CPU's K/V is on the host
+        already)."""
+        from model.swap import SwapPool
 
-    def load_blocks(self, block_ids, data: np.ndarray) -> None:
-        self.cache.load_blocks(block_ids, data)
+        self.swap = SwapPool(self.cache, num_blocks)
+
+    def save_blocks(self, block_ids):
+        return self.swap.save(block_ids) if self.swap else self.cache.save_blocks(block_ids)
+
+    def load_blocks(self, block_ids, data) -> None:
+        (self.swap.load if self.swap else self.cache.load_blocks)(block_ids, data)
+
+    def drop_spill(self, data) -> None:
+        """A spill's host copy is no longer needed (reloaded, or its request ended)."""
+        if self.swap:
+            self.swap.release(data)

@@ -110,6 +110,9 @@ class FakeRunner:
         slots = [b * self.block_size + i for b in block_ids for i in range(self.block_size)]
         self.kv[slots], self.ctx[slots] = data
 
+    def drop_spill(self, data):
+        pass
+
     def expected(self, prompt: list[int], count: int, stop_ids=()) -> list[int]:
         """The tokens a request gets when nothing goes wrong."""
         context, out = list(prompt), []

@@ -127,6 +127,9 @@ class TimedRunner:
     def load_blocks(self, block_ids, data):
         return self.runner.load_blocks(block_ids, data)
 
+    def drop_spill(self, data):
+        self.runner.drop_spill(data)
+
 
 def timed(events, kind, fn, active, cpu_clock=False):
     """Time a scheduler method, unless it is called from inside another timed one (schedule()

@@ -78,7 +78,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool, runner, tokenizer):
         self.config = config
         self.pool = pool
-        self.runner = runner  # only for save_blocks / load_blocks
+        self.runner = runner  # only for save_blocks, load_blocks, drop_spill and release
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -216,6 +216,7 @@ class Scheduler:
 
     def drop_spill(self, request: Request) -> None:
         if request.spilled is not None:
+            self.runner.drop_spill(request.spilled)
             self.swap_used -= request.spill_blocks
             request.spilled, request.spill_blocks = None, 0
 

@@ -18,8 +18,8 @@ CUDA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 14}
 class RawModuleLauncher:
     """The launcher interface of cuda_ops on a GPU: function(file, name_expression),
     linear(x, w, bias, out), memory_info() and synchronize(); and for CUDA graphs
-    (model/cuda_graphs.py) pinned(size, dtype), upload(device, host) and capture(fn); and download(device)
-    for the overlapped step loop."""
+    (model/cuda_graphs.py) pinned(size, dtype), upload(device, host) and capture(fn); download(device)
+    for the overlapped step loop; copy_to_host and copy_to_device for the spill pool (model/swap.py)."""
 
     def __init__(self):
         from cupy_backends.cuda.libs import cublas  # loads libcublas: ImportError where it is missing
@@ -28,6 +28,7 @@ class RawModuleLauncher:
         self.modules: dict[str, cupy.RawModule] = {}
         self.one, self.zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
         self.graph_pool = None  # the memory every captured graph allocates from, and nothing else
+        self.side_stream = None  # spills' copies to the host
 
     def function(self, file: str, expression: str):
         if file not in self.modules:
@@ -61,6 +62,29 @@ class RawModuleLauncher:
         cupy.cuda.runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
                                       cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
         return host, stream.record()
+
+    def copy_to_host(self, device, hosts) -> object:
+        """device[i] into hosts[i] (pinned) on a side stream, once the work queued so far is done;
+        returns the event after the copies. The host and the step stream go on meanwhile."""
+        if self.side_stream is None:
+            self.side_stream = cupy.cuda.Stream(non_blocking=True)
+        side, kind = self.side_stream, cupy.cuda.runtime.memcpyDeviceToHost
+        side.wait_event(cupy.cuda.get_current_stream().record())
+        for i, host in enumerate(hosts):
+            cupy.cuda.runtime.memcpyAsync(host.ctypes.data, device[i].data.ptr, host.nbytes, kind, side.ptr)
+        return side.record()
+
+    @staticmethod
+    def copy_to_device(hosts, after) -> "cupy.ndarray":
+        """The hosts (pinned, of one shape) stacked on the device, on the step stream, after the
+        event `after` (the copy that filled them)."""
+        stream, kind = cupy.cuda.get_current_stream(), cupy.cuda.runtime.memcpyHostToDevice
+        if after is not None:
+            stream.wait_event(after)
+        out = cupy.empty((len(hosts), *hosts[0].shape), dtype=hosts[0].dtype)
+        for i, host in enumerate(hosts):
+            cupy.cuda.runtime.memcpyAsync(out[i].data.ptr, host.ctypes.data, host.nbytes, kind, stream.ptr)
+        return out
 
     def capture(self, fn) -> "CapturedGraph":
         """fn's kernels as a CUDA graph. fn runs once eagerly first (compiling its kernels and

@@ -1,0 +1,58 @@
+"""The host side of preemption by spill on a GPU: --swap-space GiB of pinned host memory,
+allocated once, in slots of one KV block each (every layer's K and V of its tokens).
+
+Spilling gathers the request's blocks into a device array on the step stream; a side stream
+waits for that gather and copies each block into a free slot, so neither the host nor the
+next step waits for the copy, and the blocks are free for the next step as soon as the gather is
+queued (it runs before anything queued after it). Loading makes the step stream wait for that
+copy, copies the slots up and scatters them into the new blocks. The scheduler counts the slots
+(swap_blocks), so a spill always finds enough free.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Spill:
+    slots: list[int]
+    copied: object  # the event after the side stream's copy (None where copies are synchronous)
+    gathered: object  # the device array the copy reads: kept alive until the copy is done
+
+
+class SwapPool:
+    def __init__(self, cache, num_slots: int):
+        self.cache, self.ops = cache, cache.ops
+        self.launcher = self.ops.launcher
+        layers = len(cache.k)
+        kv_heads, _, block_size, head_dim = cache.k[0].shape
+        self.slot_shape = (layers, 2, kv_heads, block_size, head_dim)
+        self.host = self.launcher.pinned(num_slots * int(np.prod(self.slot_shape)),
+                                         cache.k[0].dtype).reshape(num_slots, *self.slot_shape)
+        self.free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.nbytes
+
+    def save(self, block_ids) -> Spill:
+        xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)
+        gathered = xp.ascontiguousarray(xp.moveaxis(  # (blocks, layers, 2, kv_heads, block_size, head_dim)
+            xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in zip(self.cache.k, self.cache.v)]), 3, 0))
+        slots = [self.free.pop() for _ in block_ids]
+        copied = self.launcher.copy_to_host(gathered, [self.host[s] for s in slots])
+        return Spill(slots, copied, gathered)
+
+    def load(self, block_ids, spill: Spill) -> None:
+        """The spilled blocks back under block_ids (as many as were saved)."""
+        ops = self.ops
+        data = self.launcher.copy_to_device([self.host[s] for s in spill.slots], spill.copied)
+        ids = ops.asarray(block_ids, np.int64)
+        for layer, (k, v) in enumerate(zip(self.cache.k, self.cache.v)):
+            k[:, ids] = ops.xp.moveaxis(data[:, layer, 0], 0, 1)
+            v[:, ids] = ops.xp.moveaxis(data[:, layer, 1], 0, 1)
+
+    def release(self, spill: Spill) -> None:
+        """The slots are free again: a later copy into them runs after this one on the side stream."""
+        self.free.extend(spill.slots)
