@@ -166,9 +166,13 @@ class Engine:
             return None
 
     async def _land(self, plan, launched) -> None:
-        """Wait for a launched step's sampled ids and apply them."""
+        """Wait for a launched step's sampled ids and apply them. (A CPU step's ids are ready
+        when its launch returns: no thread hop for them.)"""
         try:
-            sampled = await trio.to_thread.run_sync(self.runner.collect, launched)
+            if getattr(self.runner, "overlaps", False):
+                sampled = await trio.to_thread.run_sync(self.runner.collect, launched)
+            else:
+                sampled = self.runner.collect(launched)
         except Exception as e:
             self._failed(plan, e)
         else:
