@@ -12,10 +12,11 @@ Three ways to multiply, by the number of activation rows and what the CPU has:
   vpmaddwd, the int32 sums scaled into 16 float lanes per block (_strip_dot, AVX-512BW);
   elsewhere the same walk in float32 (_gemv). A decode step at batch 1 reads every weight once,
   so it is bound by memory bandwidth: a quarter of the bytes makes it faster;
-- above, with AMX (Sapphire Rapids and later), a GEMM on the tile unit (_amx_gemm): each strip
-  widened once per call to bfloat16 tiles (exact: int8 values fit bfloat16's 8-bit
-  significand), the activations split into two bfloat16 parts (high and the rest, 16
-  significant bits together), each block's 16 x 16 product scaled into float32 accumulators;
+- above, with AMX (Sapphire Rapids and later), a GEMM on the tile unit (_amx_gemm): each strip's
+  scaled weights split once per call into two bfloat16 parts (high and the rest, 16
+  significant bits together), the activations likewise, every product but low x low
+  accumulated in float32 tiles; strips go in pairs and rows 32 at a time, so four tile
+  products are in flight at once;
 - above, without AMX, strips widened to float32 a slab at a time for OpenBLAS (_widen).
 """
 
@@ -267,25 +268,19 @@ _tile_load, _tile_store = _tile_memory("tileloadd64"), _tile_memory("tilestored6
 
 
 @intrinsic(prefer_literal=True)
-def _accumulate(typingctx, c, high, rest, offset, stride):
-    """Tile c += 16 activation rows from element offset on (two bfloat16 parts, loaded into
-    tiles 6 and 7) times the weights' two parts in tiles 4 and 5: every product but low x low,
-    the one below float32's precision. Tile c's number must be a literal."""
-    if not isinstance(c, types.IntegerLiteral):
+def _dot(typingctx, c, a, b):
+    """Tile c += tile a (16 activation rows) times tile b (a block of 16 weight rows), in
+    bfloat16 pairs accumulated in float32; the three numbers must be literals."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in (c, a, b)):
         return None
 
     def codegen(context, builder, signature, args):
-        row_stride = context.cast(builder, args[4], stride, types.int64)
-        for tile, part, part_type in ((6, args[1], high), (7, args[2], rest)):
-            _tile_call(builder, "tileloadd64", [ir.Constant(ir.IntType(8), tile),
-                                                byte_address(context, builder, part_type, part, args[3]), row_stride])
-        for a, b in ((6, 4), (6, 5), (7, 4)):
-            _tile_call(builder, "tdpbf16ps", [_tile(c), ir.Constant(ir.IntType(8), a), ir.Constant(ir.IntType(8), b)])
+        _tile_call(builder, "tdpbf16ps", [_tile(c), _tile(a), _tile(b)])
         return context.get_dummy_value()
-    return types.void(c, high, rest, offset, stride), codegen
+    return types.void(c, a, b), codegen
 
 
-# Every tile 16 rows of 64 bytes: C (0) 16 x 16 float32; B (4) and A (6, 7) 16 x 32 bfloat16.
+# Every tile 16 rows of 64 bytes: C (0-3) 16 x 16 float32; A (4, 5) and B (6, 7) 16 x 32 bfloat16.
 _TILES = np.zeros(64, dtype=np.uint8)
 _TILES[0] = 1  # palette 1
 _TILES[16:32:2] = 64  # bytes per row of tiles 0-7 (little-endian uint16)
@@ -358,34 +353,44 @@ def _amx_gemm_kernel():
     @njit("void(uint8[::1], uint16[:, ::1], uint16[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])",
           parallel=True, cache=True, nogil=True)
     def gemm(tiles, high, rest, q, qs, out):
-        """out[:, 16s:16s+16] for every strip s, 64 rows at a time (4 C tiles): the weights'
-        two parts (B, tiles 4 and 5) against the activations' (A, tiles 6 and 7), all but the
-        two low parts' product, accumulated over every block in the tile unit."""
+        """out[:, 16s:16s+32] for every pair of strips s, s + 1, 32 rows at a time: four C tiles
+        (two row groups by two strips), so four products are in flight at once rather than a
+        chain on one tile. For each block, the activations' high part (A, tiles 4 and 5) meets the
+        weights' high part then their low part (B, tiles 6 and 7), then the activations' low part
+        meets the weights' high part: every product but low x low, the one below float32's
+        precision, accumulated over every block in the tile unit."""
         rows, in_dim = high.shape
         strips, blocks = q.shape[0], q.shape[1]
-        a_stride, c_stride = in_dim * 2, out.shape[1] * 4
-        for s in prange(strips):
+        a_stride, c_stride, width = in_dim * 2, out.shape[1] * 4, out.shape[1]
+        for p in prange(-(-strips // 2)):
+            s, t = 2 * p, min(2 * p + 1, strips - 1)  # an odd last strip is paired with itself
             _tile_config(tiles)
-            planes = np.empty((blocks, 2, 512), dtype=np.uint16)
+            planes, partner = np.empty((blocks, 2, 512), dtype=np.uint16), np.empty((blocks, 2, 512), dtype=np.uint16)
             _bfloat16_planes(q, qs, s, planes)
-            for t0 in range(0, rows, 64):
+            _bfloat16_planes(q, qs, t, partner)
+            for t0 in range(0, rows, 32):
                 _tile_zero(0)
                 _tile_zero(1)
                 _tile_zero(2)
                 _tile_zero(3)
                 for b in range(blocks):
                     a = t0 * in_dim + b * 32
-                    _tile_load(4, planes, b * 1024, 64)
-                    _tile_load(5, planes, b * 1024 + 512, 64)
-                    _accumulate(0, high, rest, a, a_stride)
-                    _accumulate(1, high, rest, a + 16 * in_dim, a_stride)
-                    _accumulate(2, high, rest, a + 32 * in_dim, a_stride)
-                    _accumulate(3, high, rest, a + 48 * in_dim, a_stride)
-                c = t0 * out.shape[1] + s * 16
+                    w = b * 1024
+                    for x, w_part in ((high, 0), (high, 512), (rest, 0)):
+                        _tile_load(4, x, a, a_stride)
+                        _tile_load(5, x, a + 16 * in_dim, a_stride)
+                        _tile_load(6, planes, w + w_part, 64)
+                        _tile_load(7, partner, w + w_part, 64)
+                        _dot(0, 4, 6)
+                        _dot(1, 4, 7)
+                        _dot(2, 5, 6)
+                        _dot(3, 5, 7)
+                c = t0 * width + s * 16
                 _tile_store(0, out, c, c_stride)
-                _tile_store(1, out, c + 16 * out.shape[1], c_stride)
-                _tile_store(2, out, c + 32 * out.shape[1], c_stride)
-                _tile_store(3, out, c + 48 * out.shape[1], c_stride)
+                _tile_store(2, out, c + 16 * width, c_stride)
+                if t != s:
+                    _tile_store(1, out, c + 16, c_stride)
+                    _tile_store(3, out, c + 16 * width + 16, c_stride)
             _tile_release()
     return gemm
 
@@ -411,7 +416,7 @@ def matmul(x: np.ndarray, w: Q8Weight) -> np.ndarray:
         else:
             _gemv(x, w.q, w.scale, out)
     elif AMX:
-        padded = -(-tokens // 64) * 64
+        padded = -(-tokens // 32) * 32
         high = np.zeros((padded, in_dim), dtype=np.uint16)
         rest = np.zeros((padded, in_dim), dtype=np.uint16)
         _split_bfloat16(x, high[:tokens], rest[:tokens])
