@@ -130,6 +130,9 @@ class CpuLauncher:
     def synchronize(self) -> None:
         pass
 
+    def release_cached(self) -> None:
+        self.released = getattr(self, "released", 0) + 1
+
     @staticmethod
     def pinned(size: int, dtype) -> np.ndarray:
         return np.zeros(size, dtype)

@@ -153,6 +153,7 @@ def test_the_kv_cache_gets_what_the_fraction_leaves(tiny_dir):
     assert memory.used == total - free - throwaway * memory.block_bytes
     assert memory.num_blocks == (int(total * 0.9) - memory.used) // memory.block_bytes
     assert not model.ops.sampler.slots  # the profiling rows left no sampler state behind
+    assert model.ops.launcher.released == 1  # and the pool gave the throwaway cache's memory back
 
 
 @pytest.mark.parametrize("max_seqs,tokens,max_model_len", [(1, 1, 2), (8, 64, 128), (5, 37, 9), (64, 1024, 8192)])

@@ -6,8 +6,9 @@ arrays are NumPy's and the launcher is the CPU harness (tests/cuda_harness.py), 
 same .cu files. So the whole forward pass of model/llama.py is tested through the kernels
 without a GPU. A launcher has two methods: `function(file, name_expression)`, returning a
 callable `(grid, block, args, shared_mem=0)` as CuPy's RawKernel is called, and
-`linear(x, w, bias, out)`, the GEMM (cuBLAS on a GPU); and for sizing the KV pool,
-`memory_info()` and `synchronize()`.
+`linear(x, w, bias, out)`, the GEMM (cuBLAS on a GPU); for sizing the KV pool,
+`memory_info()`, `synchronize()` and `release_cached()`; and what model/cuda_graphs.py,
+model/swap.py and the overlapped loop use (model/ops/cupy_ops.py lists them).
 
 Weights, activations and K/V are in the storage type (float32, float16, or bfloat16 held as
 uint16 bits, model/ops/dtypes.py); model/llama.py never does arithmetic on them itself, only
@@ -88,6 +89,9 @@ class CudaOps:
 
     def synchronize(self) -> None:
         self.launcher.synchronize()
+
+    def release_cached(self) -> None:
+        self.launcher.release_cached()
 
     def contiguous(self, x):
         return self.xp.ascontiguousarray(x)

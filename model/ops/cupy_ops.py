@@ -17,7 +17,7 @@ CUDA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 14}
 
 class RawModuleLauncher:
     """The launcher interface of cuda_ops on a GPU: function(file, name_expression),
-    linear(x, w, bias, out), memory_info() and synchronize(); and for CUDA graphs
+    linear(x, w, bias, out), memory_info(), synchronize() and release_cached(); and for CUDA graphs
     (model/cuda_graphs.py) pinned(size, dtype), upload(device, host) and capture(fn); download(device)
     for the overlapped step loop; copy_to_host and copy_to_device for the spill pool (model/swap.py)."""
 
@@ -44,6 +44,11 @@ class RawModuleLauncher:
     @staticmethod
     def synchronize() -> None:
         cupy.cuda.get_current_stream().synchronize()
+
+    @staticmethod
+    def release_cached() -> None:
+        """Memory CuPy's pool holds but no array uses goes back to the device."""
+        cupy.get_default_memory_pool().free_all_blocks()
 
     @staticmethod
     def pinned(size: int, dtype) -> np.ndarray:
