@@ -47,6 +47,7 @@ class EngineConfig(SchedulerConfig):
 class Engine:
     def __init__(self, runner, tokenizer, config: EngineConfig):
         self.runner = runner
+        self.overlaps = getattr(runner, "overlaps", False)  # its steps run on a device: the overlapped loop
         self.tokenizer = tokenizer
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
@@ -134,7 +135,6 @@ class Engine:
 
     async def _tick_loop(self):
         s = self.scheduler
-        overlaps = getattr(self.runner, "overlaps", False)
         running = None  # (plan, Launched): launched, not yet applied
         while True:
             plan = s.schedule()
@@ -148,7 +148,7 @@ class Engine:
             if landed is not None:
                 await self._land(*landed)
             if launched is not None:
-                if overlaps:
+                if self.overlaps:
                     running = (plan, launched)
                 else:
                     await self._land(plan, launched)
@@ -169,7 +169,7 @@ class Engine:
         """Wait for a launched step's sampled ids and apply them. (A CPU step's ids are ready
         when its launch returns: no thread hop for them.)"""
         try:
-            if getattr(self.runner, "overlaps", False):
+            if self.overlaps:
                 sampled = await trio.to_thread.run_sync(self.runner.collect, launched)
             else:
                 sampled = self.runner.collect(launched)
