@@ -65,7 +65,8 @@ class DecodeGraphs:
 
     def can_replay(self, plan) -> bool:
         """Every row decodes one token and samples, and a graph holds them all."""
-        return 0 < len(plan.rows) <= self.sizes[-1] and all(len(r.token_ids) == 1 and r.sample for r in plan.rows)
+        return 0 < len(plan.rows) <= self.sizes[-1] and all(
+            len(r.token_ids) == 1 and r.sample and len(r.block_table) <= self.width for r in plan.rows)
 
     def padded_size(self, rows: int) -> int:
         return next(s for s in self.sizes if s >= rows)

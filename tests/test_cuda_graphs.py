@@ -96,6 +96,7 @@ def test_the_step_buffers_hold_the_rows_then_padding(tiny_dir, backend):
     assert not graphs.can_replay(StepPlan([Row("a", [1, 2], 0, [0], sample=True)]))  # a prefill row
     assert not graphs.can_replay(StepPlan([Row("a", [1], 3, [0], sample=False)]))  # a row that does not sample
     assert not graphs.can_replay(StepPlan([Row(i, [1], 3, [0], sample=True) for i in range(9)]))  # too many
+    assert not graphs.can_replay(StepPlan([Row("a", [1], 3, list(range(11)), sample=True)]))  # a table too wide
     assert graphs.can_replay(StepPlan([Row(i, [1], 3, [0], sample=True) for i in range(8)]))
 
 
