@@ -4,9 +4,9 @@
 to float32, undoes llama.cpp's q/k row permutation (architecture `llama` only), and writes:
 
     config.json              the model's shape, as transformers would write it
-    model.safetensors        float16 weights under Hugging Face names (float32 for Q8_0
-                             tensors, so that the CPU backend's Q8_0 gets the file's own
-                             int8 values and scales back exactly)
+    model.safetensors        float16 weights under Hugging Face names (float32 for Q8_0 and
+                             Q4_1 tensors, so that the CPU backend gets the file's own
+                             blocks back exactly)
     tokenizer.json           a `tokenizers` tokenizer rebuilt from the GGUF vocabulary
     tokenizer_config.json    special tokens, add_bos_token and the chat template
     generation_config.json   bos/eos ids
@@ -628,12 +628,14 @@ def _dequantized(t, permute: int, shape: tuple[int, ...], path: Path) -> np.ndar
 
 
 def _stored_dtype(t) -> np.dtype:
-    """float16, except for Q8_0 tensors: their values (a float16 scale times an int8) are exact
-    in float32, so the CPU backend's own Q8_0 quantization at load gets the file's int8 values
-    and scales back bit for bit, where float16 would round the products."""
+    """float16, except for Q8_0 and Q4_1 tensors: their values (a float16 scale times an int8;
+    a float16 scale times 0..15 plus a float16 minimum) are exact in float32, so the CPU
+    backend gets the file's blocks back bit for bit at load (model/ops/q8.py), where float16
+    would round them."""
     import gguf
 
-    return np.dtype(np.float32 if t.tensor_type == gguf.GGMLQuantizationType.Q8_0 else np.float16)
+    exact = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1)
+    return np.dtype(np.float32 if t.tensor_type in exact else np.float16)
 
 
 def _write_weights(plan: dict, dest: Path, gguf_path: Path, progress: bool) -> None:

@@ -63,10 +63,11 @@ HALF = np.dtype(np.uint16)
 
 def with_q8_weights() -> types.SimpleNamespace:
     """These ops, with every 2-D weight whose rows split into blocks of 32 kept in Q8_0
-    (model/ops/q8.py): the projections, the embedding and the LM head; and K/V in float16.
-    (--dtype float32 keeps float32 K/V too: the exact path.)"""
+    (model/ops/q8.py): the projections, the embedding and the LM head; Q4_1 instead where a
+    weight is exactly that (a GGUF's Q4_1 tensors); and K/V in float16. (--dtype float32 keeps
+    float32 K/V too: the exact path.)"""
     ops = types.SimpleNamespace(**{op: globals()[op] for op in SURFACE})
-    ops.weight = lambda w: q8.quantize(w) if q8.quantizable(w) else weight(w)
+    ops.weight = lambda w: q8.compress(w) if q8.quantizable(w) else weight(w)
     ops.storage_dtype = HALF
     return ops
 
