@@ -1,5 +1,8 @@
 """8-bit weights for the CPU backend: llama.cpp's Q8_0 numbers, 32 int8 values and one float32
-scale per block along each weight row (8.5 bits a weight; float32 is 32), stored in strips.
+scale per block along each weight row (9 bits a weight; float32 is 32), stored in strips. A
+weight that is exactly Q4_1 (each block a minimum plus a scale times 0..15, as a GGUF's Q4_1
+tensors come: the default model's projections do) is kept so instead, two values a byte (6 bits
+a weight with its float32 scale and minimum): nothing rounded again, and fewer bytes to read.
 
 A strip is 16 weight rows; each (strip, block) holds its 16 x 32 int8 values as 16 lines of
 32 bytes, line r holding weights 2r and 2r+1 of the block for each of the 16 rows in turn.
