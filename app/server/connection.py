@@ -163,9 +163,7 @@ class Connection:
                 except Paused:
                     self.paused = True
                 except Http2Preface:
-                    self.close_reason("http2")  # before the write: the peer may hang up on reading it
-                    await self.write(HTTP2_REFUSAL)
-                    await self.close("http2")
+                    await self.close("http2", HTTP2_REFUSAL)
 
     async def protocol_send(self, event) -> None:
         if isinstance(event, RawData):
@@ -207,13 +205,17 @@ class Connection:
     async def write(self, data: bytes) -> None:
         await self.on_socket(functools.partial(self.stream.send_all, data))
 
-    async def close(self, reason: str) -> None:
-        """Our side is done: EOF after the last response, then linger so the peer reads it. The
-        close must happen even if the task asking for it is being cancelled (Quart cancels its
-        response task when the app learns of a disconnect): on_socket shields it."""
+    async def close(self, reason: str, last: bytes = b"") -> None:
+        """Our side is done: the last bytes, if any, then EOF, then linger so the peer reads them.
+        The reason is recorded first: a peer that reads the last bytes and hangs up at once would
+        otherwise be counted as having left ("client"). The close must happen even if the task
+        asking for it is being cancelled (Quart cancels its response task when the app learns of
+        a disconnect): on_socket shields it."""
+        self.close_reason(reason)
+        if last:
+            await self.write(last)
 
         async def send_eof():
-            self.close_reason(reason)
             self.write_closed = True
             await self.stream.send_eof()
 
@@ -253,24 +255,19 @@ class Connection:
                 return
 
     async def expire(self) -> None:
-        """Say why, then close. The reason is recorded before the last frame is written: a peer
-        that reads it and hangs up at once would otherwise be counted as having left ("client")."""
         shutting_down = self.server.terminating_since is not None
         if self.websocket:
-            self.close_reason("shutdown" if shutting_down else "ws_idle")
             try:
                 frame = self.protocol.stream.connection.send(CloseConnection(
                     code=1001, reason="server shutting down" if shutting_down else "idle timeout"))
             except (AttributeError, LocalProtocolError):  # not accepted yet, or a close is under way
                 frame = b""
-            await self.write(frame)
+            await self.close("shutdown" if shutting_down else "ws_idle", frame)
         elif shutting_down:
-            self.close_reason("shutdown")
+            await self.close("shutdown")
         elif self.partial_since is not None:
-            self.close_reason("header_timeout")
-            await self.write(canned_response(
+            await self.close("header_timeout", canned_response(
                 408, "Request Timeout", f"the request headers took longer than --header-timeout"
                 f" ({self.limits.header_timeout:g} s)", "header_timeout"))
         else:
-            self.close_reason("keep_alive")
-        await self.close(self.reason)
+            await self.close("keep_alive")
