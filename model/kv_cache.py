@@ -32,15 +32,20 @@ class KVCache:
         table = np.asarray(block_table, dtype=np.int64)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def save_blocks(self, block_ids) -> np.ndarray:
-        """Copy blocks to host memory (the spill pool):
-        (layers, 2, kv_heads, len(block_ids), block_size, head_dim)."""
+    def gather_blocks(self, block_ids):
+        """Blocks' K and V on the cache's device: (layers, 2, kv_heads, len(block_ids), block_size,
+        head_dim)."""
+        xp = self.ops.xp if hasattr(self.ops, "xp") else np
         ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
-        return np.stack([np.stack([self.ops.to_host(k[:, ids]), self.ops.to_host(v[:, ids])])
-                         for k, v in zip(self.k, self.v)])
+        return xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in zip(self.k, self.v)])
 
-    def load_blocks(self, block_ids, data: np.ndarray) -> None:
-        """Write blocks saved by save_blocks back, possibly under other block ids."""
+    def save_blocks(self, block_ids) -> np.ndarray:
+        """Copy blocks to host memory (the spill pool), as gather_blocks lays them out."""
+        return self.ops.to_host(self.gather_blocks(block_ids))
+
+    def load_blocks(self, block_ids, data) -> None:
+        """Write blocks laid out as gather_blocks does (on the host or the device) back, possibly
+        under other block ids."""
         ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
         for layer, (k, v) in enumerate(zip(self.k, self.v)):
             k[:, ids] = self.ops.asarray(data[layer, 0], data.dtype)

@@ -37,21 +37,17 @@ class SwapPool:
         return self.host.nbytes
 
     def save(self, block_ids) -> Spill:
-        xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)
-        gathered = xp.ascontiguousarray(xp.moveaxis(  # (blocks, layers, 2, kv_heads, block_size, head_dim)
-            xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in zip(self.cache.k, self.cache.v)]), 3, 0))
+        xp = self.ops.xp
+        # block-major, (blocks, layers, 2, kv_heads, block_size, head_dim): one slot a block
+        gathered = xp.ascontiguousarray(xp.moveaxis(self.cache.gather_blocks(block_ids), 3, 0))
         slots = [self.free.pop() for _ in block_ids]
         copied = self.launcher.copy_to_host(gathered, [self.host[s] for s in slots])
         return Spill(slots, copied, gathered)
 
     def load(self, block_ids, spill: Spill) -> None:
         """The spilled blocks back under block_ids (as many as were saved)."""
-        ops = self.ops
         data = self.launcher.copy_to_device([self.host[s] for s in spill.slots], spill.copied)
-        ids = ops.asarray(block_ids, np.int64)
-        for layer, (k, v) in enumerate(zip(self.cache.k, self.cache.v)):
-            k[:, ids] = ops.xp.moveaxis(data[:, layer, 0], 0, 1)
-            v[:, ids] = ops.xp.moveaxis(data[:, layer, 1], 0, 1)
+        self.cache.load_blocks(block_ids, self.ops.xp.moveaxis(data, 0, 3))
 
     def release(self, spill: Spill) -> None:
         """The slots are free again: a later copy into them runs after this one on the side stream."""
