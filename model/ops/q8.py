@@ -103,11 +103,9 @@ def quantize(w: np.ndarray) -> Q8Weight:
                     np.ascontiguousarray(scale, dtype=np.float32), rows)
 
 
-def exact_q4_1(w: np.ndarray) -> Q8Weight | None:
-    """w as Q4_1 blocks if it is exactly that: every block of 32 is minimum + scale x q, q in
-    0..15, as llama.cpp's Q4_1 (whose blocks span q = 0 to 15) dequantizes to float32. The
-    default model's projections come so from its GGUF: kept in 4 bits they lose nothing, where
-    Q8_0 would round them again, and a step reads 40% fewer bytes. None for anything else."""
+def _q4_1_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(q, scale, minimum) per block of 32 if every block of w is exactly minimum + scale x q
+    with q in 0..15 spanning both ends; else None."""
     rows, in_dim = w.shape
     values = w.reshape(rows, in_dim // BLOCK, BLOCK)
     low, high = values.min(axis=-1), values.max(axis=-1)
@@ -115,6 +113,19 @@ def exact_q4_1(w: np.ndarray) -> Q8Weight | None:
     q = np.rint((values - low[..., None]) / np.where(scale > 0, scale, np.float32(1))[..., None])
     if q.max() > 15 or not np.array_equal(q.astype(np.float32) * scale[..., None] + low[..., None], values):
         return None
+    return q, scale, low
+
+
+def exact_q4_1(w: np.ndarray) -> Q8Weight | None:
+    """w as Q4_1 blocks if it is exactly that: every block of 32 is minimum + scale x q, q in
+    0..15, as llama.cpp's Q4_1 (whose blocks span q = 0 to 15) dequantizes to float32. The
+    default model's projections come so from its GGUF: kept in 4 bits they lose nothing, where
+    Q8_0 would round them again, and a step reads 40% fewer bytes. None for anything else."""
+    found = _q4_1_blocks(w[:STRIP]) and _q4_1_blocks(w)  # a weight that is not fails on its first rows
+    if found is None:
+        return None
+    q, scale, low = found
+    rows, in_dim = w.shape
     strips, blocks = -(-rows // STRIP), in_dim // BLOCK
     padded = np.zeros((strips * STRIP, blocks, BLOCK), dtype=np.uint8)
     padded[:rows] = q
