@@ -26,13 +26,11 @@ from model.default import DEFAULT_MODEL_NAME, resolve_model
 from model.backend import BACKENDS, DTYPES, resolve
 from model.errors import ModelError, one_line
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
-from model.memory import gpu_kv_blocks
+from model.memory import GIB, gpu_kv_blocks
 from model.runner import ModelRunner
 from model.tokenizer import Tokenizer
 
 log = logging.getLogger("spool")
-
-GIB = 1 << 30
 
 
 def add_arguments(parser) -> None:

@@ -121,7 +121,7 @@ class CpuLauncher:
     def __init__(self, memory: tuple[int, int] | None = None):
         self.modules: dict[str, CpuModule] = {}
         self.memory = memory
-        self.captures = 0
+        self.released = 0  # release_cached() calls
 
     def memory_info(self) -> tuple[int, int]:
         assert self.memory is not None, "this CpuLauncher was made without a memory size"
@@ -131,7 +131,7 @@ class CpuLauncher:
         pass
 
     def release_cached(self) -> None:
-        self.released = getattr(self, "released", 0) + 1
+        self.released += 1
 
     @staticmethod
     def pinned(size: int, dtype) -> np.ndarray:
@@ -156,7 +156,6 @@ class CpuLauncher:
 
     def capture(self, fn) -> ReplayedGraph:
         fn()  # the warm-up run a GPU capture makes too
-        self.captures += 1
         return ReplayedGraph(fn)
 
     def function(self, file: str, expression: str) -> CpuKernel:

@@ -293,6 +293,8 @@ def attention_meta(query_lens, context_lens, block_tables, block_size) -> Attent
 # Query tokens a prefill tile holds: tile i attends only to the keys its last token sees, so a
 # long prompt computes about half the score matrix instead of all of it.
 PREFILL_TILE = 128
+
+
 @kernel(f"void({F3}, int64, int64, int32[:, ::1])")
 def _causal_softmax(scores, group, first, powers):
     """Each row of scores[h], for query token i // group of a tile whose first token is at
