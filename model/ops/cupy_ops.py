@@ -2,9 +2,12 @@
 cuda/*.cu by NVRTC through CuPy's RawModule, once per process (CuPy caches the binaries on disk,
 under CUPY_CACHE_DIR). Needs the `cuda12` or `cuda13` extra and a device."""
 
+import ctypes
+
 import cupy
 import cupyx
 import numpy as np
+from cuda.pathfinder import DynamicLibNotFoundError, load_nvidia_dynamic_lib
 
 from model.errors import one_line
 from model.ops.cuda_ops import CudaOps
@@ -13,6 +16,52 @@ from model.ops.kernels import CUDA_DIR, name_expressions
 
 # cudaDataType_t of each storage type (library_types.h: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF).
 CUDA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 14}
+# cublas_api.h: CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT
+OP_N, OP_T, COMPUTE_32F, GEMM_DEFAULT = 0, 1, 68, -1
+
+
+class Gemm:
+    """cublasGemmEx on a handle of Spool's own, called through ctypes on the cuBLAS library CuPy
+    loads. CuPy's cuBLAS wrappers refuse every call while a stream is being captured (their
+    setStream raises NotImplementedError), and a decode graph must hold its GEMMs. The handle
+    keeps the default pointer mode (alpha and beta on the host) and gets a workspace allocated
+    once, so that cuBLAS allocates none per captured graph."""
+
+    WORKSPACE = 32 << 20  # NVIDIA's size for Hopper; smaller GPUs need less
+
+    def __init__(self):
+        loaded = load_nvidia_dynamic_lib("cublas")  # what CuPy itself loaded: cached, the same handle
+        self.lib = ctypes.CDLL(loaded.abs_path or "libcublas.so", handle=loaded._handle_uint)
+        p, i = ctypes.c_void_p, ctypes.c_int
+        self.lib.cublasGemmEx.argtypes = [p, i, i, i, i, i, p, p, i, i, p, i, i, p, p, i, i, i, i]
+        self.lib.cublasSetStream_v2.argtypes = [p, p]
+        self.lib.cublasSetWorkspace_v2.argtypes = [p, p, ctypes.c_size_t]
+        self.handle = p()
+        self.check("cublasCreate_v2", self.lib.cublasCreate_v2(ctypes.byref(self.handle)))
+        self.workspace = cupy.empty(self.WORKSPACE, dtype=np.uint8)
+        self.check("cublasSetWorkspace_v2", self.lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr,
+                                                                           self.WORKSPACE))
+        self.one, self.zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
+
+    @staticmethod
+    def check(call: str, status: int) -> None:
+        if status != 0:
+            raise RuntimeError(f"{call} failed: cublasStatus_t {status}")
+
+    def __call__(self, x, w, bias, out) -> None:
+        """out = x @ w.T (+ bias), accumulating in fp32 whatever the storage (CuPy's matmul knows
+        no bfloat16). Row-major out (m, n) is column-major out.T = w @ x.T: w (n, k) row-major is
+        w.T column-major, hence OP_T on it."""
+        m, k = x.shape
+        n = w.shape[0]
+        if bias is not None:
+            out[...] = bias
+        storage = CUDA_TYPES[dtype_name(x.dtype)]
+        beta = self.one if bias is not None else self.zero
+        self.check("cublasSetStream_v2", self.lib.cublasSetStream_v2(self.handle, cupy.cuda.get_current_stream().ptr))
+        self.check("cublasGemmEx", self.lib.cublasGemmEx(
+            self.handle, OP_T, OP_N, n, m, k, self.one.ctypes.data, w.data.ptr, storage, k, x.data.ptr, storage, k,
+            beta.ctypes.data, out.data.ptr, CUDA_TYPES[dtype_name(out.dtype)], n, COMPUTE_32F, GEMM_DEFAULT))
 
 
 class RawModuleLauncher:
@@ -22,11 +71,8 @@ class RawModuleLauncher:
     for the overlapped step loop; copy_to_host and copy_to_device for the spill pool (model/swap.py)."""
 
     def __init__(self):
-        from cupy_backends.cuda.libs import cublas  # loads libcublas: ImportError where it is missing
-
-        self.cublas = cublas
+        self.linear = Gemm()  # DynamicLibNotFoundError where cuBLAS is missing
         self.modules: dict[str, cupy.RawModule] = {}
-        self.one, self.zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
         self.graph_pool = None  # the memory every captured graph allocates from, and nothing else
         self.side_stream = None  # spills' copies to the host
 
@@ -110,28 +156,6 @@ class RawModuleLauncher:
         graph.upload()
         return CapturedGraph(graph, output)
 
-    def linear(self, x, w, bias, out) -> None:
-        """out = x @ w.T (+ bias) through cublasGemmEx, accumulating in fp32 whatever the storage
-        (CuPy's matmul knows no bfloat16). Row-major out (m, n) is column-major out.T = w @ x.T:
-        w (n, k) row-major is w.T column-major, hence OP_T on it."""
-        m, k = x.shape
-        n = w.shape[0]
-        if bias is not None:
-            out[...] = bias
-        beta = self.one if bias is not None else self.zero
-        storage = CUDA_TYPES[dtype_name(x.dtype)]
-        cublas, handle = self.cublas, cupy.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)  # a capture's stream, when capturing
-        mode = cublas.getPointerMode(handle)
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        try:
-            cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, self.one.ctypes.data,
-                          w.data.ptr, storage, k, x.data.ptr, storage, k, beta.ctypes.data,
-                          out.data.ptr, CUDA_TYPES[dtype_name(out.dtype)], n, cublas.CUBLAS_COMPUTE_32F,
-                          cublas.CUBLAS_GEMM_DEFAULT)
-        finally:
-            cublas.setPointerMode(handle, mode)
-
 
 class CapturedGraph:
     def __init__(self, graph, output):
@@ -152,7 +176,7 @@ def available() -> bool:
 def create(dtype: str = "bfloat16") -> CudaOps:
     try:
         launcher = RawModuleLauncher()
-    except ImportError as e:
+    except DynamicLibNotFoundError as e:
         raise ValueError(f"CuPy cannot load cuBLAS ({one_line(e)}); install the CUDA libraries with the cuda12 or cuda13"
                          " extra, which brings CuPy's [ctk]") from None
     return CudaOps(cupy, launcher, dtype)
