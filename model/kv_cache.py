@@ -35,8 +35,7 @@ class KVCache:
     def gather_blocks(self, block_ids):
         """Blocks' K and V on the cache's device: (layers, 2, kv_heads, len(block_ids), block_size,
         head_dim)."""
-        xp = self.ops.xp if hasattr(self.ops, "xp") else np
-        ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
+        xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)  # on the cache's device
         return xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in zip(self.k, self.v)])
 
     def save_blocks(self, block_ids) -> np.ndarray:

@@ -32,10 +32,6 @@ class SwapPool:
                                          cache.k[0].dtype).reshape(num_slots, *self.slot_shape)
         self.free = list(range(num_slots - 1, -1, -1))
 
-    @property
-    def nbytes(self) -> int:
-        return self.host.nbytes
-
     def save(self, block_ids) -> Spill:
         xp = self.ops.xp
         # block-major, (blocks, layers, 2, kv_heads, block_size, head_dim): one slot a block

@@ -28,7 +28,7 @@ def test_spilled_blocks_come_back_bit_for_bit_under_other_ids(tiny_dir):
     for k in cache.k + cache.v:
         k[...] = rng.integers(0, 1 << 16, k.shape, dtype=np.uint16)
     pool = SwapPool(cache, num_slots=3)
-    assert pool.host.dtype == np.uint16 and pool.nbytes == 3 * KVCache.bytes_per_block(config, 4, itemsize=2)
+    assert pool.host.dtype == np.uint16 and pool.host.nbytes == 3 * KVCache.bytes_per_block(config, 4, itemsize=2)
     before = [k.copy() for k in cache.k + cache.v]
     spill = pool.save([1, 6])
     assert len(pool.free) == 1

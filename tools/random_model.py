@@ -46,7 +46,7 @@ def random_model(model_dir: Path, ops, seed: int = 0) -> Llama:
     """The model of model_dir's config.json on ops, with weights drawn by ops' array module
     (CuPy's generator on a GPU), scaled so activations neither vanish nor blow up."""
     config = ModelConfig.load(model_dir)
-    xp = ops.xp if hasattr(ops, "xp") else np
+    xp = ops.xp
     rng = xp.random.default_rng(seed)
     c = config
     qkv = c.q_size + 2 * c.kv_size

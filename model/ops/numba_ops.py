@@ -44,14 +44,15 @@ from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, a
     storage_dtype,
     to_host,
     weight,
+    xp,
     zeros,
 )
 from model.sampling import seeded_uniform
 
 name = "numba"
-SURFACE = ("name", "storage_dtype", "asarray", "to_host", "download", "zeros", "weight", "embedding", "linear", "logits",
-           "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv", "attention_meta", "paged_attention",
-           "sample", "release")
+SURFACE = ("name", "xp", "storage_dtype", "asarray", "to_host", "download", "zeros", "weight", "embedding", "linear",
+           "logits", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv", "attention_meta",
+           "paged_attention", "sample", "release")
 
 
 # K/V in float16, as llama.cpp keeps them by default: a decode step's attention reads half the

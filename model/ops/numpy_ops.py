@@ -21,6 +21,7 @@ SKINNY_ROWS = 64
 SAMPLING_CANDIDATES = 256
 
 name = "numpy"
+xp = np  # the array module of this backend's arrays (CuPy on a GPU)
 storage_dtype = np.dtype(np.float32)  # of weights, activations and K/V
 
 
