@@ -123,6 +123,29 @@ async def test_an_idle_keep_alive_connection_is_closed(strict):
     await wait_closed(strict, "keep_alive", before + 1)
 
 
+async def test_by_default_a_connection_outlives_the_openai_clients_keep_alive():
+    """The openai client reuses a pooled connection idle up to its keepalive_expiry; were the
+    server to close at that same moment, a request could meet the FIN (CI lost one so)."""
+    from openai._constants import DEFAULT_CONNECTION_LIMITS
+
+    server = LiveServer("--kv-cache-gib", "0.1")
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        for request in range(2):
+            await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = b""
+            with trio.fail_after(10):
+                while b'{"status":"ok"}' not in reply:
+                    assert (chunk := await stream.receive_some(65536)), (request, reply)
+                    reply += chunk
+            if request == 0:
+                await trio.sleep(DEFAULT_CONNECTION_LIMITS.keepalive_expiry + 1)
+        await stream.aclose()
+        assert server.closed("keep_alive") == 0
+    finally:
+        server.stop()
+
+
 async def test_pipelined_requests_are_answered_in_order(strict):
     reply, _ = await exchange(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
                                            b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -1,9 +1,13 @@
 """What one client may hold of the server: every connection, header, body and WebSocket limit,
 with defaults that protect a laptop, and the `serve` flags that change them.
 
-The defaults follow what nginx and Hypercorn's deployment notes settle on: short keep-alive,
-a deadline for request headers (slowloris), bounded request heads and bodies, and pings that
-find dead WebSocket peers.
+The defaults follow what nginx and Hypercorn's deployment notes settle on: a deadline for
+request headers (slowloris), bounded request heads and bodies, and pings that find dead
+WebSocket peers. Keep-alive is nginx's 75 s, not Hypercorn's 5 s: the openai client (httpx)
+reuses a connection idle up to 5 s, so a server that closes at 5 s races it, and a request
+sent as the server's FIN leaves is lost ("Server disconnected without sending a response").
+Idle connections cost little here: at --max-connections a newcomer displaces the one idle
+longest.
 """
 
 from dataclasses import dataclass, field, fields
@@ -25,7 +29,7 @@ class Limits:
     header_timeout: float = limit(10.0, "seconds from a request's first byte to the end of its headers"
                                         " (408 past it)")
     body_timeout: float = limit(30.0, "seconds to receive a request body (408 past it)")
-    keep_alive_timeout: float = limit(5.0, "seconds an idle keep-alive connection stays open")
+    keep_alive_timeout: float = limit(75.0, "seconds an idle keep-alive connection stays open")
     send_timeout: float = limit(30.0, "seconds a client may read nothing while the server writes before it is"
                                       " dropped")
     max_body_bytes: int = limit(4 * MIB, "most bytes in a request body (413 over it)")
