@@ -26,6 +26,9 @@ def test_quantized_blocks_round_trip_within_half_a_step(rng):
     assert qw.nbytes == 16 * 96 + 16 * 3 * 4
     step = np.abs(w.reshape(7, 3, 32)).max(axis=-1).repeat(32, axis=1) / 127
     assert np.all(np.abs(q8.dequantize(qw) - w) <= step / 2 + 1e-6 * np.abs(w))
+    ties = np.zeros((1, 32), dtype=np.float32)
+    ties[0, :6] = 127, 0.5, 1.5, 2.5, -2.5, -126.5  # a step of exactly 1: halves round to even, as NumPy's rint
+    np.testing.assert_array_equal(q8.dequantize(q8.quantize(ties))[0, :6], [127, 0, 2, 2, -2, -126])
     assert not q8.quantizable(np.zeros((4, 48), dtype=np.float32)) and not q8.quantizable(np.zeros(64))
 
 
@@ -59,7 +62,10 @@ def test_weights_that_are_exactly_q4_1_are_kept_so_and_nothing_else_is(rng):
     assert qw.nbytes < q8.quantize(w).nbytes * 0.7  # 6 bits a weight (float32 scale and minimum) to 9
     np.testing.assert_array_equal(q8.dequantize(qw), w)
     np.testing.assert_array_equal(q8.dequantize(qw, np.array([20, 0, 5])), w[[20, 0, 5]])
-    w[3, 7] += 1e-4  # one value off the grid
+    w[20, 95] += 1e-4  # one value off the grid, in the last strip's last block
+    assert q8.exact_q4_1(w) is None
+    w = q4_1(rng, 21, 96)
+    w[3, 7] += 1e-4
     assert q8.exact_q4_1(w) is None and q8.exact_q4_1(rng.standard_normal((4, 64), dtype=np.float32)) is None
     assert q8.compress(w).four_bit is False
 

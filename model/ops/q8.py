@@ -88,32 +88,9 @@ def quantizable(w: np.ndarray) -> bool:
 
 def quantize(w: np.ndarray) -> Q8Weight:
     """Round to nearest, each block scaled so that its largest magnitude is 127."""
-    rows, in_dim = w.shape
-    strips, blocks = -(-rows // STRIP), in_dim // BLOCK
-    padded = np.zeros((strips * STRIP, in_dim), dtype=np.float32)
-    padded[:rows] = w
-    values = padded.reshape(strips * STRIP, blocks, BLOCK)
-    scale = np.abs(values).max(axis=-1) / np.float32(127)
-    safe = np.where(scale > 0, scale, np.float32(1))
-    q = np.rint(values / safe[..., None]).astype(np.int8)
-    # (strip, row, block, pair, 2) -> (strip, block, pair, row, 2)
-    q = q.reshape(strips, STRIP, blocks, BLOCK // 2, 2).transpose(0, 2, 3, 1, 4)
-    scale = scale.reshape(strips, STRIP, blocks).transpose(0, 2, 1)
-    return Q8Weight(np.ascontiguousarray(q).reshape(strips, blocks, STRIP * BLOCK),
-                    np.ascontiguousarray(scale, dtype=np.float32), rows)
-
-
-def _q4_1_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(q, scale, minimum) per block of 32 if every block of w is exactly minimum + scale x q
-    with q in 0..15 spanning both ends; else None."""
-    rows, in_dim = w.shape
-    values = w.reshape(rows, in_dim // BLOCK, BLOCK)
-    low, high = values.min(axis=-1), values.max(axis=-1)
-    scale = (high - low) / np.float32(15)
-    q = np.rint((values - low[..., None]) / np.where(scale > 0, scale, np.float32(1))[..., None])
-    if q.max() > 15 or not np.array_equal(q.astype(np.float32) * scale[..., None] + low[..., None], values):
-        return None
-    return q, scale, low
+    q, scale = _strips(w, STRIP * BLOCK, STRIP)
+    _quantize_strips(np.ascontiguousarray(w, dtype=np.float32), q, scale)
+    return Q8Weight(q, scale, w.shape[0])
 
 
 def exact_q4_1(w: np.ndarray) -> Q8Weight | None:
@@ -121,23 +98,67 @@ def exact_q4_1(w: np.ndarray) -> Q8Weight | None:
     0..15, as llama.cpp's Q4_1 (whose blocks span q = 0 to 15) dequantizes to float32. The
     default model's projections come so from its GGUF: kept in 4 bits they lose nothing, where
     Q8_0 would round them again, and a step reads 40% fewer bytes. None for anything else."""
-    found = _q4_1_blocks(w[:STRIP]) and _q4_1_blocks(w)  # a weight that is not fails on its first rows
-    if found is None:
-        return None
-    q, scale, low = found
-    rows, in_dim = w.shape
-    strips, blocks = -(-rows // STRIP), in_dim // BLOCK
-    padded = np.zeros((strips * STRIP, blocks, BLOCK), dtype=np.uint8)
-    padded[:rows] = q
-    # (strip, row, block, pair, 2) -> (strip, block, pair, row, 2): the lines, then two to a byte
-    lines = padded.reshape(strips, STRIP, blocks, BLOCK // 2, 2).transpose(0, 2, 3, 1, 4)
-    lines = lines.reshape(strips, blocks, BLOCK // 4, 2, STRIP * 2)
-    packed = lines[:, :, :, 0] | (lines[:, :, :, 1] << 4)
-    factors = np.zeros((2, strips * STRIP, blocks), dtype=np.float32)
-    factors[:, :rows] = scale, low
-    factors = factors.reshape(2, strips, STRIP, blocks).transpose(1, 3, 0, 2).reshape(strips, blocks, 2 * STRIP)
-    return Q8Weight(np.ascontiguousarray(packed).reshape(strips, blocks, -1).view(np.int8),
-                    np.ascontiguousarray(factors), rows)
+    q, factors = _strips(w, STRIP * BLOCK // 2, 2 * STRIP)
+    exact = np.zeros(q.shape[0], dtype=np.bool_)
+    _pack_q4_1_strips(np.ascontiguousarray(w, dtype=np.float32), q.view(np.uint8), factors, exact)
+    return Q8Weight(q, factors, w.shape[0]) if exact.all() else None
+
+
+def _strips(w: np.ndarray, line_bytes: int, factors: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zeroed (q, factors) in strip order for w, so that the rows past its last stay zero."""
+    strips, blocks = -(-w.shape[0] // STRIP), w.shape[1] // BLOCK
+    return (np.zeros((strips, blocks, line_bytes), dtype=np.int8),
+            np.zeros((strips, blocks, factors), dtype=np.float32))
+
+
+# Start-up runs these on every weight (135M numbers for the default model), once each: one pass
+# on all cores, where NumPy took 2.3 s over its temporaries. No fastmath: the rounding must be
+# NumPy's (float32 throughout, ties to even), and the Q4_1 test exact.
+@njit("void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1])", parallel=True, cache=True, nogil=True)
+def _quantize_strips(w, q, scale):
+    """Q8_0: row r, weight k of a block goes to line k // 2, byte 2r + k % 2 (the strip order)."""
+    rows, blocks = w.shape[0], q.shape[1]
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            row = s * STRIP + r
+            for b in range(blocks):
+                values = w[row, b * BLOCK:(b + 1) * BLOCK]
+                step = np.abs(values).max() / np.float32(127)
+                scale[s, b, r] = step
+                if step == 0:
+                    step = np.float32(1)
+                for k in range(BLOCK):
+                    q[s, b, (k // 2) * 2 * STRIP + 2 * r + k % 2] = np.int8(np.rint(values[k] / step))
+
+
+@njit("void(float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1], boolean[::1])", parallel=True, cache=True,
+      nogil=True)
+def _pack_q4_1_strips(w, q, factors, exact):
+    """Q4_1 where each block of each strip's rows is exactly minimum + scale x (0..15):
+    exact[s] says so. Lines as Q8_0's, two to a byte (line 2p in the low nibble, 2p + 1 in
+    the high one); factors are the 16 rows' scales, then their minima."""
+    rows, blocks = w.shape[0], q.shape[1]
+    for s in prange(q.shape[0]):
+        ok = True
+        for r in range(min(STRIP, rows - s * STRIP)):
+            row = s * STRIP + r
+            for b in range(blocks):
+                values = w[row, b * BLOCK:(b + 1) * BLOCK]
+                low, high = values.min(), values.max()
+                step = (high - low) / np.float32(15)
+                factors[s, b, r], factors[s, b, STRIP + r] = step, low
+                divisor = step if step > 0 else np.float32(1)
+                for k in range(BLOCK):
+                    level = np.rint((values[k] - low) / divisor)
+                    if not (level <= 15 and level * step + low == values[k]):
+                        ok = False
+                        break
+                    q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= np.uint8(level) << np.uint8(4 * (k // 2 % 2))
+                if not ok:
+                    break
+            if not ok:
+                break
+        exact[s] = ok
 
 
 def compress(w: np.ndarray) -> Q8Weight:
