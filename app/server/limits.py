@@ -3,11 +3,12 @@ with defaults that protect a laptop, and the `serve` flags that change them.
 
 The defaults follow what nginx and Hypercorn's deployment notes settle on: a deadline for
 request headers (slowloris), bounded request heads and bodies, and pings that find dead
-WebSocket peers. Keep-alive is nginx's 75 s, not Hypercorn's 5 s: the openai client (httpx)
-reuses a connection idle up to 5 s, so a server that closes at 5 s races it, and a request
-sent as the server's FIN leaves is lost ("Server disconnected without sending a response").
-Idle connections cost little here: at --max-connections a newcomer displaces the one idle
-longest.
+WebSocket peers. Keep-alive is 120 s, not Hypercorn's 5 s: a client's pool reuses a
+connection idle up to its own expiry (the openai client's httpx 5 s, aiohttp 15 s, nginx's
+upstream pool 60 s, Go's net/http and Rust's reqwest, which vLLM's and SGLang's routers use,
+90 s), and a server that closes first races it: a request sent as the server's FIN leaves is
+lost ("Server disconnected without sending a response"). Idle connections cost little here:
+at --max-connections a newcomer displaces the one idle longest.
 """
 
 from dataclasses import dataclass, field, fields
@@ -29,7 +30,7 @@ class Limits:
     header_timeout: float = limit(10.0, "seconds from a request's first byte to the end of its headers"
                                         " (408 past it)")
     body_timeout: float = limit(30.0, "seconds to receive a request body (408 past it)")
-    keep_alive_timeout: float = limit(75.0, "seconds an idle keep-alive connection stays open")
+    keep_alive_timeout: float = limit(120.0, "seconds an idle keep-alive connection stays open")
     send_timeout: float = limit(30.0, "seconds a client may read nothing while the server writes before it is"
                                       " dropped")
     max_body_bytes: int = limit(4 * MIB, "most bytes in a request body (413 over it)")
