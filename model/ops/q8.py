@@ -131,34 +131,33 @@ def _quantize_strips(w, q, scale):
                     q[s, b, (k // 2) * 2 * STRIP + 2 * r + k % 2] = np.int8(np.rint(values[k] / step))
 
 
+@njit(cache=True, nogil=True)
+def _pack_q4_1_strip(w, q, factors, s):
+    """Strip s as Q4_1 if each block of its rows is exactly minimum + scale x (0..15); False at
+    the first value that is not. Lines as Q8_0's, two to a byte (line 2p in the low nibble,
+    2p + 1 in the high one); factors are the 16 rows' scales, then their minima."""
+    for r in range(min(STRIP, w.shape[0] - s * STRIP)):
+        row = s * STRIP + r
+        for b in range(q.shape[1]):
+            values = w[row, b * BLOCK:(b + 1) * BLOCK]
+            low, high = values.min(), values.max()
+            step = (high - low) / np.float32(15)
+            factors[s, b, r], factors[s, b, STRIP + r] = step, low
+            divisor = step if step > 0 else np.float32(1)
+            for k in range(BLOCK):
+                level = np.rint((values[k] - low) / divisor)
+                if not (level <= 15 and level * step + low == values[k]):
+                    return False
+                q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= np.uint8(level) << np.uint8(4 * (k // 2 % 2))
+    return True
+
+
 @njit("void(float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1], boolean[::1])", parallel=True, cache=True,
       nogil=True)
 def _pack_q4_1_strips(w, q, factors, exact):
-    """Q4_1 where each block of each strip's rows is exactly minimum + scale x (0..15):
-    exact[s] says so. Lines as Q8_0's, two to a byte (line 2p in the low nibble, 2p + 1 in
-    the high one); factors are the 16 rows' scales, then their minima."""
-    rows, blocks = w.shape[0], q.shape[1]
+    """exact[s]: whether strip s's rows are Q4_1, packed where they are (_pack_q4_1_strip)."""
     for s in prange(q.shape[0]):
-        ok = True
-        for r in range(min(STRIP, rows - s * STRIP)):
-            row = s * STRIP + r
-            for b in range(blocks):
-                values = w[row, b * BLOCK:(b + 1) * BLOCK]
-                low, high = values.min(), values.max()
-                step = (high - low) / np.float32(15)
-                factors[s, b, r], factors[s, b, STRIP + r] = step, low
-                divisor = step if step > 0 else np.float32(1)
-                for k in range(BLOCK):
-                    level = np.rint((values[k] - low) / divisor)
-                    if not (level <= 15 and level * step + low == values[k]):
-                        ok = False
-                        break
-                    q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= np.uint8(level) << np.uint8(4 * (k // 2 % 2))
-                if not ok:
-                    break
-            if not ok:
-                break
-        exact[s] = ok
+        exact[s] = _pack_q4_1_strip(w, q, factors, s)
 
 
 def compress(w: np.ndarray) -> Q8Weight:
