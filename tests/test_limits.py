@@ -7,6 +7,7 @@ import random
 import signal
 
 import httpx
+import openai
 import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
@@ -126,8 +127,6 @@ async def test_an_idle_keep_alive_connection_is_closed(strict):
 async def test_by_default_a_connection_outlives_the_openai_clients_keep_alive():
     """The openai client reuses a pooled connection idle up to its keepalive_expiry; were the
     server to close at that same moment, a request could meet the FIN (CI lost one so)."""
-    from openai._constants import DEFAULT_CONNECTION_LIMITS
-
     server = LiveServer("--kv-cache-gib", "0.1")
     try:
         stream = await trio.open_tcp_stream("127.0.0.1", server.port)
@@ -139,7 +138,7 @@ async def test_by_default_a_connection_outlives_the_openai_clients_keep_alive():
                     assert (chunk := await stream.receive_some(65536)), (request, reply)
                     reply += chunk
             if request == 0:
-                await trio.sleep(DEFAULT_CONNECTION_LIMITS.keepalive_expiry + 1)
+                await trio.sleep(openai.DEFAULT_CONNECTION_LIMITS.keepalive_expiry + 1)
         await stream.aclose()
         assert server.closed("keep_alive") == 0
     finally:
