@@ -18,6 +18,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
                                            "parameters": {"type": "object", "required": ["city"],
+                                                          "additionalProperties": False,
                                                           "properties": {"city": {"type": "string", "maxLength": 30}}}}}]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo"]
