@@ -1,4 +1,4 @@
-"""GGUF -> Hugging Face directory conversion (model/gguf.py), on tiny GGUFs built here."""
+"""GGUF -> Hugging Face directory conversion (model/gguf/), on tiny GGUFs built here."""
 
 import json
 import random
@@ -11,9 +11,10 @@ import pytest
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-import model.gguf as mg
+import model.gguf.convert as mg
 from model.errors import ModelError
-from model.gguf import convert_gguf, llama3_rope_factors
+from model.gguf.convert import convert_gguf
+from model.gguf.rope import llama3_rope_factors
 from tiny_gguf import (
     CHAT_TEMPLATE, CORPUS, FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, LAYERS, SPECIALS, export_vocab,
     gguf_name, hf_weights, permute_for_gguf, tiny_gguf, train_bpe, write_gguf,
@@ -87,6 +88,21 @@ def test_weights_and_config(tmp_path, arch, tied):
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
     gen = json.loads((out / "generation_config.json").read_text())
     assert (gen["bos_token_id"], gen["eos_token_id"]) == (1, 2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_the_metadata_holds_the_config_the_converted_directory_loads(tmp_path, arch):
+    """GGUF metadata read once into a typed value: its ModelConfig is the one config.json gives."""
+    from model.config import ModelConfig
+    from model.gguf.metadata import read_gguf
+
+    src, _, weights = tiny_gguf(tmp_path / "m.gguf", arch=arch, tied=False)
+    meta = read_gguf(src)
+    assert meta.config == ModelConfig.load(convert_gguf(src, tmp_path / "out", progress=False))
+    assert {e.hf_name for e in meta.tensors} == set(weights)
+    assert {e.hf_name: e.permute_heads for e in meta.tensors if e.permute_heads} == (
+        {f"model.layers.{i}.self_attn.{x}_proj.weight": n for i in range(LAYERS) for x, n in (("q", HEADS), ("k", KV_HEADS))}
+        if arch == "llama" else {})
 
 
 def test_quantized_weights_are_unpermuted_after_dequantizing(tmp_path):
