@@ -14,6 +14,7 @@ sums in 16 lanes (vpmaddwd), with no reduction across lanes, and it is the layou
 bfloat16 tile of the weights. Rows past the last are zero.
 """
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,7 +25,7 @@ STRIP = 16  # weight rows a strip holds: an AMX tile's width in float32 outputs
 
 
 @dataclass
-class Strips:
+class Strips(ABC):
     """A weight's values (q) and float32 factors per (strip, block), in strip order."""
 
     q: np.ndarray  # (strips, blocks, BLOCK_BYTES) int8
@@ -61,13 +62,13 @@ class Strips:
         out = self._offset(values.reshape(len(index), blocks, BLOCK) * scale[..., None], index)
         return out.reshape(len(index), blocks * BLOCK).astype(np.float32)
 
+    @abstractmethod
     def _lines(self) -> np.ndarray:
         """The values, one per byte, in strip order."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _offset(self, scaled: np.ndarray, index: np.ndarray) -> np.ndarray:
         """The scaled values of rows index plus what the scheme adds to each block."""
-        raise NotImplementedError
 
 
 class Q8_0Strips(Strips):
