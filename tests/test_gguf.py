@@ -1,4 +1,4 @@
-"""GGUF -> Hugging Face directory conversion (model/gguf.py), on tiny GGUFs built here."""
+"""GGUF -> Hugging Face directory conversion (model/gguf/), on tiny GGUFs built here."""
 
 import json
 import random
@@ -11,9 +11,10 @@ import pytest
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-import model.gguf as mg
+import model.gguf.convert as mg
 from model.errors import ModelError
-from model.gguf import convert_gguf, llama3_rope_factors
+from model.gguf.convert import convert_gguf
+from model.gguf.rope import llama3_rope_factors
 from tiny_gguf import (
     CHAT_TEMPLATE, CORPUS, FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, LAYERS, SPECIALS, export_vocab,
     gguf_name, hf_weights, permute_for_gguf, tiny_gguf, train_bpe, write_gguf,
@@ -89,6 +90,21 @@ def test_weights_and_config(tmp_path, arch, tied):
     assert (gen["bos_token_id"], gen["eos_token_id"]) == (1, 2)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_the_metadata_holds_the_config_the_converted_directory_loads(tmp_path, arch):
+    """GGUF metadata read once into a typed value: its ModelConfig is the one config.json gives."""
+    from model.config import ModelConfig
+    from model.gguf.metadata import read_gguf
+
+    src, _, weights = tiny_gguf(tmp_path / "m.gguf", arch=arch, tied=False)
+    meta = read_gguf(src)
+    assert meta.config == ModelConfig.load(convert_gguf(src, tmp_path / "out", progress=False))
+    assert {e.hf_name for e in meta.tensors} == set(weights)
+    assert {e.hf_name: e.permute_heads for e in meta.tensors if e.permute_heads} == (
+        {f"model.layers.{i}.self_attn.{x}_proj.weight": n for i in range(LAYERS) for x, n in (("q", HEADS), ("k", KV_HEADS))}
+        if arch == "llama" else {})
+
+
 def test_quantized_weights_are_unpermuted_after_dequantizing(tmp_path):
     q8 = gguf.GGMLQuantizationType.Q8_0
     src, _, weights = tiny_gguf(tmp_path / "m.gguf", quant=q8)
@@ -101,7 +117,8 @@ def test_quantized_weights_are_unpermuted_after_dequantizing(tmp_path):
 def test_q4_1_tensors_come_back_as_the_same_4bit_blocks(tmp_path):
     """Stored in float32 (a float16 scale times 0..15 plus a float16 minimum is exact there), so
     the CPU backend keeps them as the file's Q4_1 blocks, q/k rows (unpermuted whole) too."""
-    from model.ops import q8
+    from model.quant.pack import exact_q4_1
+    from model.quant.strips import Q4_1Strips
 
     q4_1 = gguf.GGMLQuantizationType.Q4_1
     src, _, _ = tiny_gguf(tmp_path / "m.gguf", quant=q4_1)
@@ -111,9 +128,9 @@ def test_q4_1_tensors_come_back_as_the_same_4bit_blocks(tmp_path):
     for t in quantized:
         w = got[next(n for n in got if gguf_name(n) == t.name)]
         assert w.dtype == np.float32
-        kept = q8.exact_q4_1(w)
-        assert kept is not None and kept.four_bit, t.name
-        np.testing.assert_array_equal(q8.dequantize(kept), w, err_msg=t.name)
+        kept = exact_q4_1(w)
+        assert isinstance(kept, Q4_1Strips), t.name
+        np.testing.assert_array_equal(kept.dequantize(), w, err_msg=t.name)
         if "attn_q" not in t.name and "attn_k" not in t.name:  # those rows were unpermuted
             want = gguf.quants.dequantize(t.data, q4_1).reshape(w.shape)
             np.testing.assert_array_equal(w, want, err_msg=t.name)
@@ -122,7 +139,7 @@ def test_q4_1_tensors_come_back_as_the_same_4bit_blocks(tmp_path):
 def test_q8_0_tensors_come_back_as_the_same_8bit_blocks(tmp_path):
     """Stored in float32 (a float16 scale times an int8 is exact there), so the CPU backend's
     Q8_0 quantization at load reproduces the file's blocks: not one value rounded twice."""
-    from model.ops import q8
+    from model.quant.pack import quantize
 
     src, _, _ = tiny_gguf(tmp_path / "m.gguf", quant=gguf.GGMLQuantizationType.Q8_0)
     got = load_weights(convert_gguf(src, tmp_path / "out", progress=False))
@@ -135,7 +152,7 @@ def test_q8_0_tensors_come_back_as_the_same_8bit_blocks(tmp_path):
         hf = next(n for n in got if gguf_name(n) == t.name)
         w = got[hf]
         assert w.dtype == np.float32
-        np.testing.assert_array_equal(q8.dequantize(q8.quantize(w)), w, err_msg=hf)
+        np.testing.assert_array_equal(quantize(w).dequantize(), w, err_msg=hf)
         if "attn_q" not in t.name and "attn_k" not in t.name:  # those rows were unpermuted
             np.testing.assert_array_equal(w.reshape(-1), values.reshape(-1), err_msg=hf)
 

@@ -1,4 +1,4 @@
-"""Q8_0 weights, and Q4_1 where a weight is exactly that (model/ops/q8.py): the kernels against
+"""Q8_0 weights, and Q4_1 where a weight is exactly that (model/quant/): the kernels against
 NumPy on ragged shapes, and the default model so stored against its float32 self,
 teacher-forced over 2,000 tokens of real text."""
 
@@ -7,7 +7,12 @@ import pytest
 
 from model.backend import resolve
 from model.default import default_model_dir
-from model.ops import q8
+from model.quant import pack
+from model.quant.blas import blas_matmul
+from model.quant.cpu import AMX, PMADDWD
+from model.quant.gemv import float_gemv
+from model.quant.matmul import GEMV_ROWS, matmul
+from model.quant.strips import Q4_1Strips, Q8_0Strips
 from model.runner import ModelRunner, Row, StepPlan
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -20,26 +25,26 @@ def rng():
 def test_quantized_blocks_round_trip_within_half_a_step(rng):
     w = rng.standard_normal((7, 96), dtype=np.float32) * np.array([1e-3, 1, 100], dtype=np.float32).repeat(32)
     w[0, :32] = 0  # an all-zero block
-    qw = q8.quantize(w)
+    qw = pack.quantize(w)
     # one strip of 16 rows (9 of them padding), 3 blocks of 32
-    assert qw.q.dtype == np.int8 and qw.shape == (7, 96) and qw.q.shape == (1, 3, 512) and qw.scale.shape == (1, 3, 16)
+    assert qw.q.dtype == np.int8 and qw.shape == (7, 96) and qw.q.shape == (1, 3, 512) and qw.factors.shape == (1, 3, 16)
     assert qw.nbytes == 16 * 96 + 16 * 3 * 4
     step = np.abs(w.reshape(7, 3, 32)).max(axis=-1).repeat(32, axis=1) / 127
-    assert np.all(np.abs(q8.dequantize(qw) - w) <= step / 2 + 1e-6 * np.abs(w))
+    assert np.all(np.abs(qw.dequantize() - w) <= step / 2 + 1e-6 * np.abs(w))
     ties = np.zeros((1, 32), dtype=np.float32)
     ties[0, :6] = 127, 0.5, 1.5, 2.5, -2.5, -126.5  # a step of exactly 1: halves round to even, as NumPy's rint
-    np.testing.assert_array_equal(q8.dequantize(q8.quantize(ties))[0, :6], [127, 0, 2, 2, -2, -126])
-    assert not q8.quantizable(np.zeros((4, 48), dtype=np.float32)) and not q8.quantizable(np.zeros(64))
+    np.testing.assert_array_equal(pack.quantize(ties).dequantize()[0, :6], [127, 0, 2, 2, -2, -126])
+    assert not pack.quantizable(np.zeros((4, 48), dtype=np.float32)) and not pack.quantizable(np.zeros(64))
 
 
-@pytest.mark.parametrize("tokens", [1, 2, q8.GEMV_ROWS, q8.GEMV_ROWS + 1, 64, 100])
+@pytest.mark.parametrize("tokens", [1, 2, GEMV_ROWS, GEMV_ROWS + 1, 64, 100])
 @pytest.mark.parametrize("out_dim, in_dim", [(1, 32), (7, 64), (1030, 576)])
 def test_the_8bit_matmul_is_the_dequantized_one(rng, tokens, out_dim, in_dim):
     """The GEMV up to GEMV_ROWS rows, then the GEMM (AMX where the CPU has it)."""
-    qw = q8.quantize(rng.standard_normal((out_dim, in_dim), dtype=np.float32))
+    qw = pack.quantize(rng.standard_normal((out_dim, in_dim), dtype=np.float32))
     x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
-    want = x @ q8.dequantize(qw).T  # int16 activations, or two bfloat16 parts, lose less than this
-    got = q8.matmul(x, qw)
+    want = x @ qw.dequantize().T  # int16 activations, or two bfloat16 parts, lose less than this
+    got = matmul(x, qw)
     assert got.shape == want.shape and got.flags.c_contiguous
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
@@ -57,30 +62,30 @@ def q4_1(rng, rows: int, in_dim: int) -> np.ndarray:
 
 def test_weights_that_are_exactly_q4_1_are_kept_so_and_nothing_else_is(rng):
     w = q4_1(rng, 21, 96)
-    qw = q8.exact_q4_1(w)
-    assert qw.four_bit and qw.q.shape == (2, 3, 256) and qw.scale.shape == (2, 3, 32) and qw.shape == (21, 96)
-    assert qw.nbytes < q8.quantize(w).nbytes * 0.7  # 6 bits a weight (float32 scale and minimum) to 9
-    np.testing.assert_array_equal(q8.dequantize(qw), w)
-    np.testing.assert_array_equal(q8.dequantize(qw, np.array([20, 0, 5])), w[[20, 0, 5]])
+    qw = pack.exact_q4_1(w)
+    assert isinstance(qw, Q4_1Strips) and qw.q.shape == (2, 3, 256) and qw.factors.shape == (2, 3, 32) and qw.shape == (21, 96)
+    assert qw.nbytes < pack.quantize(w).nbytes * 0.7  # 6 bits a weight (float32 scale and minimum) to 9
+    np.testing.assert_array_equal(qw.dequantize(), w)
+    np.testing.assert_array_equal(qw.dequantize(np.array([20, 0, 5])), w[[20, 0, 5]])
     w[20, 95] += 1e-4  # one value off the grid, in the last strip's last block
-    assert q8.exact_q4_1(w) is None
+    assert pack.exact_q4_1(w) is None
     w = q4_1(rng, 21, 96)
     w[3, 7] += 1e-4
-    assert q8.exact_q4_1(w) is None and q8.exact_q4_1(rng.standard_normal((4, 64), dtype=np.float32)) is None
-    assert q8.compress(w).four_bit is False
+    assert pack.exact_q4_1(w) is None and pack.exact_q4_1(rng.standard_normal((4, 64), dtype=np.float32)) is None
+    assert isinstance(pack.compress(w), Q8_0Strips)
 
 
-@pytest.mark.skipif(not (q8.PMADDWD and q8.AMX), reason="Q4_1 weights are kept only where AVX-512 and AMX run them")
-@pytest.mark.parametrize("tokens", [1, 3, q8.GEMV_ROWS, q8.GEMV_ROWS + 1, 64, 100])
+@pytest.mark.skipif(not (PMADDWD and AMX), reason="Q4_1 weights are kept only where AVX-512 and AMX run them")
+@pytest.mark.parametrize("tokens", [1, 3, GEMV_ROWS, GEMV_ROWS + 1, 64, 100])
 @pytest.mark.parametrize("out_dim, in_dim", [(1, 32), (7, 64), (1030, 576)])
 def test_the_4bit_matmul_is_the_float32_one(rng, tokens, out_dim, in_dim):
     """Q4_1 through the GEMV and the AMX GEMM against the float32 weights they hold exactly."""
     w = q4_1(rng, out_dim, in_dim)
-    qw = q8.compress(w)
-    assert qw.four_bit
+    qw = pack.compress(w)
+    assert isinstance(qw, Q4_1Strips)
     x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
     want = x @ w.T
-    got = q8.matmul(x, qw)
+    got = matmul(x, qw)
     assert got.shape == want.shape and got.flags.c_contiguous
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
@@ -88,9 +93,9 @@ def test_the_4bit_matmul_is_the_float32_one(rng, tokens, out_dim, in_dim):
 def test_the_embedding_reads_dequantized_rows(rng):
     from model.ops import numba_ops
 
-    table = q8.quantize(rng.standard_normal((50, 64), dtype=np.float32))
+    table = pack.quantize(rng.standard_normal((50, 64), dtype=np.float32))
     ids = np.array([3, 3, 49, 0])
-    np.testing.assert_array_equal(numba_ops.embedding(table, ids), q8.dequantize(table)[ids])
+    np.testing.assert_array_equal(numba_ops.embedding(table, ids), table.dequantize()[ids])
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +176,7 @@ def test_the_server_serves_8bit_weights_and_says_how_big_they_are():
     line = next(line for line in server.log_path.read_text().splitlines() if "backend cpu" in line)
     mib = float(line.split("weights ")[1].split(" MiB")[0])
     # the GGUF's Q4_1 projections kept where AVX-512 and AMX run them (106 MiB), else Q8_0 (144); float32 is 513
-    low, high = (100, 110) if q8.PMADDWD and q8.AMX else (130, 160)
+    low, high = (100, 110) if PMADDWD and AMX else (130, 160)
     assert "(q8_0" in line and low < mib < high, line
 
 
@@ -184,12 +189,11 @@ def test_8bit_weights_are_for_the_cpu_backend_only():
 def test_the_portable_kernels_match_too(rng, out_dim):
     """The float32 GEMV and the float32 slabs for OpenBLAS, which machines without AVX-512 or
     AMX run (this one may run the others)."""
-    qw = q8.quantize(rng.standard_normal((out_dim, 96), dtype=np.float32))
+    qw = pack.quantize(rng.standard_normal((out_dim, 96), dtype=np.float32))
     x = rng.standard_normal((3, 96), dtype=np.float32)
-    out = np.empty((3, qw.q.shape[0] * q8.STRIP), dtype=np.float32)
-    q8._gemv(x, qw.q, qw.scale, out)
-    want = x @ q8.dequantize(qw).T
+    out = float_gemv(x, qw)
+    want = x @ qw.dequantize().T
     np.testing.assert_allclose(out[:, :out_dim], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     x = rng.standard_normal((40, 96), dtype=np.float32)
-    want = x @ q8.dequantize(qw).T
-    np.testing.assert_allclose(q8._blas_matmul(x, qw)[:, :out_dim], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    want = x @ qw.dequantize().T
+    np.testing.assert_allclose(blas_matmul(x, qw)[:, :out_dim], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -1,4 +1,4 @@
-"""What the CPU kernels' hand-written LLVM (the numba intrinsics of model/ops/q8.py and
+"""What the CPU kernels' hand-written LLVM (the numba intrinsics of model/quant/ and
 model/ops/numba_ops.py) shares: where an array's data and elements are, its shape, and one value
 in every lane of a vector."""
 

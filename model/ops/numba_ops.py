@@ -1,6 +1,6 @@
 """The fast CPU backend: numba kernels for the ops that hold a step's time; NumPy (numpy_ops,
 the oracle) for everything else, and for float32 GEMMs, which OpenBLAS does best; 8-bit weights
-multiply in model/ops/q8.py.
+multiply in model/quant/.
 
 Kernels compile once per machine (`cache=True`, into numba's cache beside this file or under
 NUMBA_CACHE_DIR) and run on all cores through `prange`. What each replaces, and why:
@@ -34,7 +34,6 @@ from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
 from model.ops import numpy_ops
-from model.ops import q8
 from model.ops.llvm_ir import byte_address, element, splat
 from model.ops.numpy_ops import _scratch
 from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, as numpy_ops has it)
@@ -47,6 +46,9 @@ from model.ops.numpy_ops import (  # noqa: F401  (the rest of the ops surface, a
     xp,
     zeros,
 )
+from model.quant import pack
+from model.quant.matmul import matmul
+from model.quant.strips import Strips
 from model.sampling import seeded_uniform
 
 name = "numba"
@@ -64,11 +66,11 @@ HALF = np.dtype(np.uint16)
 
 def with_q8_weights() -> types.SimpleNamespace:
     """These ops, with every 2-D weight whose rows split into blocks of 32 kept in Q8_0
-    (model/ops/q8.py): the projections, the embedding and the LM head; Q4_1 instead where a
+    (model/quant/): the projections, the embedding and the LM head; Q4_1 instead where a
     weight is exactly that (a GGUF's Q4_1 tensors); and K/V in float16. (--dtype float32 keeps
     float32 K/V too: the exact path.)"""
     ops = types.SimpleNamespace(**{op: globals()[op] for op in SURFACE})
-    ops.weight = lambda w: q8.compress(w) if q8.quantizable(w) else weight(w)
+    ops.weight = lambda w: pack.compress(w) if pack.quantizable(w) else weight(w)
     ops.storage_dtype = HALF
     return ops
 
@@ -82,15 +84,15 @@ def _blocks_as_float32(cache: np.ndarray, blocks: np.ndarray) -> np.ndarray:
 
 
 def embedding(table, token_ids: np.ndarray) -> np.ndarray:
-    if isinstance(table, q8.Q8Weight):
-        return q8.dequantize(table, token_ids)
+    if isinstance(table, Strips):
+        return table.dequantize(token_ids)
     return table[token_ids]
 
 
 def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
-    if not isinstance(w, q8.Q8Weight):
+    if not isinstance(w, Strips):
         return numpy_ops.linear(x, w, bias)
-    out = q8.matmul(x, w)
+    out = matmul(x, w)
     if bias is not None:
         out += bias
     return out
@@ -475,8 +477,8 @@ def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
 
 def logits(x: np.ndarray, w) -> np.ndarray:
     """The LM head, C-ordered: at 8 rows and up x @ w.T is as fast as numpy_ops' (w @ x.T).T."""
-    if isinstance(w, q8.Q8Weight):
-        return q8.matmul(x, w)
+    if isinstance(w, Strips):
+        return matmul(x, w)
     return x @ w.T if x.shape[0] >= 8 else np.ascontiguousarray(linear(x, w))
 
 

@@ -1,0 +1,330 @@
+"""A GGUF file's metadata, read once and checked into a typed value: the architecture, its
+shapes and rope scaling, the tensors under their Hugging Face names, and the tokenizer's fields.
+
+Supported: architectures llama, qwen2 (q/k/v bias) and qwen3 (q/k norm); tokenizers `gpt2`
+(byte-level BPE) and `llama` (SentencePiece). Anything Spool cannot represent faithfully (other
+architectures, MoE, sliding windows, unknown rope scaling, unknown tensors) raises ModelError
+instead of being dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model.config import ARCHITECTURES, ModelConfig
+from model.errors import ModelError, one_line
+from model.gguf.rope import rope_scaling
+
+# general.architecture -> (HF model_type, HF architectures entry)
+HF_NAMES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+# GGUF per-layer tensor suffix -> Hugging Face per-layer name
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_REQUIRED_LAYER_TENSORS = (
+    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+    "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+)
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+# Tensors llama.cpp writes that carry no weights Hugging Face needs (rope_freqs is read into
+# the rope scaling instead; attn_rot_embd is an old precomputed rotary table).
+_CONSUMED = {"rope_freqs.weight"}
+
+# GGUF token types (gguf.TokenType)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    hf_name: str
+    tensor: Any  # the gguf reader's tensor: name, tensor_type, data (mapped from the file)
+    permute_heads: int  # llama.cpp's rope row order over this many heads, to undo; 0 for none
+    shape: tuple[int, ...]  # Hugging Face's
+
+
+@dataclass(frozen=True)
+class GGUFVocab:
+    kind: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    tokens: tuple[str, ...]
+    types: tuple[int, ...]  # one GGUF token type per token
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None  # for "llama", the first UNKNOWN token where the file names none
+    pad_id: int | None
+    extra_eos_ids: tuple[int, ...]  # end-of-turn and end-of-message tokens
+    add_bos: bool
+    add_eos: bool
+    merges: tuple[tuple[str, str], ...]  # "gpt2" only
+    pre: str  # "gpt2" only: tokenizer.ggml.pre
+    scores: tuple[float, ...]  # "llama" only
+    add_space_prefix: bool  # "llama" only
+    chat_template: str | list[dict] | None  # as tokenizer_config.json holds it
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    architecture: str  # general.architecture
+    config: ModelConfig  # the shape: what ModelConfig.load reads back from the converted config.json
+    tensors: tuple[GGUFTensor, ...]  # in the file's order, each checked against its shape
+    vocab: GGUFVocab
+
+
+def read_gguf(path: Path) -> GGUFModel:
+    """The metadata of the GGUF at path, every part checked; ModelError, in one line, for
+    anything the user can fix."""
+    reader = _open_gguf(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in HF_NAMES:
+        raise ModelError(
+            f"GGUF architecture {arch!r} in {path.name} is not supported"
+            f" (supported: {', '.join(HF_NAMES)}); use a Hugging Face model directory instead"
+        )
+    k = lambda name: f"{arch}.{name}"  # noqa: E731
+
+    if (_field(reader, k("expert_count")) or 0) > 0:
+        raise ModelError(f"{path.name} is a mixture-of-experts model, which Spool does not run; use a dense model")
+    if _field(reader, k("attention.sliding_window")):
+        raise ModelError(
+            f"{path.name} uses sliding-window attention, which this GGUF converter does not support;"
+            " use the Hugging Face model directory instead"
+        )
+
+    hidden = int(_require(reader, k("embedding_length"), path))
+    layers = int(_require(reader, k("block_count"), path))
+    ffn = int(_require(reader, k("feed_forward_length"), path))
+    heads = int(_require(reader, k("attention.head_count"), path))
+    kv_heads = int(_field(reader, k("attention.head_count_kv"), heads))
+    head_dim = int(_field(reader, k("attention.key_length"), hidden // heads))
+    value_dim = int(_field(reader, k("attention.value_length"), head_dim))
+    if value_dim != head_dim:
+        raise ModelError(
+            f"{path.name} has key length {head_dim} but value length {value_dim}, which Spool does not support"
+        )
+    rope_dims = int(_field(reader, k("rope.dimension_count"), head_dim))
+    if rope_dims != head_dim:
+        raise ModelError(
+            f"{path.name} applies rope to {rope_dims} of {head_dim} head dimensions (partial rotary),"
+            " which Spool does not support"
+        )
+    # GGUF stores these as float32: keep their shortest decimal form (1e-05, not 9.99999974e-06).
+    eps = float(str(np.float32(_field(reader, k("attention.layer_norm_rms_epsilon"), 1e-5))))
+    theta = float(str(np.float32(_field(reader, k("rope.freq_base"), 10000.0))))
+    ctx = int(_field(reader, k("context_length"), 2048))
+
+    tensors = {t.name: t for t in reader.tensors}
+    scaling = rope_scaling(lambda name: _field(reader, k(f"rope.{name}")), tensors, head_dim, theta, path)
+    entries = _entries(reader, arch, layers, heads, kv_heads, path)
+    have = {e.tensor.name for e in entries}
+    _check_complete(have, arch, layers, path)
+    biases = {f"blk.{i}.attn_{x}.bias" for i in range(layers) for x in "qkv"}
+    has_bias = any(n in have for n in biases)
+    if has_bias and not biases <= have:
+        raise ModelError(f"{path.name} has q/k/v biases on some layers only; the file is inconsistent")
+
+    vocab = int(tensors["token_embd.weight"].shape[1])
+    shapes = _hf_shapes(vocab, hidden, ffn, heads, kv_heads, head_dim)
+    for e in entries:
+        want = shapes.get(e.hf_name) or shapes[e.hf_name.split(".", 3)[3]]
+        if e.shape != want:
+            raise ModelError(
+                f"tensor {e.tensor.name} in {path.name} has shape {e.shape}, but the metadata implies {want};"
+                " the file is inconsistent"
+            )
+    v = _read_vocab(reader, path)
+    model_type, hf_arch = HF_NAMES[arch]
+    config = ModelConfig(
+        model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=eps, rope_theta=theta,
+        rope_scaling=scaling, max_position_embeddings=ctx, tie_word_embeddings="output.weight" not in tensors,
+        attention_bias=has_bias, qk_norm=ARCHITECTURES[model_type][1],
+        eos_token_ids=() if v.eos_id is None else (v.eos_id,), bos_token_id=v.bos_id, torch_dtype="float16",
+        architectures=(hf_arch,),
+    )
+    return GGUFModel(architecture=arch, config=config, tensors=tuple(entries), vocab=v)
+
+
+def _open_gguf(path: Path):
+    import gguf
+
+    if not path.is_file():
+        raise ModelError(f"GGUF file {path} does not exist; pass --model with an existing .gguf file")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:  # gguf raises ValueError, IndexError, KeyError... on bad files
+        raise ModelError(
+            f"{path} is not a readable GGUF file ({one_line(exc)});"
+            " it may be truncated or not a GGUF: re-download it"
+        ) from None
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    f = reader.get_field(key)
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except Exception as exc:
+        raise ModelError(f"GGUF metadata {key} is unreadable ({one_line(exc)}); re-download the file") from None
+
+
+def _require(reader, key: str, path: Path) -> Any:
+    value = _field(reader, key)
+    if value is None:
+        raise ModelError(f"{path} lacks the GGUF metadata key {key}; it is not a complete Llama-family GGUF")
+    return value
+
+
+def _entries(reader, arch: str, layers: int, heads: int, kv_heads: int, path: Path) -> list[GGUFTensor]:
+    """Every tensor under its Hugging Face name; an unknown one means a model Spool would get wrong."""
+    entries = []
+    for t in reader.tensors:
+        name = t.name
+        if name in _CONSUMED or name.endswith(".attn_rot_embd"):
+            continue
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if name in _GLOBAL_TENSORS:
+            entries.append(GGUFTensor(_GLOBAL_TENSORS[name], t, 0, shape))
+            continue
+        parts = name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSORS:
+            i = int(parts[1])
+            if i >= layers:
+                raise ModelError(f"{path.name} has tensor {name} beyond its {layers} layers; the file is inconsistent")
+            permute = 0
+            if arch == "llama" and parts[2].startswith(("attn_q.", "attn_k.")):
+                permute = heads if parts[2].startswith("attn_q.") else kv_heads
+            entries.append(GGUFTensor(f"model.layers.{i}.{_LAYER_TENSORS[parts[2]]}", t, permute, shape))
+            continue
+        raise ModelError(
+            f"{path.name} has tensor {name!r}, which this converter does not know how to map;"
+            " use the Hugging Face model directory instead"
+        )
+    return entries
+
+
+def _check_complete(have: set[str], arch: str, layers: int, path: Path) -> None:
+    missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in have]
+    missing += [f"blk.{i}.{s}" for i in range(layers) for s in _REQUIRED_LAYER_TENSORS if f"blk.{i}.{s}" not in have]
+    if arch == "qwen2":
+        missing += [f"blk.{i}.attn_{x}.bias" for i in range(layers) for x in "qkv" if f"blk.{i}.attn_{x}.bias" not in have]
+    if arch == "qwen3":
+        missing += [f"blk.{i}.attn_{x}_norm.weight" for i in range(layers) for x in "qk"
+                    if f"blk.{i}.attn_{x}_norm.weight" not in have]
+    if missing:
+        raise ModelError(
+            f"{path.name} lacks tensor {missing[0]} ({len(missing)} missing in all); the file is incomplete"
+        )
+
+
+def _hf_shapes(vocab: int, hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int) -> dict:
+    """Hugging Face's shapes: by full name for the global tensors, by per-layer name otherwise."""
+    return {
+        "model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
+        "lm_head.weight": (vocab, hidden),
+        "input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (heads * head_dim, hidden),
+        "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+        "self_attn.q_proj.bias": (heads * head_dim,), "self_attn.k_proj.bias": (kv_heads * head_dim,),
+        "self_attn.v_proj.bias": (kv_heads * head_dim,),
+        "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,),
+        "mlp.gate_proj.weight": (ffn, hidden), "mlp.up_proj.weight": (ffn, hidden),
+        "mlp.down_proj.weight": (hidden, ffn),
+    }
+
+
+def _read_vocab(reader, path: Path) -> GGUFVocab:
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind is None:
+        raise ModelError(f"{path.name} has no tokenizer (tokenizer.ggml.model); use a GGUF that embeds one")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    if not tokens:
+        raise ModelError(f"{path.name} has no token list (tokenizer.ggml.tokens); use a GGUF that embeds one")
+    n = len(tokens)
+    types = _field(reader, "tokenizer.ggml.token_type") or [NORMAL] * n
+    if len(types) != n:
+        raise ModelError(f"{path.name} has {n} tokens but {len(types)} token types; the file is inconsistent")
+
+    def tok_id(key):
+        v = _field(reader, key)
+        if v is None:
+            return None
+        v = int(v)
+        if not 0 <= v < n:
+            raise ModelError(f"{path.name}: {key} = {v} is outside the vocabulary of {n}; the file is inconsistent")
+        return v
+
+    bos_id = tok_id("tokenizer.ggml.bos_token_id")
+    eos_id = tok_id("tokenizer.ggml.eos_token_id")
+    unk_id = tok_id("tokenizer.ggml.unknown_token_id")
+    pad_id = tok_id("tokenizer.ggml.padding_token_id")
+    extra_eos = [i for i in (tok_id("tokenizer.ggml.eot_token_id"), tok_id("tokenizer.ggml.eom_token_id")) if i is not None]
+    add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", kind == "llama"))
+    add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token", False))
+
+    merges, pre, scores, prefix = [], "", [], True
+    if kind == "gpt2":
+        merges_raw = _field(reader, "tokenizer.ggml.merges")
+        if not merges_raw:
+            raise ModelError(f"{path.name} has a BPE tokenizer without merges; the file is incomplete")
+        for m in merges_raw:
+            left, sep, right = m.partition(" ")
+            if not sep:
+                raise ModelError(f"{path.name} has a malformed BPE merge {m!r}; the file is inconsistent")
+            merges.append((left, right))
+        pre = _field(reader, "tokenizer.ggml.pre", "default")
+    elif kind == "llama":
+        scores = _field(reader, "tokenizer.ggml.scores")
+        if not scores or len(scores) != n:
+            raise ModelError(f"{path.name} has a SentencePiece tokenizer without one score per token; the file is inconsistent")
+        if unk_id is None:
+            unk_id = next((i for i, ty in enumerate(types) if ty == UNKNOWN), None)
+        prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
+    else:
+        raise ModelError(
+            f"{path.name} uses the tokenizer type {kind!r}, which this converter does not support"
+            " (supported: gpt2, llama); use the Hugging Face model directory instead"
+        )
+
+    template = _field(reader, "tokenizer.chat_template")
+    named = _field(reader, "tokenizer.chat_templates") or []
+    if named:
+        chat_template = [{"name": "default", "template": template}] if template else []
+        for name in named:
+            t = _field(reader, f"tokenizer.chat_template.{name}")
+            if t:
+                chat_template.append({"name": name, "template": t})
+    else:
+        chat_template = template or None
+    return GGUFVocab(
+        kind=kind, tokens=tuple(tokens), types=tuple(types), bos_id=bos_id, eos_id=eos_id, unk_id=unk_id,
+        pad_id=pad_id, extra_eos_ids=tuple(extra_eos), add_bos=add_bos, add_eos=add_eos, merges=tuple(merges),
+        pre=pre, scores=tuple(scores), add_space_prefix=prefix, chat_template=chat_template,
+    )
