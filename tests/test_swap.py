@@ -60,6 +60,6 @@ def test_the_scheduler_spilling_to_the_pool_generates_what_recompute_does(tiny_d
         h.run()
         results.append(([h.tokens(r) for r in rids], h, runner))
     (recomputed, h0, _), (spilled, h, runner) = results
-    assert h0.s.stats.preemptions > 0 and h.s.stats.preemptions > 0
+    assert h0.stats.preemptions > 0 and h.stats.preemptions > 0
     assert spilled == recomputed
-    assert spills and len(runner.swap.free) == 12 and h.s.swap_used == 0  # spilled, and every slot free again
+    assert spills and len(runner.swap.free) == 12 and h.planner.swap_used == 0  # spilled, and every slot free again
