@@ -59,7 +59,7 @@ class Harness:
         except AssertionError:  # the fake runner caught a wrong block table: a test failure
             raise
         except Exception as e:
-            self.engine.fail(plan, str(e))
+            self.planner.fail(plan, str(e))
 
     def land(self, plan, launched) -> None:
         self.engine.apply(plan, self.runner.collect(launched))

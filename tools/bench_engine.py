@@ -275,7 +275,7 @@ def main() -> None:
     timed_runner = TimedRunner(runner, events, clock)
     config = EngineConfig(max_model_len=max_model_len, max_seqs=max_seqs,
                           prefill_chunk=args.prefill_chunk, max_batched_tokens=max_batched,
-                          max_queue=max(n, PlannerConfig.max_queue),
+                          max_queue=max(n, EngineConfig.max_queue),
                           prefix_caching=args.prefix_caching == "on", decode_log_interval=0)
     warmup = make_prompts(tokenizer, 2, min(args.input_len, 32), seed=args.seed + 1)
     prompts = make_prompts(tokenizer, n, args.input_len, seed=args.seed)

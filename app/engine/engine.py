@@ -46,6 +46,7 @@ CHANNEL_FRAMES = 4096  # frames waiting unread: a client this far behind is trea
 
 @dataclass
 class EngineConfig(PlannerConfig):
+    max_queue: int = 1024  # requests waiting; submit refuses more (Overloaded)
     prefix_caching: bool = True
     decode_log_interval: int = 40  # steps between Decode status lines; 0: none
 
@@ -141,7 +142,7 @@ class Engine:
         and spills copied through the runner, failures reported back to the planner. None:
         only preemption would make room while a step runs (wait for it, then plan again)."""
         start = self.planner.start_tick()
-        self.close(start.retired)
+        self._close(start.retired)
         for reload in start.reloads:
             self._reload(reload)
         schedule = self.planner.schedule()
@@ -176,15 +177,12 @@ class Engine:
         for request in self.outputs.send_deltas(self.planner.decoding):
             self.planner.finish(request, "cancelled")
 
-    def fail(self, plan: StepPlan, message: str) -> None:
-        self.planner.fail(plan, message)
-
     def retire(self) -> None:
         """The requests that finished: blocks freed, host copies and sampler state dropped,
         final frames sent."""
-        self.close(self.planner.retire())
+        self._close(self.planner.retire())
 
-    def close(self, retired: list[Request]) -> None:
+    def _close(self, retired: list[Request]) -> None:
         now = time.monotonic()
         for request in retired:
             if request.spilled is not None:
@@ -255,7 +253,7 @@ class Engine:
     def _failed(self, plan, error: Exception) -> None:
         """The runner failed: those rows end, the engine serves on."""
         log.error("forward step failed", exc_info=error)
-        self.fail(plan, f"the model step failed: {type(error).__name__}: {error}")
+        self.planner.fail(plan, f"the model step failed: {type(error).__name__}: {error}")
 
     def _report_admitted(self):
         admitted = self.planner.admitted

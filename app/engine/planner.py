@@ -38,7 +38,6 @@ class PlannerConfig:
     max_seqs: int = 64
     max_batched_tokens: int = 1024  # per step: decode rows plus prefill tokens
     prefill_chunk: int = 256
-    max_queue: int = 1024
     swap_blocks: int = 0  # host spill pool, in blocks; 0 means preempt by recompute
     immunity_tokens: int = 16  # a resumed request is not preempted again for this many tokens
 
