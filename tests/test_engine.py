@@ -1,4 +1,5 @@
-"""The Trio engine around the scheduler: channels, the abort inbox, failures, drain."""
+"""The Trio engine around the planner and output processor: channels, the abort inbox, failures,
+drain."""
 
 import pytest
 import trio

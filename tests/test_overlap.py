@@ -1,8 +1,8 @@
 """The engine's overlapped step loop, on a fake device runner: launch() queues a step and returns,
 collect() waits for the "device". The loop must launch step N+1 before it waits for step N, and
-keep the scheduler's semantics: every request gets the tokens it gets alone, stops one step late
+keep the planner's semantics: every request gets the tokens it gets alone, stops one step late
 send nothing past the stop, aborts and failures end the right requests, and no block is lost.
-(The scheduler's invariants under random interleavings run in this mode too, in
+(The planner's invariants under random interleavings run in this mode too, in
 test_scheduler_properties.py; the same loop on the CUDA kernels is in test_cuda_graphs.py.)"""
 
 import time
