@@ -38,7 +38,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 from app.engine.block_pool import BlockPool
 from app.engine.errors import EngineError
 from app.engine.planner import Planner, PlannerConfig
-from app.engine.request import GenerationParams, Request, State
+from app.engine.request import GenerationParams, Request
 from app.engine.stats import Stats
 from app.engine.validation import validate
 from engine_harness import check_planner
