@@ -131,7 +131,7 @@ def test_the_scheduler_on_graphs_generates_what_it_does_eagerly(tiny_dir, backen
         results.append(([h.tokens(r) for r in rids], [[lp for f in h.frames[r] for lp in f.logprobs or []]
                                                         for r in rids], h, runner))
     (tokens, logprobs, h, runner), (want_tokens, want_logprobs, _, _) = results
-    assert h.s.stats.preemptions > 0
+    assert h.stats.preemptions > 0
     assert tokens == want_tokens
     for got, want in zip(logprobs, want_logprobs):
         np.testing.assert_allclose([lp for _, lp, _ in got], [lp for _, lp, _ in want], atol=1e-4)

@@ -1,4 +1,5 @@
-"""The Trio engine around the scheduler: channels, the abort inbox, failures, drain."""
+"""The Trio engine around the planner and output processor: channels, the abort inbox, failures,
+drain."""
 
 import pytest
 import trio
@@ -115,7 +116,7 @@ async def test_a_client_that_stops_reading_is_aborted(tok, monkeypatch):
         with trio.fail_after(5):
             while engine.status()["num_requests_running"] or engine.status()["num_requests_waiting"]:
                 await trio.sleep(0.01)
-        assert engine.scheduler.stats.finished["cancelled"] == 1
+        assert engine.stats.finished["cancelled"] == 1
         frames = await collect(recv)  # the reader that comes back still gets its final frame
         assert len(frames) == 4 and frames[-1].finish_reason == "cancelled"
         assert engine.status()["kv_blocks_used"] == 0

@@ -1,5 +1,6 @@
-"""The scheduler driving the tiny real model: greedy outputs do not depend on how the work was
-scheduled (prefix cache, preemption by spill or recompute, prefill chunk size)."""
+"""The engine's planner and output processor driving the tiny real model: greedy outputs do not
+depend on how the work was scheduled (prefix cache, preemption by spill or recompute, prefill
+chunk size)."""
 
 import pytest
 
@@ -44,14 +45,14 @@ def baseline(setup):
 
 def test_prefix_cache_changes_nothing(setup, baseline):
     tokens, texts, h = generate(setup, prefix_caching=True, max_seqs=1, prefill_chunk=64)
-    assert h.s.stats.prefix_cache_hits > 0  # the two "capital" prompts share full blocks
+    assert h.stats.prefix_cache_hits > 0  # the two "capital" prompts share full blocks
     assert tokens == baseline[0] and texts == baseline[1]
 
 
 @pytest.mark.parametrize("swap_blocks", [0, 64], ids=["recompute", "spill"])
 def test_preemption_changes_nothing(setup, baseline, swap_blocks):
     tokens, texts, h = generate(setup, num_blocks=24, swap_blocks=swap_blocks, prefill_chunk=64, immunity_tokens=2)
-    assert h.s.stats.preemptions > 0
+    assert h.stats.preemptions > 0
     assert tokens == baseline[0] and texts == baseline[1]
 
 
@@ -100,15 +101,15 @@ def test_masks_are_computed_while_the_forward_pass_runs(setup):
             return super().logits(plan)
 
     h = Harness(Runner.from_dir(path, num_blocks=128, block_size=4), tok)
-    mask_now = h.s.mask_now
+    mask_now = h.outputs.mask_now
 
     def mask_after_forward_started(request):
         assert forward_started.wait(timeout=30), "the mask was wanted before the forward pass began"
         return mask_now(request)
 
-    h.s.mask_now = mask_after_forward_started
+    h.outputs.mask_now = mask_after_forward_started
     rid = h.submit(prompts[0], max_tokens=6, grammar=llguidance.LLMatcher.grammar_from_regex("[a-z]+"))
-    while h.s.has_work:
+    while h.planner.has_work:
         forward_started.clear()
         h.tick()
     assert len(h.tokens(rid)) >= 1 and h.text(rid).isalpha()

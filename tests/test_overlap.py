@@ -1,8 +1,8 @@
 """The engine's overlapped step loop, on a fake device runner: launch() queues a step and returns,
 collect() waits for the "device". The loop must launch step N+1 before it waits for step N, and
-keep the scheduler's semantics: every request gets the tokens it gets alone, stops one step late
+keep the planner's semantics: every request gets the tokens it gets alone, stops one step late
 send nothing past the stop, aborts and failures end the right requests, and no block is lost.
-(The scheduler's invariants under random interleavings run in this mode too, in
+(The planner's invariants under random interleavings run in this mode too, in
 test_scheduler_properties.py; the same loop on the CUDA kernels is in test_cuda_graphs.py.)"""
 
 import time
@@ -78,7 +78,7 @@ async def test_the_next_step_is_launched_before_the_last_one_is_awaited(tok):
                      for i, (event, k) in enumerate(order[:-1]))  # launch N+1, then collect N
     assert overlapped >= 18, order  # in steady decode, every step
     assert runner.ahead_rows >= 4 * 17
-    assert engine.status()["kv_blocks_used"] == 0 and not engine.scheduler.in_flight
+    assert engine.status()["kv_blocks_used"] == 0 and not engine.planner.in_flight
 
 
 async def test_a_stop_found_one_step_late_sends_nothing_past_it(tok):
@@ -113,7 +113,7 @@ async def test_an_abort_while_steps_are_in_flight_cancels_and_frees(tok):
             :len(tokens(frames))]
         rest = await collect(other_recv)
         assert tokens(rest) == runner.expected(prompt(6, 2), 30)
-        while engine.scheduler.requests or engine.scheduler.in_flight:
+        while engine.planner.requests or engine.planner.in_flight:
             await trio.sleep(0.01)
         assert engine.status()["kv_blocks_used"] == 0
         nursery.cancel_scope.cancel()
@@ -127,7 +127,7 @@ async def test_a_step_that_fails_on_the_device_ends_its_rows_and_the_engine_serv
     assert all(f[-1].finish_reason == "error" and "the device step failed" in f[-1].error for f in results)
     (frames,) = await run_all(engine, [(prompt(8, 9), GenerationParams(GREEDY, max_tokens=6))])
     assert tokens(frames) == runner.expected(prompt(8, 9), 6)
-    assert engine.status()["kv_blocks_used"] == 0 and not engine.scheduler.in_flight
+    assert engine.status()["kv_blocks_used"] == 0 and not engine.planner.in_flight
 
 
 async def test_a_row_that_needs_its_last_token_on_the_host_waits_a_step(tok):

@@ -1,9 +1,10 @@
-"""The scheduler with a fake runner: admission, blocks, aborts, preemption, stops, failures."""
+"""The engine's planner and output processor with a fake runner: admission, blocks, aborts,
+preemption, stops, failures."""
 
 import pytest
 
 from app.engine.request import State
-from app.engine.scheduler import EngineError
+from app.engine.errors import EngineError
 from engine_harness import Harness
 from fake_runner import FakeRunner
 from model.tokenizer import Tokenizer
@@ -41,10 +42,10 @@ def test_fifo_is_never_skipped(tok):
     big = h.submit(prompt(20, 1), max_tokens=2)  # needs 5: must wait for `first`
     small = h.submit(prompt(3, 2), max_tokens=2)  # would fit now, but is behind `big`
     admitted = []
-    while h.s.has_work:
+    while h.planner.has_work:
         h.tick()
         for rid in (first, big, small):
-            request = h.s.requests.get(rid)
+            request = h.planner.requests.get(rid)
             if rid not in admitted and (request is None or request.state is not State.WAITING):
                 admitted.append(rid)
     assert admitted == [first, big, small]
@@ -68,16 +69,16 @@ def test_abort_in_every_state_returns_blocks_and_sends_one_final(tok, state, spi
     waiting = h.submit(prompt(4, 2), max_tokens=30)
     target = {"waiting": waiting, "prefilling": victim, "decoding": older, "preempted": victim}[state]
     for _ in range(200):
-        request = h.s.requests.get(target)
+        request = h.planner.requests.get(target)
         if request is not None and request.state.value == state:
             break
         h.tick()
     else:
         pytest.fail(f"never reached {state}")
-    h.s.abort(target)
+    h.planner.abort(target)
     h.tick()
     assert h.final(target).finish_reason == "cancelled"
-    assert target not in h.s.requests
+    assert target not in h.planner.requests
     h.run()
     assert h.pool.used == 0
     for rid in (older, victim, waiting):
@@ -87,12 +88,12 @@ def test_abort_in_every_state_returns_blocks_and_sends_one_final(tok, state, spi
 
 def test_abort_before_the_request_arrives_is_carried(tok):
     runner, h = make(tok)
-    h.s.abort("early")
+    h.planner.abort("early")
     h.tick()
     rid = h.submit(prompt(8), request_id="early", max_tokens=20)
     h.tick()
     assert h.final(rid).finish_reason == "cancelled" and h.tokens(rid) == []
-    assert "early" not in h.s.aborts
+    assert "early" not in h.planner.aborts
 
 
 def test_an_abort_that_arrives_during_the_step_that_finishes_the_request_is_dropped(tok):
@@ -101,13 +102,13 @@ def test_an_abort_that_arrives_during_the_step_that_finishes_the_request_is_drop
     step = runner.step
 
     def step_and_abort(plan):
-        h.s.abort(rid)  # the client leaves while the forward pass runs
+        h.planner.abort(rid)  # the client leaves while the forward pass runs
         return step(plan)
 
     runner.step = step_and_abort
     h.tick()
     assert h.final(rid).finish_reason == "length"
-    assert rid not in h.s.aborts  # not kept pending forever
+    assert rid not in h.planner.aborts  # not kept pending forever
 
 
 @pytest.mark.parametrize("swap_blocks", [0, 64], ids=["recompute", "spill"])
@@ -116,11 +117,11 @@ def test_preemption_neither_repeats_nor_skips_a_token(tok, swap_blocks):
     prompts = [prompt(6 + i, i) for i in range(5)]
     rids = [h.submit(p, max_tokens=14) for p in prompts]
     h.run()
-    assert h.s.stats.preemptions > 0
+    assert h.stats.preemptions > 0
     for rid, p in zip(rids, prompts):
         assert h.tokens(rid) == runner.expected(p, 14), rid
         assert h.final(rid).finish_reason == "length"
-    assert h.pool.used == 0 and h.s.swap_used == 0
+    assert h.pool.used == 0 and h.planner.swap_used == 0
 
 
 @pytest.mark.parametrize("swap_blocks", [0, 64], ids=["recompute", "spill"])
@@ -130,7 +131,7 @@ def test_a_victim_that_needs_the_whole_pool_resumes_and_finishes(tok, swap_block
     small = h.submit(prompt(3), max_tokens=4)
     big = h.submit(prompt(11, 1), max_tokens=4)  # 14 tokens: fits the 16-slot pool on its own
     h.run()  # at 13 tokens it needs its 4th block while `small` holds one, and preempts itself
-    assert h.s.stats.preemptions == 1
+    assert h.stats.preemptions == 1
     assert h.final(big).finish_reason == "length" and h.tokens(big) == runner.expected(prompt(11, 1), 4)
     assert h.final(small).finish_reason == "length"
 
@@ -243,7 +244,7 @@ def test_prefix_cache_hits_are_confirmed_and_counted(tok):
     h.run()
     assert h.final(b).usage.cached_tokens == 16
     assert h.tokens(b) == runner.expected(shared[:16] + [5], 3)
-    assert h.s.stats.prefix_cache_hits == 16
+    assert h.stats.prefix_cache_hits == 16
     # a forced hash collision is caught by the token comparison
     pool = h.pool
     other = prompt(17, 5)
@@ -263,7 +264,7 @@ def test_flushing_the_prefix_cache_forgets_only_unreferenced_blocks(tok):
     cached = len(pool.evictable)
     assert cached >= 4 and pool.flush() == cached
     assert not pool.evictable and not pool.key_of and not pool.block_of and pool.available == 32
-    pool.check({})
+    pool.assert_consistent({})
     again = h.submit(shared, max_tokens=3)
     h.run()
     assert h.final(again).usage.cached_tokens == 0 and h.tokens(again) == runner.expected(shared, 3)
@@ -316,7 +317,25 @@ def test_a_failed_reload_from_the_spill_pool_falls_back_to_recompute(tok):
     prompts = [prompt(6 + i, i) for i in range(5)]
     rids = [h.submit(p, max_tokens=14) for p in prompts]
     h.run()
-    assert failures and h.s.stats.preemptions > 0
+    assert failures and h.stats.preemptions > 0
     for rid, p in zip(rids, prompts):
         assert h.tokens(rid) == runner.expected(p, 14)
-    assert h.pool.used == 0 and h.s.swap_used == 0
+    assert h.pool.used == 0 and h.planner.swap_used == 0
+
+
+def test_a_failed_spill_falls_back_to_recompute(tok):
+    runner, h = make(tok, num_blocks=16, block_size=4, swap_blocks=64, immunity_tokens=4)
+    failures = []
+
+    def broken_save(block_ids):
+        failures.append(block_ids)
+        raise RuntimeError("no host memory")
+
+    runner.save_blocks = broken_save
+    prompts = [prompt(6 + i, i) for i in range(5)]
+    rids = [h.submit(p, max_tokens=14) for p in prompts]
+    h.run()
+    assert failures and h.stats.preemptions > 0
+    for rid, p in zip(rids, prompts):
+        assert h.tokens(rid) == runner.expected(p, 14)
+    assert h.pool.used == 0 and h.planner.swap_used == 0

@@ -48,7 +48,7 @@ async def test_a_crashed_engine_stops_the_server(tiny_dir):
                 except httpx.HTTPError:
                     pass
                 await trio.sleep(0.05)
-        engine.scheduler.schedule = broken_schedule
+        engine.planner.schedule = broken_schedule
         engine.submit([5, 6, 7], GenerationParams())  # wakes the tick, which now crashes
 
     with pytest.raises(BaseException) as raised, trio.fail_after(30):

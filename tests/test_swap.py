@@ -1,6 +1,6 @@
 """The GPU's spill pool (model/swap.py) on the CPU harness, whose copies are synchronous stand-ins
 for the side stream's: blocks go out to slots and come back bit for bit under other ids, slots
-are reused once free, and the scheduler spilling through it gives the tokens of a run that
+are reused once free, and the engine spilling through it gives the tokens of a run that
 recomputes instead."""
 
 import numpy as np
@@ -43,7 +43,7 @@ def test_spilled_blocks_come_back_bit_for_bit_under_other_ids(tiny_dir):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_scheduler_spilling_to_the_pool_generates_what_recompute_does(tiny_dir, backend):
+def test_the_engine_spilling_to_the_pool_generates_what_recompute_does(tiny_dir, backend):
     tok = Tokenizer(tiny_dir)
     rng = np.random.default_rng(6)
     prompts = [rng.integers(3, 390, n).tolist() for n in (9, 23, 5, 14)]
@@ -60,6 +60,6 @@ def test_the_scheduler_spilling_to_the_pool_generates_what_recompute_does(tiny_d
         h.run()
         results.append(([h.tokens(r) for r in rids], h, runner))
     (recomputed, h0, _), (spilled, h, runner) = results
-    assert h0.s.stats.preemptions > 0 and h.s.stats.preemptions > 0
+    assert h0.stats.preemptions > 0 and h.stats.preemptions > 0
     assert spilled == recomputed
-    assert spills and len(runner.swap.free) == 12 and h.s.swap_used == 0  # spilled, and every slot free again
+    assert spills and len(runner.swap.free) == 12 and h.planner.swap_used == 0  # spilled, and every slot free again

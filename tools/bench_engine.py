@@ -1,4 +1,4 @@
-"""Offline throughput of the Engine (scheduler + Trio tick + model): N requests with distinct
+"""Offline throughput of the Engine (planner + Trio tick + model): N requests with distinct
 random prompts, all submitted at t=0, greedy, ignore_eos, max_tokens=--output-len.
 
     python tools/bench_engine.py [--model DIR|FILE.gguf | --shape llama3-8b]
@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import trio  # noqa: E402
 
 from app.engine import Engine, EngineConfig, GenerationParams  # noqa: E402
-from app.engine.scheduler import SchedulerConfig  # noqa: E402
+from app.engine.planner import PlannerConfig  # noqa: E402
 from bench_model import blas_info  # noqa: E402
 from model.backend import BACKENDS, DTYPES, resolve  # noqa: E402
 from model.config import ModelConfig  # noqa: E402
@@ -132,8 +132,8 @@ class TimedRunner:
 
 
 def timed(events, kind, fn, active, cpu_clock=False):
-    """Time a scheduler method, unless it is called from inside another timed one (schedule()
-    calls flush()); with cpu_clock, also note the event-loop thread's CPU clock (a syscall,
+    """Time an engine method, unless it is called from inside another timed one (next_step()
+    closes what it retires); with cpu_clock, also note the event-loop thread's CPU clock (a syscall,
     about 0.5 us) at its start."""
     def wrapper(*args, **kwargs):
         if active:
@@ -180,7 +180,7 @@ async def run_requests(engine, prompts, output_len):
 
 def analyse(events, t_end, clock=None):
     """One window per step, from its launch's start to the next one's (the last ends at t_end),
-    with the launch and collect time, and the schedule/apply/flush time that fell inside it; with
+    with the launch and collect time, and the schedule/apply/retire time that fell inside it; with
     a device clock, the step's device time and the device's idle time before the next step."""
     steps = [e for e in events if e[0] == "step"]
     other = sorted((e for e in events if e[0] != "step"), key=lambda e: e[1])
@@ -191,7 +191,7 @@ def analyse(events, t_end, clock=None):
     for i, (_, s0, s1, rows, decode, begin, end_mark) in enumerate(steps):
         end = steps[i + 1][1] if i + 1 < len(steps) else t_end
         w = {"period": end - s0, "forward": s1 - s0, "rows": rows, "decode": decode,
-             "schedule": 0.0, "apply": 0.0, "flush": 0.0, "collect": 0.0}
+             "schedule": 0.0, "apply": 0.0, "retire": 0.0, "collect": 0.0}
         if clock is not None:
             w["device"] = clock.ms(begin, end_mark) / 1000
             w["idle"] = max(0.0, clock.ms(end_mark, steps[i + 1][5]) / 1000) if i + 1 < len(steps) else None
@@ -239,9 +239,9 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--max-seqs", type=int, default=None, help="default: --requests")
-    parser.add_argument("--prefill-chunk", type=int, default=SchedulerConfig.prefill_chunk)
+    parser.add_argument("--prefill-chunk", type=int, default=PlannerConfig.prefill_chunk)
     parser.add_argument("--max-batched-tokens", type=int, default=None,
-                        help=f"default: the engine's ({SchedulerConfig.max_batched_tokens}), or max-seqs if larger")
+                        help=f"default: the engine's ({PlannerConfig.max_batched_tokens}), or max-seqs if larger")
     parser.add_argument("--kv-blocks", type=int, default=None, help="default: enough for every request at once")
     parser.add_argument("--prefix-caching", choices=("on", "off"), default="on")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
@@ -250,7 +250,7 @@ def main() -> None:
     args = parser.parse_args()
     n = args.requests
     max_seqs = args.max_seqs or n
-    max_batched = args.max_batched_tokens or max(SchedulerConfig.max_batched_tokens, max_seqs)
+    max_batched = args.max_batched_tokens or max(PlannerConfig.max_batched_tokens, max_seqs)
 
     model_dir = write_model_dir(tempfile.mkdtemp(), args.shape) if args.shape else resolve_model(args.model)
     tokenizer = Tokenizer(model_dir)
@@ -275,7 +275,7 @@ def main() -> None:
     timed_runner = TimedRunner(runner, events, clock)
     config = EngineConfig(max_model_len=max_model_len, max_seqs=max_seqs,
                           prefill_chunk=args.prefill_chunk, max_batched_tokens=max_batched,
-                          max_queue=max(n, SchedulerConfig.max_queue),
+                          max_queue=max(n, EngineConfig.max_queue),
                           prefix_caching=args.prefix_caching == "on", decode_log_interval=0)
     warmup = make_prompts(tokenizer, 2, min(args.input_len, 32), seed=args.seed + 1)
     prompts = make_prompts(tokenizer, n, args.input_len, seed=args.seed)
@@ -283,10 +283,9 @@ def main() -> None:
 
     async def bench():
         engine = Engine(timed_runner, tokenizer, config)
-        s = engine.scheduler
         active = []
-        for name in ("schedule", "apply", "flush"):
-            setattr(s, name, timed(events, name, getattr(s, name), active, cpu_clock=name == "schedule"))
+        for kind, name in (("schedule", "next_step"), ("apply", "apply"), ("retire", "retire")):
+            setattr(engine, name, timed(events, kind, getattr(engine, name), active, cpu_clock=kind == "schedule"))
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)
             await run_requests(engine, warmup, 4)  # code paths and BLAS threads warm
@@ -321,8 +320,8 @@ def main() -> None:
           f" engine overhead {100 * (wall - forward) / wall:.1f}% of wall ({wall - forward:.3f} s)")
 
     labels = ["steps", "ms per step", "launch ms (the CPU's forward; a GPU's queueing)", "collect ms (waiting for ids)",
-              "overhead ms (step time outside launch and collect)", "overhead share", "of it: schedule() ms",
-              "of it: apply() ms", "of it: flush() ms", "of it: other ms (thread hop, client tasks, Trio)",
+              "overhead ms (step time outside launch and collect)", "overhead share", "of it: next_step() ms",
+              "of it: apply() ms", "of it: retire() ms", "of it: other ms (thread hop, client tasks, Trio)",
               "event-loop thread CPU ms (also what overlaps the forward)", "output tok/s"]
 
     def column(ws, period=None, cpu=None):
@@ -332,7 +331,7 @@ def main() -> None:
         period = period if period is not None else sum(w["period"] for w in ws)
         launch, wait = sum(w["forward"] for w in ws), sum(w["collect"] for w in ws)
         over = period - launch - wait
-        sched, app, fl = (sum(w[k] for w in ws) for k in ("schedule", "apply", "flush"))
+        sched, app, fl = (sum(w[k] for w in ws) for k in ("schedule", "apply", "retire"))
         if cpu is None:
             known = [w["loop_cpu"] for w in ws if w["loop_cpu"] is not None]
             cpu = sum(known) / len(known) * count if known else math.nan

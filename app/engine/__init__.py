@@ -1,8 +1,9 @@
-"""The scheduler and its Trio engine: app.server talks to Engine, Engine drives model's runner."""
+"""The engine: app.server talks to Engine, which drives the planner, the output processor and
+model's runner."""
 
-from app.engine.engine import Draining, Engine, EngineConfig
+from app.engine.engine import Engine, EngineConfig
+from app.engine.errors import Draining, EngineError, Overloaded
 from app.engine.request import Frame, GenerationParams, ThinkingBudget, Usage
-from app.engine.scheduler import EngineError, Overloaded
 
 __all__ = ["Draining", "Engine", "EngineConfig", "EngineError", "Frame", "GenerationParams", "Overloaded",
            "ThinkingBudget", "Usage"]

@@ -28,6 +28,9 @@ class BlockPool:
         """Blocks a request could get now: free ones plus evictable cached ones."""
         return len(self.free) + len(self.evictable)
 
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
     @property
     def used(self) -> int:
         return self.num_blocks - self.available
@@ -118,7 +121,7 @@ class BlockPool:
         if self.block_of.get(h) == block:
             del self.block_of[h]
 
-    def check(self, held: dict[int, int]) -> None:
+    def assert_consistent(self, held: dict[int, int]) -> None:
         """Invariants, for tests: held maps block -> how many live requests hold it."""
         for block in range(self.num_blocks):
             assert self.refs[block] == held.get(block, 0), (block, self.refs[block], held.get(block, 0))

@@ -1,5 +1,5 @@
-"""The Trio engine: a tick loop that owns the scheduler; each request has its own memory channel
-of Frames.
+"""The Trio engine: a tick loop over the planner, the output processor and the runner; each
+request has its own memory channel of Frames.
 
 The tick never awaits a client: frames go out with send_nowait, and a full or closed channel
 aborts that request. The forward pass runs in a worker thread, so streams keep flowing.
@@ -7,12 +7,15 @@ aborts that request. The forward pass runs in a worker thread, so streams keep f
 A runner whose steps run on a device (`runner.overlaps`, the CUDA runner) gets the overlapped
 loop: step N+1 is planned and launched before step N's sampled ids are awaited and applied, so
 the device runs N+1 while the host applies N, sends its frames and plans N+2. What a plan may
-see one step late is in scheduler.py's docstring. On the CPU the step is the host's own work,
+see one step late is in planner.py's docstring. On the CPU the step is the host's own work,
 and nothing would overlap: there the loop waits for each step before planning the next.
 
-submit() and abort() are synchronous and put their request or id straight into the scheduler's
+The planner decides which blocks move (reloads, spills) and the engine moves them through the
+runner before it launches the step, so a spill reads its blocks before any step reuses them.
+
+submit() and abort() are synchronous and put their request or id straight into the planner's
 waiting queue or pending-abort set. That is safe because Trio runs every task on one thread and
-the tick touches the scheduler only between its awaits; the set is applied at the next step
+the tick touches the planner only between its awaits; the set is applied at the next step
 boundary. (A channel in between would add a race: a value handed to a task already waiting on
 the channel cannot be drained by the tick, so a step could run before an abort sent earlier.)
 """
@@ -20,26 +23,30 @@ the channel cannot be drained by the tick, so a step could run before an abort s
 import itertools
 import math
 import logging
+import time
 from dataclasses import dataclass
 
 import trio
 
 from app.engine.block_pool import BlockPool
+from app.engine.errors import Draining, EngineError, Overloaded
+from app.engine.outputs import OutputProcessor
+from app.engine.planner import Planner, PlannerConfig
 from app.engine.request import GenerationParams, Request
-from app.engine.scheduler import EngineError, Overloaded, Scheduler, SchedulerConfig
+from app.engine.schedule import Reload, Spill
+from app.engine.stats import Stats
 from app.engine.status import StatusReporter
+from app.engine.validation import validate
+from model.runner import Sampled, StepPlan
 
 log = logging.getLogger("spool.engine")
 
 CHANNEL_FRAMES = 4096  # frames waiting unread: a client this far behind is treated as gone
 
 
-class Draining(EngineError):
-    """The engine is shutting down and admits nothing new (HTTP 503)."""
-
-
 @dataclass
-class EngineConfig(SchedulerConfig):
+class EngineConfig(PlannerConfig):
+    max_queue: int = 1024  # requests waiting; submit refuses more (Overloaded)
     prefix_caching: bool = True
     decode_log_interval: int = 40  # steps between Decode status lines; 0: none
 
@@ -51,12 +58,14 @@ class Engine:
         self.tokenizer = tokenizer
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
-        self.scheduler = Scheduler(config, self.pool, runner, tokenizer)
+        self.stats = Stats()
+        self.outputs = OutputProcessor(tokenizer, self.stats)
+        self.planner = Planner(config, self.pool, self.outputs, self.stats)
         self.reporter = StatusReporter(config.decode_log_interval)
         self._wake = trio.Event()
         self._ids = itertools.count()
         self.draining = False
-        self.running = False
+        self.ticking = False  # the tick loop runs
         self.steps = 0
 
     # -- the public, synchronous side ----------------------------------------------------
@@ -68,8 +77,9 @@ class Engine:
         """What submit would refuse, without submitting; returns the resolved max_tokens."""
         if self.draining:
             raise Draining("the server is shutting down")
-        max_tokens = self.scheduler.check(prompt_ids, params)
-        if len(self.scheduler.waiting) >= self.config.max_queue:
+        max_tokens = validate(prompt_ids, params, max_model_len=self.config.max_model_len, pool=self.pool,
+                              vocab_size=self.tokenizer.vocab_size, grammars=self.outputs.grammars)
+        if len(self.planner.waiting) >= self.config.max_queue:
             raise Overloaded(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
         return max_tokens
 
@@ -81,82 +91,140 @@ class Engine:
         fit), Overloaded or Draining."""
         max_tokens = self.check(prompt_ids, params)
         request_id = request_id or f"req-{self.next_id()}"
-        if request_id in self.scheduler.requests:
+        if request_id in self.planner.requests:
             raise EngineError(f"request id {request_id!r} is already in use")
         send, recv = channel, None
         if channel is None:
             send, recv = trio.open_memory_channel(math.inf)
 
         def emit(frame):
-            """Deltas stop going out once CHANNEL_FRAMES wait unread (the scheduler then aborts
-            the request); the final frame always goes out, so a reader never waits forever."""
+            """Deltas stop going out once CHANNEL_FRAMES wait unread (the output processor then
+            aborts the request); the final frame always goes out, so a reader never waits forever."""
             if frame.finish_reason is None and send.statistics().current_buffer_used >= CHANNEL_FRAMES:
                 raise trio.WouldBlock
             send.send_nowait(frame)
 
-        request = Request(request_id, list(prompt_ids), params, max_tokens, emit)
-        self.scheduler.add(request)
+        self.add(Request(request_id, list(prompt_ids), params, max_tokens, emit))
         self._wake.set()
         return request_id, recv
+
+    def add(self, request: Request) -> None:
+        """A request already validated (check), into the waiting queue."""
+        self.outputs.open(request)
+        self.planner.add(request)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request wherever it is; takes effect at the next step boundary. Safe from
         any task, and for ids already finished."""
-        if request_id in self.scheduler.requests:  # unknown or finished ids are ignored
-            self.scheduler.abort(request_id)
+        if request_id in self.planner.requests:  # unknown or finished ids are ignored
+            self.planner.abort(request_id)
             self._wake.set()
 
     def status(self) -> dict:
-        s = self.scheduler
+        p = self.planner
         return {
-            "running": self.running and not self.draining,
+            "running": self.ticking and not self.draining,
             "draining": self.draining,
-            "num_requests_running": s.running,
-            "num_requests_waiting": len(s.waiting) + len(s.preempted),
-            "num_preempted": len(s.preempted),
+            "num_requests_running": p.num_running,
+            "num_requests_waiting": len(p.waiting) + len(p.preempted),
+            "num_preempted": len(p.preempted),
             "kv_blocks_total": self.pool.num_blocks,
             "kv_blocks_used": self.pool.used,
             "kv_cache_usage_perc": self.pool.usage,
             "steps": self.steps,
-            "stats": s.stats,
+            "stats": self.stats,
         }
+
+    # -- one tick, synchronously: the planner's decisions carried out ----------------------------
+
+    def next_step(self) -> StepPlan | None:
+        """Plan the next step and move the blocks it needs: retired requests closed, reloads
+        and spills copied through the runner, failures reported back to the planner. None:
+        only preemption would make room while a step runs (wait for it, then plan again)."""
+        start = self.planner.start_tick()
+        self._close(start.retired)
+        for reload in start.reloads:
+            self._reload(reload)
+        schedule = self.planner.schedule()
+        for spill in schedule.spills:  # before the step, which may write its blocks
+            self._spill(spill)
+        return schedule.step
+
+    def _reload(self, reload: Reload) -> None:
+        try:
+            self.runner.load_blocks(reload.block_ids, reload.host_copy)
+        except Exception:
+            self.planner.reload_failed(reload)
+        self.runner.drop_spill(reload.host_copy)
+
+    def _spill(self, spill: Spill) -> None:
+        try:
+            host_copy = self.runner.save_blocks(spill.block_ids)
+        except Exception:
+            self.planner.spill_failed(spill)
+        else:
+            self.planner.spill_saved(spill, host_copy)
+
+    def apply(self, plan: StepPlan, sampled: list[Sampled]) -> None:
+        """A landed step: the planner counts its K/V, the output processor takes each sampled
+        token and sends the deltas."""
+        by_id = {s.request_id: s for s in sampled}
+        now = time.monotonic()
+        for request, row in self.planner.landed(plan):
+            end = self.outputs.accept(request, by_id[row.request_id], now)
+            if end is not None:
+                self.planner.finish(request, end.reason, end.stop_reason, end.error)
+        for request in self.outputs.send_deltas(self.planner.decoding):
+            self.planner.finish(request, "cancelled")
+
+    def retire(self) -> None:
+        """The requests that finished: blocks freed, host copies and sampler state dropped,
+        final frames sent."""
+        self._close(self.planner.retire())
+
+    def _close(self, retired: list[Request]) -> None:
+        now = time.monotonic()
+        for request in retired:
+            if request.spilled is not None:
+                self.runner.drop_spill(request.spilled)
+                request.spilled = None
+            self.runner.release(request.id)
+            self.outputs.close(request, now)
 
     # -- the nursery ------------------------------------------------------------------------
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED):
         """Run until cancelled. A runner that raises fails that step's rows and the engine
         goes on; anything else raising here is a crashed engine and propagates."""
-        self.running = True
+        self.ticking = True
         task_status.started()
         try:
             await self._tick_loop()
         finally:
-            self.running = False
+            self.ticking = False
 
     async def _tick_loop(self):
-        s = self.scheduler
-        running = None  # (plan, Launched): launched, not yet applied
+        in_flight = None  # (plan, Launched): launched, not yet landed
         while True:
-            plan = s.schedule()
+            plan = self.next_step()
             if plan is None:  # only preemption would make room while a step runs: wait for it
-                await self._land(*running)
-                running = None
+                await self._land(*in_flight)
+                in_flight = None
                 continue
             self._report_admitted()
             launched = await self._launch(plan) if plan.rows else None
-            landed, running = running, None
+            landed, in_flight = in_flight, None
             if landed is not None:
                 await self._land(*landed)
             if launched is not None:
                 if self.overlaps:
-                    running = (plan, launched)
+                    in_flight = (plan, launched)
                 else:
                     await self._land(plan, launched)
-            s.flush()
+            self.retire()
             if not plan.rows and landed is None:  # idle, or blocked until a submission or an abort
                 await self._wake.wait()
                 self._wake = trio.Event()
-
     async def _launch(self, plan):
         """The step queued on the runner; None when that failed (its rows have then ended)."""
         try:
@@ -176,22 +244,22 @@ class Engine:
         except Exception as e:
             self._failed(plan, e)
         else:
-            self.scheduler.apply(plan, sampled)
+            self.apply(plan, sampled)
         self.steps += 1
-        line = self.reporter.decode_step(self.scheduler, self.pool)
+        line = self.reporter.decode_step(self.planner, self.pool)
         if line:
             log.info(line)
 
     def _failed(self, plan, error: Exception) -> None:
         """The runner failed: those rows end, the engine serves on."""
         log.error("forward step failed", exc_info=error)
-        self.scheduler.fail(plan, f"the model step failed: {type(error).__name__}: {error}")
+        self.planner.fail(plan, f"the model step failed: {type(error).__name__}: {error}")
 
     def _report_admitted(self):
-        admitted = self.scheduler.admitted
+        admitted = self.planner.admitted
         if admitted.seqs:
-            log.info(self.reporter.prefill_line(admitted, self.scheduler, self.pool))
-            self.scheduler.admitted = type(admitted)()
+            log.info(self.reporter.prefill_line(admitted, self.planner, self.pool))
+            self.planner.admitted = type(admitted)()
 
     # -- shutdown -----------------------------------------------------------------------------
 
@@ -200,9 +268,9 @@ class Engine:
         the rest through the abort path and wait for their final frames."""
         self.draining = True
         with trio.move_on_after(grace):
-            while self.scheduler.requests:
+            while self.planner.requests:
                 await trio.sleep(0.01)
-        for request_id in list(self.scheduler.requests):
+        for request_id in list(self.planner.requests):
             self.abort(request_id)
-        while self.scheduler.requests and self.running:
+        while self.planner.requests and self.ticking:
             await trio.sleep(0.01)

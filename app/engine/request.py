@@ -1,4 +1,4 @@
-"""A request as the scheduler sees it: what was asked, where it is, and what it has produced."""
+"""A request as the engine sees it: what was asked, where it is, and what it has produced."""
 
 import enum
 import time
@@ -12,7 +12,7 @@ class State(enum.Enum):
     PREFILLING = "prefilling"  # KV blocks for its prompt (or history), no token sent yet
     DECODING = "decoding"  # KV blocks, tokens sent
     PREEMPTED = "preempted"  # a host spill buffer, or only its token history
-    FINISHED = "finished"  # leaves through the flush, which frees blocks and replies
+    FINISHED = "finished"  # leaves through the planner's retire(), which frees blocks; then its final frame
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Request:
     num_computed: int = 0  # tokens whose K/V is in the cache
     num_offered: int = 0  # tokens whose full blocks were offered to the prefix cache
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    spilled: object = None  # host copy of the K/V while preempted by spill
+    spilled: object = None  # host copy of the K/V while preempted by spill (the runner's; the engine drops it)
     spill_blocks: int = 0  # how many blocks that copy holds
     immune_until: int = 0  # output length before which it is not preempted again
     finish_reason: str | None = None

@@ -11,21 +11,21 @@ class StatusReporter:
         self.since = time.monotonic()
 
     @staticmethod
-    def prefill_line(admitted, scheduler, pool) -> str:
+    def prefill_line(admitted, planner, pool) -> str:
         return (f"Prefill batch. #new-seq: {admitted.seqs}, #new-token: {admitted.new_tokens},"
                 f" #cached-token: {admitted.cached_tokens}, token usage: {pool.usage:.2f},"
-                f" #running-req: {scheduler.running}, #queue-req: {len(scheduler.waiting)}")
+                f" #running-req: {planner.num_running}, #queue-req: {len(planner.waiting)}")
 
-    def decode_step(self, scheduler, pool) -> str | None:
+    def decode_step(self, planner, pool) -> str | None:
         """Count one step; every decode_interval steps, return a Decode line."""
         self.steps += 1
         if not self.decode_interval or self.steps % self.decode_interval:
             return None
         now = time.monotonic()
-        tokens = scheduler.stats.generation_tokens
+        tokens = planner.stats.generation_tokens
         rate = (tokens - self.tokens_at_last_line) / max(now - self.since, 1e-9)
         self.tokens_at_last_line, self.since = tokens, now
-        held = sum(r.num_tokens for r in scheduler.requests.values())
-        return (f"Decode batch. #running-req: {scheduler.running}, #token: {held},"
+        held = sum(r.num_tokens for r in planner.requests.values())
+        return (f"Decode batch. #running-req: {planner.num_running}, #token: {held},"
                 f" token usage: {pool.usage:.2f}, gen throughput (token/s): {rate:.2f},"
-                f" #queue-req: {len(scheduler.waiting)}")
+                f" #queue-req: {len(planner.waiting)}")

@@ -32,7 +32,7 @@ class StopMatcher:
         self.held = buffer[len(buffer) - keep:]
         return buffer[:len(buffer) - keep], None
 
-    def flush(self) -> str:
+    def take_held(self) -> str:
         """What was held back, when generation ends for another reason."""
         held, self.held = self.held, ""
         return held

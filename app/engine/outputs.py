@@ -1,0 +1,154 @@
+"""What each sampled token means for its request: grammar, stops, text, thinking budgets, frames.
+It never chooses which request runs; the planner asks it only for a row's sampling params and mask.
+
+The ends it finds (a stop, the length, a grammar error, a client gone) it returns, for the
+engine to hand to the planner; the final frame goes out in close(), once the request is retired.
+"""
+
+from dataclasses import dataclass, replace
+
+from app.engine.grammar import Grammars
+from app.engine.request import Frame, Request
+from app.engine.stats import Stats
+from app.engine.stops import StopMatcher
+from model.runner import Sampled
+from model.tokenizer import IncrementalDetokenizer
+
+BAN = float("-inf")  # how min_tokens holds back the stops: they cannot be sampled at all
+
+
+@dataclass
+class Ending:
+    reason: str  # stop | length | error (cancelled is the planner's, or send()'s)
+    stop_reason: str | int | None = None  # the stop string or stop token id that matched
+    error: str | None = None
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, stats: Stats):
+        self.tokenizer = tokenizer
+        self.stats = stats
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.grammars = Grammars(tokenizer)
+
+    def open(self, request: Request) -> None:
+        """A request's detokenizer, stop-string buffer and grammar matcher, at submission."""
+        request.detok = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
+        request.stops = StopMatcher(request.params.stop)
+        if request.params.grammar is not None:
+            request.matcher = self.grammars.matcher(request.params.grammar)
+
+    # -- what a row samples with (the planner's questions) -----------------------------------
+
+    def sampling_params(self, request: Request, ahead: bool = False):
+        """min_tokens: until it is reached, the stop tokens are banned outright. ahead: the row
+        samples one token past the output the host has."""
+        p = request.params
+        sampling = p.sampling
+        if len(request.output_ids) + ahead < p.min_tokens:
+            banned = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
+            if banned:
+                sampling = replace(sampling, logit_bias={**sampling.logit_bias, **{t: BAN for t in banned}})
+        return sampling
+
+    @staticmethod
+    def needs_mask(request: Request) -> bool:
+        """Its next row's mask depends on its last token (so it cannot be planned ahead of it)."""
+        return request.matcher is not None or request.params.thinking is not None
+
+    def mask(self, request: Request):
+        """None when nothing constrains the request; else a Future of its mask, computed on the
+        grammars' thread while the step's forward pass runs (the runner waits for it only to
+        sample). Its matcher is the thread's until then: accept() and a failed step come after."""
+        if not self.needs_mask(request):
+            return None
+        return self.grammars.later(self.mask_now, request)
+
+    def mask_now(self, request: Request):
+        """The tokens allowed next: one, when a thinking budget is spent; else what its grammar
+        allows; None when nothing constrains it."""
+        forced = self.thinking_end(request)
+        if forced is not None:
+            return self.grammars.only(forced)
+        return None if request.matcher is None else self.grammars.mask(request.matcher)
+
+    @staticmethod
+    def thinking_end(request: Request) -> int | None:
+        """The next token of the thinking's end tags, once the budget is spent and until they are written."""
+        budget, out = request.params.thinking, request.output_ids
+        if budget is None or request.thought:
+            return None
+        end = budget.end_ids
+        if budget.start_id is not None and (not out or out[0] != budget.start_id):
+            request.thought = bool(out)  # the model answered without thinking
+            return None
+        if len(out) >= len(end) and tuple(out[-len(end):]) == end:
+            request.thought = True
+            return None
+        if len(out) - (budget.start_id is not None) < budget.max_tokens:
+            return None
+        written = next(k for k in range(len(end) - 1, -1, -1) if k == 0 or tuple(out[-k:]) == end[:k])
+        return end[written]
+
+    # -- results ------------------------------------------------------------------------------
+
+    def accept(self, request: Request, sampled: Sampled, now: float) -> Ending | None:
+        """One new token: the grammar, the stop checks, the detokenizer and the stop-string
+        buffer. Returns how the request ends, when this token ends it."""
+        p = request.params
+        token = sampled.token_id
+        if request.matcher is not None and not request.matcher.consume_token(token):
+            return Ending("error", error=f"the grammar refused token {token}: {request.matcher.get_error()}")
+        request.output_ids.append(token)
+        request.pending_ids.append(token)
+        if p.sampling.logprobs is not None:
+            request.pending_logprobs.append((token, sampled.logprob, sampled.top_logprobs))
+        self.stats.token(request, now)
+        request.first_token_at = request.first_token_at or now
+        request.last_token_at = now
+        may_stop = len(request.output_ids) > p.min_tokens
+        if may_stop and token in self.eos_ids and not p.ignore_eos:
+            return self.end_naturally(request, "stop")
+        if may_stop and token in p.stop_token_ids:
+            return self.end_naturally(request, "stop", token)
+        text = request.detok.add(token)
+        stop = None
+        if may_stop:
+            text, stop = request.stops.feed(text)
+        request.pending_text += text
+        if stop is not None:
+            return Ending("stop", stop)
+        if request.matcher is not None and request.matcher.is_stopped():  # the grammar is complete
+            return self.end_naturally(request, "stop")
+        if len(request.output_ids) >= request.max_tokens:
+            return self.end_naturally(request, "length")
+        return None
+
+    @staticmethod
+    def end_naturally(request: Request, reason: str, stop_token: int | None = None) -> Ending:
+        """An end no stop string made: the text held back for one is released first."""
+        request.pending_text += request.stops.feed(request.detok.flush())[0] + request.stops.take_held()
+        return Ending(reason, stop_token)
+
+    def send_deltas(self, requests) -> list[Request]:
+        """The text and tokens not sent yet; returns the requests whose client cannot take them
+        (a full or closed channel: it cannot keep up, or has left)."""
+        return [r for r in requests if (r.pending_ids or r.pending_text) and not self.send(r)]
+
+    def close(self, request: Request, now: float) -> None:
+        """A retired request: counted, and its final frame sent."""
+        self.stats.request_done(request, now)
+        self.send(request, final=True)
+
+    def send(self, request: Request, final: bool = False) -> bool:
+        frame = Frame(request.id, request.pending_text, request.pending_ids,
+                      request.pending_logprobs if request.params.sampling.logprobs is not None else None)
+        if final:
+            frame.finish_reason, frame.stop_reason = request.finish_reason, request.stop_reason
+            frame.usage, frame.error = request.usage(), request.error
+        request.pending_text, request.pending_ids, request.pending_logprobs = "", [], []
+        try:
+            request.emit(frame)
+        except Exception:  # a final frame that cannot go out has no one to go to
+            return False
+        return True
