@@ -20,7 +20,8 @@ import trio
 
 from app.engine import Engine, EngineConfig
 from app.server import limits
-from app.server.app import ServerState, create_app
+from app.server.app import create_app
+from app.server.state import ServerState
 from app.server.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
 from model.backend import BACKENDS, DTYPES, resolve

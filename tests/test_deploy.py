@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from app.serve import add_arguments, check
-from app.server.app import ServerState, create_app
+from app.server.app import create_app
+from app.server.state import ServerState
 
 DOCS = list(yaml.safe_load_all((Path(__file__).resolve().parent.parent / "deploy" / "kubernetes.yaml").read_text()))
 

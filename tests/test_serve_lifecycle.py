@@ -13,7 +13,7 @@ import trio
 
 from app.engine import Engine, EngineConfig, GenerationParams
 from app.serve import serve
-from app.server.app import ServerState
+from app.server.state import ServerState
 from app.server.connection import Connection
 from app.server.http1 import Http1Protocol
 from app.server.limits import Limits

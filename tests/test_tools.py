@@ -186,7 +186,7 @@ def test_a_parameters_schema_llguidance_cannot_read_does_not_compile(grammars):
 def test_a_template_that_knows_tools_renders_them_itself(tiny_dir, tmp_path):
     import shutil
 
-    from app.server.generation import chat_prompt
+    from app.server.prompts import chat_prompt
 
     model = shutil.copytree(tiny_dir, tmp_path / "tools-template")
     config = json.loads((model / "tokenizer_config.json").read_text())

@@ -12,11 +12,13 @@ key: they hold nothing but code, and the page asks for the key when /v1/models s
 
 import base64
 import hmac
+from functools import cache
 from importlib.resources import files
 
 from quart import Response
 
 from app.server.errors import APIError
+from app.server.state import ServerState
 
 SUBPROTOCOL = "spool"
 KEY_PREFIX = "spool.bearer."
@@ -42,21 +44,22 @@ def key_offered(websocket, key: str) -> bool:
     return any(hmac.compare_digest(offered, want) for offered in websocket.requested_subprotocols)
 
 
-def add_routes(app) -> None:
-    ui = files("app.server") / "ui"
-    contents = {name: (ui / name).read_bytes() for name in FILES}
+@cache
+def contents(name: str) -> bytes:
+    return (files("app.server") / "ui" / name).read_bytes()
 
-    def respond(name: str) -> Response:
-        return Response(contents[name], content_type=FILES[name],
-                        headers={"Content-Security-Policy": POLICY, "Cache-Control": "no-cache",
-                                 "X-Content-Type-Options": "nosniff"})
 
-    @app.get("/")
-    async def chat_page():
-        return respond("index.html")
+def respond(name: str) -> Response:
+    return Response(contents(name), content_type=FILES[name],
+                    headers={"Content-Security-Policy": POLICY, "Cache-Control": "no-cache",
+                             "X-Content-Type-Options": "nosniff"})
 
-    @app.get("/ui/<name>")
-    async def chat_page_file(name: str):
-        if name not in FILES:
-            raise APIError(404, f"no file {name!r} in the chat page", code="not_found")
-        return respond(name)
+
+async def chat_page(state: ServerState):
+    return respond("index.html")
+
+
+async def chat_page_file(state: ServerState, name: str):
+    if name not in FILES:
+        raise APIError(404, f"no file {name!r} in the chat page", code="not_found")
+    return respond(name)

@@ -11,7 +11,7 @@ Chat requests take tools (app/server/tools.py); completions refuse them.
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 # Fields that would change the output, and what Spool does not do yet; a value that asks for
@@ -273,21 +273,22 @@ class ToolCallChunk(BaseModel):
     function: FunctionCallChunk
 
 
-class ChatChoice(BaseModel):
-    index: int
-    message: ResponseMessage
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
+def choice_model(name: str, field: str, content: type, logprobs: type) -> type[BaseModel]:
+    """A choice in OpenAI's order: its index, its content under the shape's name for it
+    (message, delta or text), its logprobs, and how it ended (None while it runs)."""
+    return create_model(name, __module__=__name__, index=(int, ...), **{field: (content, ...)},
+                        logprobs=(logprobs | None, None), finish_reason=(str | None, None),
+                        stop_reason=(str | int | None, None))
 
 
-class ChatCompletionResponse(BaseModel):
+class Envelope(BaseModel):
+    """The fields every reply and chunk of a generation starts with, in OpenAI's order; each
+    shape names its object type."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
 
 
 class DeltaMessage(BaseModel):
@@ -297,19 +298,18 @@ class DeltaMessage(BaseModel):
     reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
+ChatChoice = choice_model("ChatChoice", "message", ResponseMessage, ChoiceLogprobs)
+ChatChunkChoice = choice_model("ChatChunkChoice", "delta", DeltaMessage, ChoiceLogprobs)
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionResponse(Envelope):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatCompletionChunk(Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
 
@@ -321,19 +321,11 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
+CompletionChoice = choice_model("CompletionChoice", "text", str, CompletionLogprobs)
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(Envelope):
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = Field(None, exclude_if=lambda v: v is None)  # OpenAI's schema has no null here
 

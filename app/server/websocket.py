@@ -18,12 +18,40 @@ import json
 import trio
 from quart import websocket
 
+from app.server import chat_page
 from app.server.errors import APIError, decode_json, validate
-from app.server.generation import ChatText, merge, start_generation
+from app.server.prompts import start_generation
+from app.server.responders.chat import ChatText
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
+from app.server.state import ServerState
 
 
-async def serve_websocket(state) -> None:
+async def websocket_route(state: ServerState) -> None:
+    if state.api_key and not chat_page.key_offered(websocket, state.api_key):
+        await websocket.close(1008, "missing or invalid API key")  # 1008: policy violation
+        return
+    if state.engine is None:
+        await websocket.close(1013, "the model is still loading")  # 1013: try again later
+        return
+    if chat_page.SUBPROTOCOL in websocket.requested_subprotocols:  # a browser must get one back
+        await websocket.accept(subprotocol=chat_page.SUBPROTOCOL)
+    await serve_websocket(state)
+
+
+def done_frame(gid: str, gen) -> dict:
+    """Each choice's end, with the tool calls read out of its text as the HTTP routes read them."""
+    choices = []
+    for c in gen.ordered():
+        choice = {"index": c.index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "error": c.error}
+        if gen.tools:  # read out of the text, after any thinking
+            split = ChatText(gen)
+            split.feed(c.text, final=True)
+            choice.update(tool_calls=split.tool_calls, finish_reason=split.finish_reason(c.finish_reason))
+        choices.append(choice)
+    return {"type": "done", "id": gid, "choices": choices, "usage": gen.usage().model_dump()}
+
+
+async def serve_websocket(state: ServerState) -> None:
     lock = trio.Lock()
     generations: dict = {}  # id -> Generation in flight
 
@@ -36,35 +64,19 @@ async def serve_websocket(state) -> None:
 
     async def run(gid: str, gen) -> None:
         try:
-            try:
-                gen.submit()
-            except APIError as e:
-                await send_error(gid, e)
-                return
-            until = state.deadline()
-            while not gen.done:
-                frames = await gen.next_frames(until)
-                if frames is None:
-                    gen.abort()
-                    await send_error(gid, state.timeout_error())
+            with gen.submitted() as refusal:
+                if refusal:
+                    await send_error(gid, refusal)
                     return
-                for rid, (text, _, _) in merge(frames).items():
-                    choice = gen.choices[rid]
-                    if text:
-                        await send({"type": "delta", "id": gid, "index": choice.index, "text": text})
-            choices = []
-            for c in sorted(gen.choices.values(), key=lambda c: c.index):
-                choice = {"index": c.index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                          "error": c.error}
-                if gen.tools:  # read out of the text, after any thinking, as the HTTP routes read it
-                    split = ChatText(gen)
-                    split.feed(c.text, final=True)
-                    choice.update(tool_calls=split.tool_calls, finish_reason=split.finish_reason(c.finish_reason))
-                choices.append(choice)
-            await send({"type": "done", "id": gid, "choices": choices, "usage": gen.usage().model_dump()})
+                async for pieces in gen.batches():
+                    for piece in pieces:
+                        if piece.text:
+                            await send({"type": "delta", "id": gid, "index": piece.choice.index, "text": piece.text})
+                if gen.timed_out:
+                    await send_error(gid, gen.timeout_error())
+                    return
+                await send(done_frame(gid, gen))
         finally:
-            gen.abort()
-            gen.log()
             del generations[gid]
 
     def parse(message) -> tuple[str, str, dict]:
@@ -86,7 +98,7 @@ async def serve_websocket(state) -> None:
                                 f" (--ws-max-generations)", code="too_many_generations")
         req = validate(ChatCompletionRequest if "messages" in body else CompletionRequest, body)
         state.check_model(req.model)
-        return start_generation(state.engine, state.tokenizer, req, "ws")
+        return start_generation(state, req, "ws")
 
     async with trio.open_nursery() as nursery:
         while True:

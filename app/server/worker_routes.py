@@ -15,71 +15,69 @@ import importlib.metadata
 from quart import request
 
 from app.server.errors import APIError, decode_json, validate
-from app.server.generation import chat_prompt, completion_prompts
+from app.server.prompts import chat_prompt, completion_prompts
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
+from app.server.state import ServerState
 from app.server.tools import ToolUse
 
 
-def add_routes(app, state) -> None:
-    @app.get("/server_info")
-    @app.get("/get_server_info")
-    async def server_info():
-        engine = state.engine
-        pool, config = engine.pool, engine.config
-        return {
-            "model_id": state.model_name,
-            "served_model_name": state.model_name,
-            "model_path": state.model_path,
-            "tokenizer_path": state.model_path,
-            "version": importlib.metadata.version("spool"),
-            "backend": state.backend,
-            "dp_size": 1,
-            "max_model_len": state.max_model_len,
-            "max_total_tokens": pool.num_blocks * pool.block_size,  # what the KV cache holds
-            "max_prefill_tokens": config.max_batched_tokens,
-            "max_running_requests": config.max_seqs,
-            "page_size": pool.block_size,
-            # vLLM's /server_info nests its config; vllm-router reads the block size from it
-            "vllm_config": {
-                "model_config": {"model": state.model_path, "served_model_name": state.model_name,
-                                 "max_model_len": state.max_model_len},
-                "cache_config": {"block_size": pool.block_size, "enable_prefix_caching": pool.prefix_caching},
-            },
-        }
+async def server_info(state: ServerState):
+    engine = state.engine
+    pool, config = engine.pool, engine.config
+    return {
+        "model_id": state.model_name,
+        "served_model_name": state.model_name,
+        "model_path": state.model_path,
+        "tokenizer_path": state.model_path,
+        "version": importlib.metadata.version("spool"),
+        "backend": state.backend,
+        "dp_size": 1,
+        "max_model_len": state.max_model_len,
+        "max_total_tokens": pool.num_blocks * pool.block_size,  # what the KV cache holds
+        "max_prefill_tokens": config.max_batched_tokens,
+        "max_running_requests": config.max_seqs,
+        "page_size": pool.block_size,
+        # vLLM's /server_info nests its config; vllm-router reads the block size from it
+        "vllm_config": {
+            "model_config": {"model": state.model_path, "served_model_name": state.model_name,
+                             "max_model_len": state.max_model_len},
+            "cache_config": {"block_size": pool.block_size, "enable_prefix_caching": pool.prefix_caching},
+        },
+    }
 
-    @app.get("/model_info")
-    @app.get("/get_model_info")
-    async def model_info():
-        return {"model_path": state.model_path, "tokenizer_path": state.model_path, "is_generation": True,
-                "model_type": state.model_type, "architectures": state.architectures}
 
-    @app.get("/get_load")
-    async def get_load():
-        status = state.engine.status()
-        pool = state.engine.pool
-        waiting = status["num_requests_waiting"]
-        return [{"dp_rank": 0, "num_reqs": status["num_requests_running"] + waiting, "num_waiting_reqs": waiting,
-                 "num_tokens": status["kv_blocks_used"] * pool.block_size}]
+async def model_info(state: ServerState):
+    return {"model_path": state.model_path, "tokenizer_path": state.model_path, "is_generation": True,
+            "model_type": state.model_type, "architectures": state.architectures}
 
-    @app.post("/flush_cache")
-    async def flush_cache():
-        return {"flushed_blocks": state.engine.pool.flush()}
 
-    @app.post("/v1/chat/completions/render")
-    async def render_chat():
-        req = validate(ChatCompletionRequest, decode_json(await request.get_data()))
-        state.check_model(req.model)
-        return rendered(chat_prompt(state.tokenizer, req.messages, ToolUse.of(req), req.add_generation_prompt))
+async def get_load(state: ServerState):
+    status = state.engine.status()
+    pool = state.engine.pool
+    waiting = status["num_requests_waiting"]
+    return [{"dp_rank": 0, "num_reqs": status["num_requests_running"] + waiting, "num_waiting_reqs": waiting,
+             "num_tokens": status["kv_blocks_used"] * pool.block_size}]
 
-    @app.post("/v1/completions/render")
-    async def render_completion():
-        req = validate(CompletionRequest, decode_json(await request.get_data()))
-        state.check_model(req.model)
-        prompts = completion_prompts(req, state.tokenizer)
-        if len(prompts) != 1:
-            raise APIError(400, "render takes one prompt", param="prompt")
-        return rendered(prompts[0])
 
-    def rendered(token_ids: list[int]) -> dict:
-        """vLLM's render shape: the prompt's ids, and no multimodal features."""
-        return {"model": state.model_name, "token_ids": token_ids, "features": None}
+async def flush_cache(state: ServerState):
+    return {"flushed_blocks": state.engine.pool.flush()}
+
+
+async def render_chat(state: ServerState):
+    req = validate(ChatCompletionRequest, decode_json(await request.get_data()))
+    state.check_model(req.model)
+    return rendered(state, chat_prompt(state.tokenizer, req.messages, ToolUse.of(req), req.add_generation_prompt))
+
+
+async def render_completion(state: ServerState):
+    req = validate(CompletionRequest, decode_json(await request.get_data()))
+    state.check_model(req.model)
+    prompts = completion_prompts(req, state.tokenizer)
+    if len(prompts) != 1:
+        raise APIError(400, "render takes one prompt", param="prompt")
+    return rendered(state, prompts[0])
+
+
+def rendered(state: ServerState, token_ids: list[int]) -> dict:
+    """vLLM's render shape: the prompt's ids, and no multimodal features."""
+    return {"model": state.model_name, "token_ids": token_ids, "features": None}

@@ -1,0 +1,94 @@
+"""From an API request to what the engine takes: prompt token ids, and GenerationParams for
+each of its choices; start_generation puts them together as one checked Generation.
+
+The HTTP routes, the render routes and the WebSocket all build prompts here, so a router that
+hashes a rendered prompt sees the ids the generation runs on.
+"""
+
+from app.engine import GenerationParams
+from app.server.errors import APIError
+from app.server.formats import grammar
+from app.server.generation import Generation
+from app.server.reasoning import after_thinking, budget, opens_thinking
+from app.server.schemas import ChatCompletionRequest
+from app.server.state import ServerState
+from app.server.tools import ToolUse, prompt_messages
+from model.sampling import SamplingParams
+from model.tokenizer import ChatTemplateError
+
+
+def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
+    """The request's sampling fields with OpenAI's defaults; the engine validates them."""
+    try:
+        bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
+    return SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=bias,
+        seed=None if req.seed is None else req.seed + index,
+        logprobs=logprobs,
+    )
+
+
+def generation_params(req, index: int, grammar_text: str | None = None, thinking=None) -> GenerationParams:
+    if isinstance(req, ChatCompletionRequest):
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
+        logprobs = req.logprobs
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    return GenerationParams(sampling_params(req, logprobs, index), max_tokens=max_tokens,
+                            min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
+                            ignore_eos=req.ignore_eos, grammar=grammar_text, thinking=thinking)
+
+
+def start_generation(state: ServerState, req, id_prefix: str) -> Generation:
+    """Every choice of a chat or completion request, checked and ready to submit."""
+    engine, tokenizer, timeout = state.engine, state.tokenizer, state.request_timeout
+    grammar_text, field = grammar(req)
+    tools = ToolUse.of(req) if isinstance(req, ChatCompletionRequest) else None
+    if tools is not None:
+        if grammar_text is not None:
+            raise APIError(400, f"give one output format, not tools and {field}", param=field)
+        grammar_text, field = tools.grammar(), "tools"
+    if not isinstance(req, ChatCompletionRequest):
+        return Generation(engine, completion_prompts(req, tokenizer), req.n,
+                          lambda index: generation_params(req, index, grammar_text), id_prefix, timeout, field)
+    prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt)
+    thinking = budget(tokenizer, prompt, req.max_thinking_tokens)
+    inside = opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None
+    if grammar_text is not None and inside is not None:
+        grammar_text = after_thinking(tokenizer, grammar_text, inside)
+    return Generation(engine, [prompt], req.n, lambda index: generation_params(req, index, grammar_text, thinking),
+                      id_prefix, timeout, field, tools, inside)
+
+
+def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_prompt: bool) -> list[int]:
+    """The token ids of a conversation after the chat template, with the tools it offers."""
+    dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
+    dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools)
+    try:
+        return tokenizer.encode_chat(dicts, add_generation_prompt, **extra)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="messages") from None
+
+
+def completion_prompts(req, tokenizer) -> list[list[int]]:
+    p = req.prompt
+    if isinstance(p, str):
+        return [tokenizer.encode(p)]
+    if not p:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if all(isinstance(x, str) for x in p):
+        return [tokenizer.encode(x) for x in p]
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]
+    return [list(x) for x in p]

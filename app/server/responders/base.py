@@ -1,0 +1,38 @@
+"""What the transports ask of every responder: an opening chunk, the chunks of a batch, the
+usage chunk and the whole reply; the shapes differ only in how they fill these.
+
+A responder is made per request, after its Generation, and keeps what a stream carries from
+one batch to the next (the text split so far, the logprob offsets).
+"""
+
+from abc import ABC, abstractmethod
+
+from pydantic import BaseModel
+
+from app.server.generation import Generation, Piece
+
+
+class Responder(ABC):
+    chunk_model: type[BaseModel]  # the shape of a streamed chunk
+
+    def __init__(self, gen: Generation, req, tokenizer, model_name: str):
+        self.gen, self.req, self.tokenizer, self.model_name = gen, req, tokenizer, model_name
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def opening(self) -> BaseModel | None:
+        """The chunk a stream starts with, before any frame; None for none."""
+        return None
+
+    @abstractmethod
+    def chunks(self, pieces: list[Piece]) -> list[BaseModel]:
+        """The chunks one batch of frames makes (none when it settles nothing yet)."""
+
+    def usage_chunk(self) -> BaseModel:
+        """A last chunk with no choices that carries the usage, as OpenAI's does."""
+        return self.chunk_model(id=self.gen.id, model=self.model_name, choices=[], usage=self.gen.usage())
+
+    @abstractmethod
+    def reply(self) -> dict:
+        """The JSON body once every choice has ended."""

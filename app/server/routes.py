@@ -1,0 +1,99 @@
+"""The HTTP routes, each a module function over the ServerState that create_app binds to it:
+read and check the request, then hand it to a responder, the tokenizer or the engine.
+
+A generation route answers JSON, or server-sent events with stream=true; both run the request
+through one Generation, which owns submit, abort, the deadline and the access log.
+"""
+
+from quart import request
+
+from app.server import metrics, openapi
+from app.server.errors import APIError, decode_json, validate
+from app.server.generation import RETRY_AFTER_SECONDS
+from app.server.prompts import chat_prompt, start_generation
+from app.server.responders.chat import ChatResponder
+from app.server.responders.completions import CompletionResponder
+from app.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from app.server.sse import stream
+from app.server.state import ServerState
+from app.server.tools import ToolUse
+
+
+async def parse(model):
+    """The request body as model, or a 400; no body reads as null."""
+    return validate(model, decode_json(await request.get_data() or b"null"))
+
+
+async def generate(state: ServerState, req, id_prefix: str, responder_class):
+    gen = start_generation(state, req, id_prefix)
+    responder = responder_class(gen, req, state.tokenizer, state.model_name)
+    if req.stream:
+        return stream(gen, responder, req)
+    await gen.collect()
+    return responder.reply()
+
+
+async def chat_completions(state: ServerState):
+    req = await parse(ChatCompletionRequest)
+    state.check_model(req.model)
+    return await generate(state, req, "chatcmpl", ChatResponder)
+
+
+async def completions(state: ServerState):
+    req = await parse(CompletionRequest)
+    state.check_model(req.model)
+    if req.echo:
+        raise APIError(400, "echo is not supported", param="echo")
+    return await generate(state, req, "cmpl", CompletionResponder)
+
+
+async def models(state: ServerState):
+    return ModelList(data=[ModelCard(id=state.model_name, max_model_len=state.max_model_len)]).model_dump()
+
+
+async def health(state: ServerState):
+    if state.engine is None:
+        return APIError(503, "the model is still loading", code="loading").response()
+    status = state.engine.status()
+    if status["running"]:
+        return {"status": "ok"}
+    reason = "draining" if status["draining"] else "the engine is not running"
+    return APIError(503, reason, code="unavailable", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
+
+
+async def prometheus(state: ServerState):
+    body, content_type = metrics.render(state.engine, state.model_name, state.backend, state.connections)
+    return body, 200, {"Content-Type": content_type}
+
+
+async def tokenize(state: ServerState):
+    req = await parse(TokenizeRequest)
+    state.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+    if req.messages is not None:
+        tokens = chat_prompt(state.tokenizer, req.messages, ToolUse.of(req), req.add_generation_prompt)
+    else:
+        tokens = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+
+
+async def detokenize(state: ServerState):
+    req = await parse(DetokenizeRequest)
+    state.check_model(req.model)
+    vocab = state.tokenizer.vocab_size
+    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+    return {"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+
+async def openapi_spec(state: ServerState):
+    return openapi.spec(state.model_name)

@@ -1,0 +1,34 @@
+"""What every route reads: the engine, the tokenizer, the served model and the limits, as one
+typed value that create_app binds to each route.
+
+serve() makes it before the model loads (engine None: every route but /health and the chat
+page answers 503) and fills in the rest once the engine runs.
+"""
+
+from dataclasses import dataclass, field
+
+from app.server.errors import APIError
+from app.server.limits import Limits
+from app.server.listener import ConnectionStats
+
+
+@dataclass
+class ServerState:
+    model_name: str
+    engine: object = None  # None while the model loads
+    tokenizer: object = None
+    max_model_len: int = 0
+    api_key: str | None = None
+    ui: bool = True  # serve the chat page at /
+    backend: str = ""  # "cpu (q8_0)", once loaded
+    model_path: str = ""  # the Hugging Face directory served, once loaded
+    model_type: str = ""
+    architectures: list = field(default_factory=list)
+    request_timeout: float | None = None  # seconds; None: no limit
+    limits: Limits = field(default_factory=Limits)
+    connections: ConnectionStats = field(default_factory=ConnectionStats)
+
+    def check_model(self, name: str | None) -> None:
+        if name not in (None, "", self.model_name):
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
