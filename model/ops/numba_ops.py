@@ -40,7 +40,7 @@ class NumbaOps(NumpyOps):
     def embedding(self, table, token_ids: np.ndarray) -> np.ndarray:
         if isinstance(table, q8.Q8Weight):
             return q8.dequantize(table, token_ids)
-        return table[token_ids]
+        return super().embedding(table, token_ids)
 
     def linear(self, x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
         if not isinstance(w, q8.Q8Weight):

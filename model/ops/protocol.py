@@ -48,18 +48,19 @@ class SampleBatch:
         return self.masks[row] if self.masks else None
 
     def uniform(self, row: int) -> float:
-        """The row's draw in [0, 1): none for a greedy row, keyed by (seed, token index) for a
-        seeded one, else the next of rng."""
+        """The row's draw in [0, 1): 0 for a greedy row (rng untouched), keyed by (seed, token
+        index) for a seeded one, else the next of rng."""
         p = self.params[row]
         if p.greedy:
             return 0.0
         return seeded_uniform(p.seed, len(self.outputs[row])) if p.seed is not None else self.rng.random()
 
     def take(self, rows: Sequence[int]) -> "SampleBatch":
-        """The batch of these rows only, without keys: a backend's state stays with the whole batch."""
+        """The batch of these rows only (the same rng)."""
         return SampleBatch([self.params[r] for r in rows], [self.prompts[r] for r in rows],
                            [self.outputs[r] for r in rows], self.rng,
-                           masks=[self.masks[r] for r in rows] if self.masks else None)
+                           [self.keys[r] for r in rows] if self.keys is not None else None,
+                           [self.masks[r] for r in rows] if self.masks else None)
 
 
 @dataclass
