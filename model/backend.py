@@ -1,6 +1,7 @@
-"""--backend and --dtype, resolved once per process to an ops module for model/llama.py.
+"""--backend and --dtype, resolved once per process to the ops (model/ops/protocol.py) of
+model/llama.py.
 
-cpu: numba kernels (model/ops/numba_ops.py), with Q8_0 8-bit weights (model/quant/; a
+cpu: numba kernels (NumbaOps, model/ops/numba_ops.py), with Q8_0 8-bit weights (model/quant/; a
 quarter of the memory, and faster at every batch size where the CPU has AVX-512 and AMX; a
 GGUF's Q4_1 tensors stay Q4_1 there) unless --dtype float32 asks for float32 ones, multiplied by
 OpenBLAS. numpy: NumPy alone in float32, the
@@ -18,7 +19,8 @@ from pathlib import Path
 from model.config import ModelConfig
 from model.errors import one_line
 from model.llama import Llama
-from model.ops import numpy_ops
+from model.ops.numpy_ops import NumpyOps
+from model.ops.protocol import Ops
 from model.runner import load_model
 
 log = logging.getLogger("spool.model")
@@ -34,7 +36,7 @@ CUDA_MAX_GROUP = 8
 class Backend:
     name: str  # cpu or cuda
     dtype: str  # of weights, activations and K/V; auto until a model is loaded
-    ops: object = None  # set once the dtype is known
+    ops: Ops | None = None  # set once the dtype is known
 
     def load(self, model_dir: Path, max_model_len: int | None = None) -> Llama:
         """The model's weights on this backend, after check_model."""
@@ -45,7 +47,7 @@ class Backend:
             raise ValueError(f"the weights do not fit in memory ({one_line(e)}); serve a smaller model or a narrower"
                              " --dtype (bfloat16 rather than float32)") from None
 
-    def prepare(self, config: ModelConfig):
+    def prepare(self, config: ModelConfig) -> Ops:
         """check_model, then the ops for the config's dtype (CUDA decides it only now); returns them."""
         check_model(self, config)
         if self.ops is None:
@@ -71,14 +73,12 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     if backend == "numpy":
         if dtype not in ("auto", "float32"):
             raise ValueError(f"the numpy backend computes in float32; --dtype {dtype} needs --backend cpu or cuda")
-        return Backend(backend, "float32", numpy_ops)
+        return Backend(backend, "float32", NumpyOps())
     if backend == "cpu":
         if dtype not in ("auto", "float32", "q8_0"):
             raise ValueError(f"the CPU backend keeps weights in float32 or q8_0; --dtype {dtype} needs --backend cuda")
-        kernels = cpu_kernels()
-        if dtype == "float32":
-            return Backend("cpu", "float32", kernels)
-        return Backend("cpu", "q8_0", kernels.with_q8_weights())
+        q8_weights = dtype != "float32"
+        return Backend("cpu", "q8_0" if q8_weights else "float32", cpu_kernels()(q8_weights))
     try:
         from model.ops import cupy_ops
     except ImportError:
@@ -91,15 +91,15 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     return Backend("cuda", dtype)
 
 
-def cpu_kernels():
-    """model/ops/numba_ops.py, whose import compiles the kernels or reads them from numba's cache."""
+def cpu_kernels() -> type:
+    """NumbaOps, whose modules' import compiles the kernels or reads them from numba's cache."""
     started = time.monotonic()
-    from model.ops import numba_ops
+    from model.ops.numba_ops import NumbaOps
 
     took = time.monotonic() - started
     if took > 2:
         log.info(f"compiled the CPU kernels in {took:.0f} s (once per machine: later starts read numba's cache)")
-    return numba_ops
+    return NumbaOps
 
 
 def check_model(backend: Backend, config: ModelConfig) -> None:

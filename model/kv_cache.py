@@ -9,12 +9,13 @@ request lives in flat slot table[p // block_size] * block_size + p % block_size.
 import numpy as np
 
 from model.config import ModelConfig
+from model.ops.protocol import Ops
 
 DEFAULT_BLOCK_SIZE = 16
 
 
 class KVCache:
-    def __init__(self, ops, config: ModelConfig, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE):
+    def __init__(self, ops: Ops, config: ModelConfig, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE):
         self.ops = ops
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -1,4 +1,4 @@
-"""The Llama-family forward pass, written once against an ops module (NumPy or CuPy arrays).
+"""The Llama-family forward pass, written once against the Ops protocol (NumPy or CuPy arrays).
 
 One call runs a whole engine step: every row's tokens (prefill chunks and decode tokens) are
 laid end to end on one token axis, so each projection is a single GEMM, and attention reads
@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from model.config import ModelConfig
+from model.ops.protocol import Ops
 from model.weights import Weights
 
 
@@ -36,9 +37,9 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
 
 
 class Llama:
-    """Weights on the ops module's device, and the forward pass over them."""
+    """Weights on the ops' device, and the forward pass over them."""
 
-    def __init__(self, config: ModelConfig, weights: Weights, ops, max_positions: int | None = None):
+    def __init__(self, config: ModelConfig, weights: Weights, ops: Ops, max_positions: int | None = None):
         self.config = config
         self.ops = ops
         positions = max_positions or config.max_position_embeddings

@@ -48,7 +48,7 @@ def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: 
     """Run the profiling step, then measure while the memory pool still holds what the step
     allocated. The throwaway cache's blocks are not counted as used: the pool hands its memory
     back to the device before the KV cache is allocated."""
-    ops, config = model.ops, model.config
+    launcher, config = model.ops.launcher, model.config
     plan = profile_plan(max_seqs, max_batched_tokens, max_model_len, block_size)
     num_blocks = sum(len(r.block_table) for r in plan.rows)
     runner = ModelRunner(config, model, num_blocks, block_size)
@@ -56,10 +56,10 @@ def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: 
     for row in plan.rows:
         runner.release(row.request_id)
     del runner
-    ops.synchronize()
-    free, total = ops.memory_info()
-    ops.release_cached()  # the throwaway cache's memory goes back, for the real one to take
-    block_bytes = KVCache.bytes_per_block(config, block_size, ops.storage_dtype.itemsize)
+    launcher.synchronize()
+    free, total = launcher.memory_info()
+    launcher.release_cached()  # the throwaway cache's memory goes back, for the real one to take
+    block_bytes = KVCache.bytes_per_block(config, block_size, model.ops.storage_dtype.itemsize)
     return MemoryPlan(total=total, used=total - free - num_blocks * block_bytes, budget=int(total * utilization),
                       block_bytes=block_bytes)
 

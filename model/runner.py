@@ -13,7 +13,8 @@ import numpy as np
 from model.config import ModelConfig
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from model.llama import Llama
-from model.ops import numpy_ops
+from model.ops.numpy_ops import NumpyOps
+from model.ops.protocol import Ops, SampleBatch, SampleResult
 from model.sampling import SamplingParams
 from model.weights import load_weights
 
@@ -47,8 +48,7 @@ class Launched:
 
     rows: list[Row]  # the sampling rows, in the order of ids
     ids: object  # ops.download of the sampled ids
-    logprobs: list
-    top: list
+    sampled: SampleResult | None
 
 
 @dataclass
@@ -59,9 +59,10 @@ class Sampled:
     top_logprobs: list[tuple[int, float]] | None = None
 
 
-def load_model(model_dir: Path, ops=numpy_ops, max_model_len: int | None = None) -> Llama:
+def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | None = None) -> Llama:
+    """The model on ops (NumpyOps when none)."""
     config = ModelConfig.load(Path(model_dir))
-    return Llama(config, load_weights(Path(model_dir), config), ops, max_model_len)
+    return Llama(config, load_weights(Path(model_dir), config), ops or NumpyOps(), max_model_len)
 
 
 class ModelRunner:
@@ -74,7 +75,7 @@ class ModelRunner:
         self.rng = np.random.default_rng(seed)
         self.graphs = None  # model.cuda_graphs.DecodeGraphs once captured
         # a device runs the steps: the engine may plan and launch the next before this one lands
-        self.overlaps = getattr(self.ops, "asynchronous", False)
+        self.overlaps = self.ops.asynchronous
         self.swap = None  # model.swap.SwapPool on a GPU with --swap-space
         self.last_sampled = (None, {})  # the last launched step's ids on the device, and each request's row
 
@@ -86,7 +87,7 @@ class ModelRunner:
 
     @classmethod
     def from_dir(cls, model_dir: Path, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 ops=numpy_ops, max_model_len: int | None = None, seed: int | None = None) -> "ModelRunner":
+                 ops: Ops | None = None, max_model_len: int | None = None, seed: int | None = None) -> "ModelRunner":
         model = load_model(model_dir, ops, max_model_len)
         return cls(model.config, model, num_blocks, block_size, seed)
 
@@ -131,13 +132,13 @@ class ModelRunner:
         sampling = [r for r in plan.rows if r.sample]
         logits = self.logits(plan)  # the masks are computed meanwhile
         if not sampling:
-            return Launched([], None, [], [])
-        ids, logprobs, top = self.ops.sample(
-            logits, [r.params for r in sampling], [r.prompt_ids for r in sampling],
-            [self.history(r) for r in sampling], self.rng, [r.request_id for r in sampling],
-            [None if r.mask is None else r.mask.result() for r in sampling])
-        self.last_sampled = (ids, {r.request_id: i for i, r in enumerate(sampling)})
-        return Launched(sampling, self.ops.download(ids), logprobs, top)
+            return Launched([], None, None)
+        sampled = self.ops.sample(logits, SampleBatch(
+            [r.params for r in sampling], [r.prompt_ids for r in sampling], [self.history(r) for r in sampling],
+            self.rng, keys=[r.request_id for r in sampling],
+            masks=[None if r.mask is None else r.mask.result() for r in sampling]))
+        self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
+        return Launched(sampling, self.ops.download(sampled.token_ids), sampled)
 
     @staticmethod
     def history(row: Row):
@@ -152,8 +153,8 @@ class ModelRunner:
         """Wait for a launched step's sampled ids."""
         if not launched.rows:
             return []
-        ids = launched.ids.result()
-        return [Sampled(r.request_id, int(ids[i]), launched.logprobs[i], launched.top[i])
+        ids, sampled = launched.ids.result(), launched.sampled
+        return [Sampled(r.request_id, int(ids[i]), sampled.logprobs[i], sampled.top_logprobs[i])
                 for i, r in enumerate(launched.rows)]
 
     def step(self, plan: StepPlan) -> list[Sampled]:

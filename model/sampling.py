@@ -1,6 +1,6 @@
 """What a request asks of the sampler, checked once, before it reaches the engine.
 
-The sampling math itself lives in the ops modules (NumPy here, CUDA kernels on the GPU); this
+The sampling math itself lives in the ops backends (NumPy, numba, CUDA kernels on the GPU); this
 module only holds the parameters and the counter-based random numbers both sides share.
 """
 

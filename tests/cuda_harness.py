@@ -114,7 +114,7 @@ class ReplayedGraph:
 
 
 class CpuLauncher:
-    """The launcher interface of model/ops/cuda_ops.py, on the CPU: function(file,
+    """The Launcher protocol (model/ops/protocol.py) of CudaOps, on the CPU: function(file,
     name_expression) for the kernels, linear(x, w, bias, out) for the GEMMs, a stand-in for CUDA
     graphs, and memory_info() reporting `memory` ((free, total) bytes, set by a test)."""
 

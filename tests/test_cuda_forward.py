@@ -18,6 +18,8 @@ import pytest
 from cuda_harness import CpuLauncher, gpu_available
 from engine_harness import Harness
 from model.ops.cuda_ops import CudaOps
+from model.ops.numpy_ops import NumpyOps
+from model.ops.protocol import SampleBatch
 from model.runner import ModelRunner, Row, StepPlan
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
@@ -101,12 +103,10 @@ def test_the_device_sampler_refills_a_slot_whose_history_moved_on(tiny_dir):
     logits = (rng.standard_normal((1, 300)) * 2).astype(np.float32)
     p = [SamplingParams(temperature=0.0, frequency_penalty=2.0)]
     history = [int(np.argmax(logits))] * 3
-    ops.sample(logits, p, [[1]], [history[:1]], rng, keys=["r"])
-    got, _, _ = ops.sample(logits, p, [[1]], [history], rng, keys=["r"])  # two tokens it never counted
+    ops.sample(logits, SampleBatch(p, [[1]], [history[:1]], rng, keys=["r"]))
+    got = ops.sample(logits, SampleBatch(p, [[1]], [history], rng, keys=["r"])).token_ids  # two tokens it never counted
     assert ops.sampler.fills == 2
-    from model.ops import numpy_ops
-
-    want, _, _ = numpy_ops.sample(logits, p, [[1]], [history], rng)
+    want = NumpyOps().sample(logits, SampleBatch(p, [[1]], [history], rng)).token_ids
     assert int(got[0]) == int(want[0]) != history[0]
 
 
@@ -180,8 +180,6 @@ def test_the_cuda_backend_loads_in_the_checkpoint_dtype_unless_told(tiny_dir, tm
 def test_the_device_sampler_applies_a_grammar_mask():
     """Greedy and sampled rows on the kernels pick only what a grammar allows (the favourite is
     masked out), penalised rows too, and logprobs stay those of the raw logits."""
-    from model.ops import numpy_ops
-
     ops = CudaOps(np, CpuLauncher())
     rng = np.random.default_rng(12)
     vocab = 256
@@ -192,7 +190,8 @@ def test_the_device_sampler_applies_a_grammar_mask():
     params = [SamplingParams(temperature=0.0, logprobs=0), SamplingParams(temperature=1.0, repetition_penalty=1.2),
               SamplingParams(temperature=0.0)]
     for _ in range(10):
-        ids, logprobs, _ = ops.sample(logits, params, [[1]] * 3, [[]] * 3, rng, masks=masks)
+        got = ops.sample(logits, SampleBatch(params, [[1]] * 3, [[]] * 3, rng, masks=masks))
+        ids, logprobs = got.token_ids, got.logprobs
         assert allowed[0, ids[0]] and allowed[1, ids[1]] and ids[2] == np.argmax(logits[2])
-    _, want, _ = numpy_ops.sample(logits, params, [[1]] * 3, [[]] * 3, rng, masks=masks)
+    want = NumpyOps().sample(logits, SampleBatch(params, [[1]] * 3, [[]] * 3, rng, masks=masks)).logprobs
     assert logprobs[0] == pytest.approx(want[0], abs=1e-5)

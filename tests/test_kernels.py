@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher, DeviceLauncher, as_float, gpu_available, poisoned, storage
-from model.ops import numpy_ops
 from model.ops.kernels import name_expression
+from model.ops.numpy_ops import NumpyOps, _apply_penalties
+from model.ops.protocol import SampleBatch
 
+NUMPY = NumpyOps()
 DTYPES = ["float32", "float16", "bfloat16"]
 ULP = {"float32": 1e-5, "float16": 2 ** -10, "bfloat16": 2 ** -7}
 
@@ -56,7 +58,7 @@ def test_rms_norm(launcher, dtype, rows, hidden):
     xs, ws = storage(x, dtype), storage(w, dtype)
     out = poisoned((rows, hidden), dtype)
     kernel(launcher, "rms_norm.cu", "rms_norm", dtype)((rows,), (128,), (out, xs, ws, np.int32(hidden), np.float32(1e-5)))
-    want = numpy_ops.rms_norm(rounded(x, dtype), rounded(w, dtype), 1e-5)
+    want = NUMPY.rms_norm(rounded(x, dtype), rounded(w, dtype), 1e-5)
     assert_close(out, want, dtype)
 
 
@@ -72,7 +74,7 @@ def test_add_rms_norm_writes_the_sum_and_the_norm(launcher, dtype, rows, hidden)
                                                                    np.float32(1e-6)))
     summed = rounded(rounded(res, dtype) + rounded(x, dtype), dtype)
     assert_close(residual, summed, dtype)
-    assert_close(out, numpy_ops.rms_norm(summed, rounded(w, dtype), 1e-6), dtype)
+    assert_close(out, NUMPY.rms_norm(summed, rounded(w, dtype), 1e-6), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -84,7 +86,7 @@ def test_silu_and_mul(launcher, dtype, tokens, inter):
     block = 128
     kernel(launcher, "activation.cu", "silu_and_mul", dtype)(((inter + block - 1) // block, tokens), (block,),
                                                    (out, storage(gate_up, dtype), np.int32(inter)))
-    assert_close(out, numpy_ops.silu_and_mul(rounded(gate_up, dtype)), dtype)
+    assert_close(out, NUMPY.silu_and_mul(rounded(gate_up, dtype)), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -108,8 +110,8 @@ def test_rotary_in_place_on_q_and_k(launcher, dtype, q_heads, kv_heads):
     qs, ks = storage(q, dtype), storage(k, dtype)
     kernel(launcher, "rotary.cu", "rotary", dtype)((tokens,), (128,), (qs, ks, cos, sin, np.int32(q_heads), np.int32(kv_heads),
                                                              np.int32(head_dim)))
-    assert_close(qs, numpy_ops.rope(rounded(q, dtype), cos, sin), dtype)
-    assert_close(ks, numpy_ops.rope(rounded(k, dtype), cos, sin), dtype)
+    assert_close(qs, NUMPY.rope(rounded(q, dtype), cos, sin), dtype)
+    assert_close(ks, NUMPY.rope(rounded(k, dtype), cos, sin), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -122,7 +124,7 @@ def test_write_kv_through_the_slot_mapping(launcher, dtype):
     slots = np.array([17, 3, -1, 95, 40], dtype=np.int64)  # -1: a padding row, skipped
     want_k, want_v = cache_k.copy(), cache_v.copy()
     live = slots >= 0
-    numpy_ops.write_kv(want_k, want_v, slots[live], k[live], v[live])
+    NUMPY.write_kv(want_k, want_v, slots[live], k[live], v[live])
     kernel(launcher, "kv_write.cu", "write_kv", dtype)((tokens,), (64,), (cache_k, cache_v, k, v, slots, np.int32(kv_heads),
                                                                np.int32(head_dim), np.int64(blocks * block_size)))
     assert np.array_equal(cache_k, want_k) and np.array_equal(cache_v, want_v)
@@ -165,8 +167,8 @@ def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, spli
     got = decode_attention(launcher, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), tables,
                            context_lens,
                            dtype, split_len)
-    meta = numpy_ops.attention_meta([1] * seqs, context_lens.tolist(), tables.tolist(), block_size)
-    want = numpy_ops.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
+    meta = NUMPY.attention_meta([1] * seqs, context_lens.tolist(), tables.tolist(), block_size)
+    want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
                                      head_dim ** -0.5).reshape(seqs, heads, head_dim)
     assert_close(got, want, dtype, floor=1.0)
 
@@ -202,8 +204,8 @@ def test_paged_prefill_attention(launcher, dtype, heads, kv_heads, head_dim):
         (out, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), starts,
          np.array(context_lens, dtype=np.int32), tables, np.int32(heads), np.int32(kv_heads), np.int32(head_dim),
          np.int32(16), np.int32(tables.shape[1]), np.int32(cache_k.shape[1]), np.float32(head_dim ** -0.5)))
-    meta = numpy_ops.attention_meta(query_lens, context_lens, tables.tolist(), 16)
-    want = numpy_ops.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
+    meta = NUMPY.attention_meta(query_lens, context_lens, tables.tolist(), 16)
+    want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
                                      head_dim ** -0.5).reshape(tokens, heads, head_dim)
     assert_close(out, want, dtype, floor=1.0)
 
@@ -220,7 +222,7 @@ def run_sample(launcher, logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
 
 
 def kept_set(logits, temperature, top_k=0, top_p=1.0, min_p=0.0) -> set:
-    """numpy_ops._pick's candidates, as a set: min-p, then top-k, then top-p of what is left."""
+    """model/ops/numpy_ops._pick's candidates, as a set: min-p, then top-k, then top-p of what is left."""
     probs = np.exp((logits - logits.max()) / temperature)
     probs /= probs.sum()
     order = np.lexsort((np.arange(len(probs)), -probs))
@@ -275,7 +277,7 @@ def test_a_seeded_row_draws_the_same_token_alone_and_in_a_batch(launcher):
 
 def test_penalties_and_logit_bias_match_numpy_ops(launcher):
     """Counts kept on the device in each request's slot and updated by count_tokens step by step
-    give the same adjusted logits as numpy_ops' penalties over the whole history, bias included;
+    give the same adjusted logits as NumpyOps' penalties over the whole history, bias included;
     a row without a slot (-1) gets its bias only."""
     from model.sampling import SamplingParams
 
@@ -316,7 +318,7 @@ def test_penalties_and_logit_bias_match_numpy_ops(launcher):
         want = logits[r].copy()
         if p.logit_bias:
             want[list(p.logit_bias)] += np.array(list(p.logit_bias.values()), dtype=np.float32)
-        numpy_ops._apply_penalties(want, p, prompts[r], outputs[r])
+        _apply_penalties(want, p, prompts[r], outputs[r])
         np.testing.assert_allclose(got[r], want, rtol=1e-6, atol=1e-5)
     assert not np.array_equal(got[0], logits[0])  # the penalties did something
 
@@ -330,7 +332,8 @@ def test_logprobs_of_the_token_and_the_top_n_match_numpy_ops(launcher):
     logits[1, [40, 7]] = logits[1].max() + 1  # a tie at the top: the lower id first
     top_n = np.array([5, 3, 0], dtype=np.int32)
     params = [SamplingParams(temperature=0.0, logprobs=int(n)) for n in top_n]
-    tokens, want_chosen, want_top = numpy_ops.sample(logits, params, [[]] * rows, [[]] * rows, rng)
+    want = NUMPY.sample(logits, SampleBatch(params, [[]] * rows, [[]] * rows, rng))
+    tokens, want_chosen, want_top = want.token_ids, want.logprobs, want.top_logprobs
     tokens[2] = 123  # any token's logprob, not only the argmax
     want_chosen[2] = float((logits[2] - np.log(np.exp(logits[2] - logits[2].max()).sum()) - logits[2].max())[123])
     chosen = np.full(rows, np.nan, dtype=np.float32)

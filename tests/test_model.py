@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from model.config import ModelConfig
-from model.ops import numpy_ops
+from model.ops.numpy_ops import NumpyOps
 from model.runner import ModelRunner, Row, StepPlan
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
@@ -83,8 +83,9 @@ def test_paged_attention_equals_dense():
     perm = iter(rng.permutation(64))
     tables = [[int(next(perm)) for _ in range(-(-ctx // block))] for _, ctx in shapes]
     q = rng.standard_normal((sum(n for n, _ in shapes), heads, dim)).astype(np.float32)
-    meta = numpy_ops.attention_meta([n for n, _ in shapes], [c for _, c in shapes], tables, block)
-    out = numpy_ops.paged_attention(q, cache_k, cache_v, meta, 0.3)
+    ops = NumpyOps()
+    meta = ops.attention_meta([n for n, _ in shapes], [c for _, c in shapes], tables, block)
+    out = ops.paged_attention(q, cache_k, cache_v, meta, 0.3)
 
     start = 0
     for (n, ctx), table in zip(shapes, tables):

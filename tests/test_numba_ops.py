@@ -1,10 +1,16 @@
-"""Every numba kernel against its NumPy twin (model/ops/numpy_ops.py, the oracle) on random
+"""Every numba kernel against its NumPy twin (NumpyOps, the oracle) on random
 inputs at ragged shapes."""
 
 import numpy as np
 import pytest
 
-from model.ops import numba_ops, numpy_ops
+from model.ops.numba_attention import _blocks_as_float32
+from model.ops.numba_kernels import HALF
+from model.ops.numba_ops import NumbaOps
+from model.ops.numpy_ops import NumpyOps
+from model.ops.protocol import Ops, SampleBatch
+
+NUMPY, NUMBA = NumpyOps(), NumbaOps()
 
 RTOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -14,23 +20,32 @@ def rng():
     return np.random.default_rng(0)
 
 
+def test_every_backend_has_every_member_of_the_ops_protocol():
+    from cuda_harness import CpuLauncher
+    from model.ops.cuda_ops import CudaOps
+
+    for ops in (NUMPY, NUMBA, NumbaOps(q8_weights=True), CudaOps(np, CpuLauncher())):
+        assert isinstance(ops, Ops), type(ops)
+    assert NUMBA.storage_dtype == np.float32 and NumbaOps(q8_weights=True).storage_dtype == HALF
+
+
 @pytest.mark.parametrize("tokens, hidden", [(1, 8), (3, 576), (17, 100)])
 def test_add_rms_norm_matches_numpy(rng, tokens, hidden):
     x = rng.standard_normal((tokens, hidden), dtype=np.float32)
     delta = rng.standard_normal((tokens, hidden), dtype=np.float32)
     weight = rng.standard_normal(hidden, dtype=np.float32)
-    want_x, want = numpy_ops.add_rms_norm(x.copy(), delta, weight, 1e-5)
-    got_x, got = numba_ops.add_rms_norm(x.copy(), delta, weight, 1e-5)
+    want_x, want = NUMPY.add_rms_norm(x.copy(), delta, weight, 1e-5)
+    got_x, got = NUMBA.add_rms_norm(x.copy(), delta, weight, 1e-5)
     np.testing.assert_allclose(got_x, want_x, **RTOL)
     np.testing.assert_allclose(got, want, **RTOL)
-    _, first = numba_ops.add_rms_norm(x.copy(), None, weight, 1e-5)  # the first layer: nothing to add
-    np.testing.assert_allclose(first, numpy_ops.rms_norm(x, weight, 1e-5), **RTOL)
+    _, first = NUMBA.add_rms_norm(x.copy(), None, weight, 1e-5)  # the first layer: nothing to add
+    np.testing.assert_allclose(first, NUMPY.rms_norm(x, weight, 1e-5), **RTOL)
 
 
 def test_rms_norm_over_heads_matches_numpy(rng):  # Qwen3's q_norm and k_norm: (tokens, heads, head_dim)
     x = rng.standard_normal((5, 3, 16), dtype=np.float32)
     weight = rng.standard_normal(16, dtype=np.float32)
-    np.testing.assert_allclose(numba_ops.rms_norm(x, weight, 1e-6), numpy_ops.rms_norm(x, weight, 1e-6), **RTOL)
+    np.testing.assert_allclose(NUMBA.rms_norm(x, weight, 1e-6), NUMPY.rms_norm(x, weight, 1e-6), **RTOL)
 
 
 @pytest.mark.parametrize("tokens, heads, dim", [(1, 1, 2), (7, 9, 64), (3, 2, 128)])
@@ -38,7 +53,7 @@ def test_rope_matches_numpy(rng, tokens, heads, dim):
     x = rng.standard_normal((tokens, heads, dim), dtype=np.float32)
     angles = rng.uniform(0, 100, (tokens, dim // 2))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    np.testing.assert_allclose(numba_ops.rope(x, cos, sin), numpy_ops.rope(x, cos, sin), **RTOL)
+    np.testing.assert_allclose(NUMBA.rope(x, cos, sin), NUMPY.rope(x, cos, sin), **RTOL)
 
 
 @pytest.mark.parametrize("tokens, width", [(1, 4), (5, 1536), (33, 7)])
@@ -46,8 +61,8 @@ def test_silu_and_mul_matches_numpy(rng, tokens, width):
     gate_up = rng.standard_normal((tokens, 2 * width), dtype=np.float32) * 4
     gate_up[0, :4] = [-200, -90, 90, 200]  # past the exponential's clamps, both ways
     with np.errstate(over="ignore"):  # NumPy's exp(200) is inf, and silu(-200) -0 all the same
-        want = numpy_ops.silu_and_mul(gate_up.copy())
-    np.testing.assert_allclose(numba_ops.silu_and_mul(gate_up), want, **RTOL)
+        want = NUMPY.silu_and_mul(gate_up.copy())
+    np.testing.assert_allclose(NUMBA.silu_and_mul(gate_up), want, **RTOL)
 
 
 @pytest.mark.parametrize("query_lens, context_lens, heads, kv_heads, dim, block_size", [
@@ -63,17 +78,17 @@ def test_paged_attention_matches_numpy(rng, query_lens, context_lens, heads, kv_
     cache_k = rng.standard_normal((kv_heads, blocks, block_size, dim), dtype=np.float32)
     cache_v = rng.standard_normal((kv_heads, blocks, block_size, dim), dtype=np.float32)
     cache_k[0, :, 0, :4] = [0, -0.0, 3e-6, -6e-8]  # zeros and float16 subnormals
-    if half:  # numpy_ops attends over the float16 values, widened; numba_ops reads the bits
+    if half:  # NumPy attends over the float16 values, widened; numba reads the bits
         cache_k, cache_v = (c.astype(np.float16).astype(np.float32) for c in (cache_k, cache_v))
     free = list(rng.permutation(blocks))  # each row's blocks scattered through the cache
     tables = [[int(free.pop()) for _ in range(-(-c // block_size))] for c in context_lens]
     q = rng.standard_normal((sum(query_lens), heads, dim), dtype=np.float32)
-    want = numpy_ops.paged_attention(q, cache_k, cache_v,
-                                     numpy_ops.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
+    want = NUMPY.paged_attention(q, cache_k, cache_v,
+                                     NUMPY.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
     if half:
-        cache_k, cache_v = (c.astype(np.float16).view(numba_ops.HALF) for c in (cache_k, cache_v))
-    got = numba_ops.paged_attention(q, cache_k, cache_v,
-                                    numba_ops.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
+        cache_k, cache_v = (c.astype(np.float16).view(HALF) for c in (cache_k, cache_v))
+    got = NUMBA.paged_attention(q, cache_k, cache_v,
+                                    NUMBA.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -84,11 +99,11 @@ def test_write_kv_stores_what_numpy_stores(rng, half):
     k, v = qkv[:, 8:16].reshape(5, 1, 8), qkv[:, 16:].reshape(5, 1, 8)
     slots = np.array([0, 17, 33, 40, 63])
     want_k, want_v = (np.zeros((1, 4, 16, 8), dtype=np.float32) for _ in range(2))
-    numpy_ops.write_kv(want_k, want_v, slots, k, v)
-    cache_k, cache_v = (np.zeros((1, 4, 16, 8), dtype=numba_ops.HALF if half else np.float32) for _ in range(2))
-    numba_ops.write_kv(cache_k, cache_v, slots, k, v)
+    NUMPY.write_kv(want_k, want_v, slots, k, v)
+    cache_k, cache_v = (np.zeros((1, 4, 16, 8), dtype=HALF if half else np.float32) for _ in range(2))
+    NUMBA.write_kv(cache_k, cache_v, slots, k, v)
     for cache, want in ((cache_k, want_k), (cache_v, want_v)):
-        got = numba_ops._blocks_as_float32(cache, np.arange(4)).reshape(want.shape)
+        got = _blocks_as_float32(cache, np.arange(4)).reshape(want.shape)
         np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32) if half else want)
 
 
@@ -109,7 +124,7 @@ def test_a_whole_model_step_matches_numpy(tiny_dir):
     chunk on a cached prefix with decode rows; the logits agree to float32 rounding."""
     from model.runner import ModelRunner, Row, StepPlan
 
-    runners = [ModelRunner.from_dir(tiny_dir, num_blocks=32, block_size=4, ops=ops) for ops in (numpy_ops, numba_ops)]
+    runners = [ModelRunner.from_dir(tiny_dir, num_blocks=32, block_size=4, ops=ops) for ops in (NUMPY, NUMBA)]
     prompts = [[5, 9, 11, 30, 2, 7], [40, 41, 42], [3] * 13]
     tables = [[0, 1], [2], [3, 4, 5, 6]]
     first = StepPlan([Row(i, p, 0, t, sample=True) for i, (p, t) in enumerate(zip(prompts, tables))])
@@ -122,7 +137,7 @@ def test_a_whole_model_step_matches_numpy(tiny_dir):
 
 def test_the_batch_sampler_draws_what_numpy_draws(rng):
     """Greedy rows exactly; seeded temperature rows the same token except where float rounding
-    moves a CDF boundary; filtered, penalised, masked and logprob rows through numpy_ops itself."""
+    moves a CDF boundary; filtered, penalised, masked and logprob rows through NumpyOps itself."""
     from model.sampling import SamplingParams
 
     vocab, rows = 300, 240
@@ -131,9 +146,11 @@ def test_the_batch_sampler_draws_what_numpy_draws(rng):
               SamplingParams(temperature=0.5 + r % 5 * 0.3, seed=r) if r % 3 == 1 else
               SamplingParams(temperature=0.8, top_k=20, seed=r, logprobs=2) for r in range(rows)]
     history = [[1, 2]] * rows
-    args = (params, history, history, np.random.default_rng(0))
-    want, want_lp, want_top = numpy_ops.sample(logits.copy(), *args)
-    got, got_lp, got_top = numba_ops.sample(np.asfortranarray(logits), *args)  # strided rows, as the LM head gives
+    batch = SampleBatch(params, history, history, np.random.default_rng(0))
+    want = NUMPY.sample(logits.copy(), batch)
+    got = NUMBA.sample(np.asfortranarray(logits), batch)  # strided rows, as the LM head gives
+    want, want_lp, want_top = want.token_ids, want.logprobs, want.top_logprobs
+    got, got_lp, got_top = got.token_ids, got.logprobs, got.top_logprobs
     greedy = [r for r in range(rows) if r % 3 == 0]
     np.testing.assert_array_equal(got[greedy], want[greedy])
     seeded = [r for r in range(rows) if r % 3 == 1]
@@ -148,7 +165,7 @@ def test_a_plain_temperature_draw_follows_the_softmax():
 
     logits = np.log(np.array([[0.1, 0.2, 0.3, 0.4]] * 4000, dtype=np.float32))
     params = [SamplingParams(temperature=1.0)] * 4000
-    ids, _, _ = numba_ops.sample(logits, params, [[]] * 4000, [[]] * 4000, np.random.default_rng(1))
+    ids = NUMBA.sample(logits, SampleBatch(params, [[]] * 4000, [[]] * 4000, np.random.default_rng(1))).token_ids
     share = np.bincount(ids, minlength=4) / 4000
     np.testing.assert_allclose(share, [0.1, 0.2, 0.3, 0.4], atol=0.03)
 

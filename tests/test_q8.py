@@ -91,11 +91,11 @@ def test_the_4bit_matmul_is_the_float32_one(rng, tokens, out_dim, in_dim):
 
 
 def test_the_embedding_reads_dequantized_rows(rng):
-    from model.ops import numba_ops
+    from model.ops.numba_ops import NumbaOps
 
     table = pack.quantize(rng.standard_normal((50, 64), dtype=np.float32))
     ids = np.array([3, 3, 49, 0])
-    np.testing.assert_array_equal(numba_ops.embedding(table, ids), table.dequantize()[ids])
+    np.testing.assert_array_equal(NumbaOps(q8_weights=True).embedding(table, ids), table.dequantize()[ids])
 
 
 @pytest.fixture(scope="module")

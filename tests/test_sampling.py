@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from model.ops import numpy_ops
+from model.ops.numpy_ops import SAMPLING_CANDIDATES, NumpyOps
+from model.ops.protocol import SampleBatch
 from model.sampling import SamplingParams, seeded_uniform
 
 
@@ -14,7 +15,7 @@ def draw(logits, params: SamplingParams, n=1, prompt=(), output=()):
     out = []
     for i in range(n):
         p = params if params.seed is None and params.greedy else SamplingParams(**{**vars(params), "seed": i})
-        ids, _, _ = numpy_ops.sample(logits, [p], [prompt], [output], rng)
+        ids = NumpyOps().sample(logits, SampleBatch([p], [prompt], [output], rng)).token_ids
         out.append(int(ids[0]))
     return np.array(out)
 
@@ -56,7 +57,7 @@ def test_top_p_reaching_past_the_candidates_is_exact():
     """A flat distribution: the nucleus of 0.9 spans 900 of 1000 tokens, more than the
     256 candidates taken first, so the sampler must fall back to a full sort."""
     tokens = draw(np.zeros(1000), SamplingParams(top_p=0.8995), n=2000)
-    assert tokens.max() < 900 and (tokens >= numpy_ops.SAMPLING_CANDIDATES).mean() > 0.5
+    assert tokens.max() < 900 and (tokens >= SAMPLING_CANDIDATES).mean() > 0.5
 
 
 def test_logit_bias_forces_and_bans():
@@ -87,7 +88,8 @@ def test_presence_and_frequency_penalties_count_output_only():
 def test_logprobs_are_raw_log_softmax_with_sorted_top_n():
     logits = np.random.default_rng(4).standard_normal((2, 200)).astype(np.float32)
     params = [SamplingParams(temperature=0.0, logprobs=5), SamplingParams(temperature=1.0, seed=3, logprobs=0)]
-    ids, logprobs, top = numpy_ops.sample(logits, params, [(), ()], [(), ()], np.random.default_rng())
+    got = NumpyOps().sample(logits, SampleBatch(params, [(), ()], [(), ()], np.random.default_rng()))
+    ids, logprobs, top = got.token_ids, got.logprobs, got.top_logprobs
     lsm = logits - logits.max(axis=1, keepdims=True)
     lsm = lsm - np.log(np.exp(lsm).sum(axis=1, keepdims=True))
     for r in range(2):
@@ -138,7 +140,8 @@ def test_a_grammar_mask_limits_every_draw_and_logprobs_stay_raw():
     params = [SamplingParams(temperature=0.0, logprobs=0), SamplingParams(temperature=1.0, top_p=0.9),
               SamplingParams(temperature=0.7, repetition_penalty=1.3), SamplingParams(temperature=1.0)]
     for _ in range(30):
-        ids, logprobs, _ = numpy_ops.sample(logits, params, [[1, 2]] * 4, [[]] * 4, rng, masks=list(words))
+        got = NumpyOps().sample(logits, SampleBatch(params, [[1, 2]] * 4, [[]] * 4, rng, masks=list(words)))
+        ids, logprobs = got.token_ids, got.logprobs
         assert all(allowed[r, t] for r, t in enumerate(ids))
     raw = logits[0] - logits[0].max()
     assert logprobs[0] == pytest.approx(float(raw[ids[0]] - np.log(np.exp(raw).sum())), abs=1e-5)

@@ -1,14 +1,12 @@
-"""The CUDA ops: numpy_ops' surface, with every op but the GEMMs done by Spool's kernels (cuda/).
+"""The CUDA backend: CudaOps, the Ops protocol with every op but the GEMMs done by Spool's
+kernels (cuda/), on whatever array module and launcher it is given.
 
-CudaOps is written against an array module and a launcher, not against CuPy: on a GPU the
-arrays are CuPy's and the launcher compiles the .cu files with CuPy's RawModule; in CI the
-arrays are NumPy's and the launcher is the CPU harness (tests/cuda_harness.py), which runs the
-same .cu files. So the whole forward pass of model/llama.py is tested through the kernels
-without a GPU. A launcher has two methods: `function(file, name_expression)`, returning a
-callable `(grid, block, args, shared_mem=0)` as CuPy's RawKernel is called, and
-`linear(x, w, bias, out)`, the GEMM (cuBLAS on a GPU); for sizing the KV pool,
-`memory_info()`, `synchronize()` and `release_cached()`; and what model/cuda_graphs.py,
-model/swap.py and the overlapped loop use (model/ops/cupy_ops.py lists them).
+On a GPU the arrays are CuPy's and the launcher compiles the .cu files with CuPy's RawModule
+(model/ops/cupy_ops.py); in CI the arrays are NumPy's and the launcher is the CPU harness
+(tests/cuda_harness.py), which runs the same .cu files. So the whole forward pass of
+model/llama.py is tested through the kernels without a GPU. The launcher's methods are the
+Launcher protocol (model/ops/protocol.py); model/cuda_graphs.py, model/swap.py and
+model/memory.py use it through CudaOps.launcher.
 
 Weights, activations and K/V are in the storage type (float32, float16, or bfloat16 held as
 uint16 bits, model/ops/dtypes.py); model/llama.py never does arithmetic on them itself, only
@@ -23,7 +21,7 @@ import numpy as np
 from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
 from model.ops.kernels import name_expression
-from model.ops.numpy_ops import Download
+from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult
 
 THREADS = 128
 DECODE_SPLIT = 512  # context tokens per decode block; longer contexts are split and reduced
@@ -43,9 +41,10 @@ class AttentionMeta:
 
 
 class CudaOps:
+    name = "cuda"
     asynchronous = True  # kernels are queued: a step returns before the device has run it
 
-    def __init__(self, xp, launcher, dtype: str = "float32"):
+    def __init__(self, xp, launcher: Launcher, dtype: str = "float32"):
         self.xp, self.launcher, self.dtype = xp, launcher, dtype
         self.storage_dtype = ARRAY_DTYPES[dtype]
         self.sampler = DeviceSampler(self)
@@ -57,7 +56,7 @@ class CudaOps:
         return self.xp.asarray(x, dtype=dtype)
 
     def to_host(self, x) -> np.ndarray:
-        return x.get() if hasattr(x, "get") else np.asarray(x)
+        return np.asarray(x) if self.xp is np else self.xp.asnumpy(x)
 
     def download(self, x) -> Download:
         """x's copy to pinned host memory, queued now; its result() waits for that copy only,
@@ -83,16 +82,6 @@ class CudaOps:
         self.launcher.linear(self.contiguous(h), w, None, out)
         return out
 
-    def memory_info(self) -> tuple[int, int]:
-        """(free, total) bytes of device memory, as the driver counts them."""
-        return self.launcher.memory_info()
-
-    def synchronize(self) -> None:
-        self.launcher.synchronize()
-
-    def release_cached(self) -> None:
-        self.launcher.release_cached()
-
     def contiguous(self, x):
         return self.xp.ascontiguousarray(x)
 
@@ -113,7 +102,7 @@ class CudaOps:
         return out
 
     def add_rms_norm(self, x, delta, weight, eps: float):
-        """numpy_ops.add_rms_norm: x += delta in place, and its norm, in one kernel."""
+        """NumpyOps.add_rms_norm: x += delta in place, and its norm, in one kernel."""
         if delta is None:
             return x, self.rms_norm(x, weight, eps)
         hidden = x.shape[-1]
@@ -185,9 +174,9 @@ class CudaOps:
                  np.float32(scale)))
         return out.reshape(tokens, heads * head_dim)
 
-    def sample(self, logits, params, prompts, outputs, rng, keys=None, masks=None):
-        """numpy_ops.sample's contract; the ids stay on the device (to_host them)."""
-        return self.sampler.sample(logits, params, prompts, outputs, rng, keys, masks)
+    def sample(self, logits, batch: SampleBatch) -> SampleResult:
+        """NumpyOps.sample's contract; the ids stay on the device (to_host them)."""
+        return self.sampler.sample(logits, batch)
 
     def release(self, key) -> None:
         """The request named key has ended: its penalty counts' slot is free again."""

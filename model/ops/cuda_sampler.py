@@ -13,7 +13,8 @@ bias entries); what comes back is the sampled ids, and logprobs only when a row 
 
 import numpy as np
 
-from model.sampling import allowed_tokens, seeded_uniform
+from model.ops.protocol import SampleBatch, SampleResult
+from model.sampling import allowed_tokens
 
 SAMPLE_THREADS = 1024  # sampling.cu: a power of two, at most 1024
 ROW_THREADS = 256  # penalties.cu and logprobs.cu
@@ -63,14 +64,15 @@ class DeviceSampler:
         self.counts, self.seen = counts, seen
         self.free.extend(range(new - 1, old - 1, -1))
 
-    def sample(self, logits, params, prompts, outputs, rng, keys=None, masks=None):
-        """numpy_ops.sample's contract on device logits (rows, vocab) fp32. keys name each row's
-        request, so its counts persist across steps; without keys every slot is temporary.
-        masks: a grammar's allowed tokens per row, or None; uploaded as one bool per token."""
+    def sample(self, logits, batch: SampleBatch) -> SampleResult:
+        """NumpyOps.sample's contract on device logits (rows, vocab) fp32. batch.keys name each
+        row's request, so its counts persist across steps; without keys every slot is temporary.
+        batch.masks: a grammar's allowed tokens per row, or None; uploaded as one bool per token."""
         ops, xp = self.ops, self.xp
+        params, prompts, outputs, masks = batch.params, batch.prompts, batch.outputs, batch.masks
         rows, vocab = logits.shape
-        temporary = keys is None
-        keys = [object() for _ in params] if temporary else keys
+        temporary = batch.keys is None
+        keys = [object() for _ in params] if temporary else batch.keys
         count_rows = np.array([self._slot(k, vocab, prompts[r], outputs[r]) if p.penalized else -1
                                for r, (k, p) in enumerate(zip(keys, params))], dtype=np.int32)
         device_rows = ops.asarray(count_rows, np.int32)
@@ -92,8 +94,7 @@ class DeviceSampler:
                 ops.asarray([p.frequency_penalty for p in params], np.float32), ops.asarray(offsets, np.int32),
                 ops.asarray([t for p in params for t in p.logit_bias] or [0], np.int32),
                 ops.asarray([v for p in params for v in p.logit_bias.values()] or [0], np.float32), np.int32(vocab)))
-        uniform = [0.0 if p.greedy else seeded_uniform(p.seed, len(outputs[r])) if p.seed is not None
-                   else rng.random() for r, p in enumerate(params)]
+        uniform = [batch.uniform(r) for r in range(rows)]
         ids = ops.zeros(rows, np.int32)
         ops.kernel("sampling.cu", "sample")((rows,), (SAMPLE_THREADS,), (
             ids, adjusted, ops.asarray([p.temperature for p in params], np.float32),
@@ -110,7 +111,7 @@ class DeviceSampler:
             for k in keys:
                 self.release(k)
         logprobs, top = self._logprobs(logits, ids, params)
-        return ids, logprobs, top
+        return SampleResult(ids, logprobs, top)
 
     def _table(self, table, dtype):
         """The counts (or seen) table, or a one-element stand-in when no slot exists yet."""

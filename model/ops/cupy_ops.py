@@ -65,10 +65,9 @@ class Gemm:
 
 
 class RawModuleLauncher:
-    """The launcher interface of cuda_ops on a GPU: function(file, name_expression),
-    linear(x, w, bias, out), memory_info(), synchronize() and release_cached(); and for CUDA graphs
-    (model/cuda_graphs.py) pinned(size, dtype), upload(device, host) and capture(fn); download(device)
-    for the overlapped step loop; copy_to_host and copy_to_device for the spill pool (model/swap.py)."""
+    """The Launcher protocol (model/ops/protocol.py) on a GPU: kernels and GEMMs, memory sizing,
+    and for CUDA graphs (model/cuda_graphs.py), the overlapped step loop and the spill pool
+    (model/swap.py) pinned memory, uploads, downloads, captures and side-stream copies."""
 
     def __init__(self):
         self.linear = Gemm()  # DynamicLibNotFoundError where cuBLAS is missing

@@ -1,6 +1,6 @@
-"""What the CPU kernels' hand-written LLVM (the numba intrinsics of model/quant/ and
-model/ops/numba_ops.py) shares: where an array's data and elements are, its shape, and one value
-in every lane of a vector."""
+"""What the CPU kernels' hand-written LLVM (the numba intrinsics of model/quant/,
+model/ops/numba_rowwise.py and model/ops/numba_attention.py) shares: where an array's data and
+elements are, its shape, and one value in every lane of a vector."""
 
 from llvmlite import ir
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.sampling import SamplingParams, allowed_tokens, seeded_uniform
+from model.ops.protocol import Download, SampleBatch, SampleResult
+from model.sampling import SamplingParams, allowed_tokens
 
 # Attention chunks: at most this many rows, and padding to at most this share of the chunk.
 ATTENTION_CHUNK_ROWS = 8
@@ -20,100 +21,6 @@ SKINNY_ROWS = 64
 # Candidates kept for top-k / top-p before falling back to a full sort of the vocabulary.
 SAMPLING_CANDIDATES = 256
 
-name = "numpy"
-xp = np  # the array module of this backend's arrays (CuPy on a GPU)
-storage_dtype = np.dtype(np.float32)  # of weights, activations and K/V
-
-
-def asarray(x, dtype=np.float32) -> np.ndarray:
-    return np.ascontiguousarray(x, dtype=dtype)
-
-
-def to_host(x) -> np.ndarray:
-    return x
-
-
-class Download:
-    """An array's copy to the host, started when made; result() waits for it (on the device:
-    for an event recorded after the copy, not for everything queued since)."""
-
-    def __init__(self, host: np.ndarray, event=None):
-        self.host, self.event = host, event
-
-    def result(self) -> np.ndarray:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host
-
-
-def download(x) -> Download:
-    return Download(x)
-
-
-def zeros(shape, dtype=np.float32) -> np.ndarray:
-    return np.zeros(shape, dtype=dtype)
-
-
-def weight(x) -> np.ndarray:
-    return asarray(x)
-
-
-def embedding(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
-    return table[token_ids]
-
-
-def linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """x @ w.T (+ bias) for activations x (tokens, in) and a weight w (out, in)."""
-    out = (w @ x.T).T if x.shape[0] <= SKINNY_ROWS else x @ w.T
-    if bias is not None:
-        out += bias
-    return out
-
-
-logits = linear  # float32 already
-
-
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    variance = np.mean(np.square(x), axis=-1, keepdims=True)
-    return x / np.sqrt(variance + np.float32(eps)) * weight
-
-
-def add_rms_norm(x: np.ndarray, delta: np.ndarray | None, weight: np.ndarray, eps: float):
-    """The residual stream's step: x += delta (in place; none before the first layer), then
-    (x, rms_norm(x))."""
-    if delta is not None:
-        x += delta
-    return x, rms_norm(x, weight, eps)
-
-
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate halves (Hugging Face's layout): x is (tokens, heads, head_dim), cos/sin are
-    (tokens, head_dim / 2)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-
-
-def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
-    half = gate_up.shape[-1] // 2
-    gate, up = gate_up[:, :half], gate_up[:, half:]
-    out = np.negative(gate)  # in place from here: prefill makes these arrays megabytes big
-    np.exp(out, out=out)
-    out += np.float32(1.0)
-    np.divide(gate, out, out=out)
-    out *= up
-    return out
-
-
-def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray,
-             k: np.ndarray, v: np.ndarray) -> None:
-    """Store K/V (tokens, kv_heads, head_dim) at flat slots of caches shaped
-    (kv_heads, blocks, block_size, head_dim)."""
-    heads, _, _, dim = cache_k.shape
-    cache_k.reshape(heads, -1, dim)[:, slots] = k.transpose(1, 0, 2)
-    cache_v.reshape(heads, -1, dim)[:, slots] = v.transpose(1, 0, 2)
-
 
 @dataclass
 class AttentionChunk:
@@ -123,91 +30,6 @@ class AttentionChunk:
     query_valid: np.ndarray  # (rows, max_queries) bool
     key_blocks: np.ndarray  # (rows, max_blocks) block ids, padding clipped to block 0
     bias: np.ndarray  # (1, rows, 1, max_queries, max_blocks * block_size): 0 or -inf
-
-
-def attention_meta(query_lens: list[int], context_lens: list[int],
-                   block_tables: list[list[int]], block_size: int) -> list[AttentionChunk]:
-    """Plan a step's attention once; every layer reuses it.
-
-    Row r's queries are the last query_lens[r] tokens of its context_lens[r] tokens, whose K/V
-    are already in the cache, so prefill chunks attend causally on top of a cached prefix.
-    Rows are sorted by work and chunked so that padding stays small.
-    """
-    starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)
-    order = sorted(range(len(query_lens)), key=lambda r: (query_lens[r], context_lens[r]))
-    groups, group = [], []
-    for r in order:  # sorted, so the newest row is the chunk's longest
-        if group and (len(group) == ATTENTION_CHUNK_ROWS
-                      or query_lens[r] * context_lens[r]
-                      > ATTENTION_CHUNK_SLACK * query_lens[group[0]] * context_lens[group[0]]):
-            groups.append(group)
-            group = []
-        group.append(r)
-    groups.append(group)
-    chunks = []
-    for rows in groups:
-        n = np.array([query_lens[r] for r in rows])
-        ctx = np.array([context_lens[r] for r in rows])
-        max_q = int(n.max())
-        max_blocks = -(-int(ctx.max()) // block_size)
-        qi = np.arange(max_q)
-        query_valid = qi[None, :] < n[:, None]
-        query_index = np.where(query_valid, starts[rows][:, None] + qi[None, :], 0)
-        key_blocks = np.zeros((len(rows), max_blocks), dtype=np.int64)
-        for i, r in enumerate(rows):
-            used = -(-int(ctx[i]) // block_size)
-            key_blocks[i, :used] = block_tables[r][:used]
-        key_pos = np.arange(max_blocks * block_size)
-        query_pos = (ctx - n)[:, None] + qi[None, :]  # (rows, max_q)
-        visible = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
-        bias = np.where(visible, np.float32(0), np.float32(-np.inf))
-        chunks.append(AttentionChunk(query_index, query_valid, key_blocks, bias[None, :, None]))
-    return chunks
-
-
-_scratch_buffers: dict[str, np.ndarray] = {}
-
-
-def _scratch(name: str, shape: tuple) -> np.ndarray:
-    """A reused float32 buffer: fresh multi-megabyte temporaries in the per-layer loop cost up to
-    2x through page faults. Safe because one step runs at a time."""
-    size = int(np.prod(shape))
-    buf = _scratch_buffers.get(name)
-    if buf is None or buf.size < size:
-        buf = _scratch_buffers[name] = np.empty(size, dtype=np.float32)
-    return buf[:size].reshape(shape)
-
-
-def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
-                    meta: list[AttentionChunk], scale: float) -> np.ndarray:
-    """q is (tokens, heads, head_dim); the caches are (kv_heads, blocks, block_size, head_dim),
-    read only through the block ids in meta, a whole block per copy. Everything is laid out
-    kv-head-major, so both batched matmuls see contiguous matrices."""
-    tokens, heads, dim = q.shape
-    kv_heads, _, block_size, _ = cache_k.shape
-    group = heads // kv_heads
-    out = np.empty((tokens, heads * dim), dtype=np.float32)
-    for c in meta:
-        rows, max_q = c.query_index.shape
-        ctx = c.key_blocks.shape[1] * block_size
-        qc = np.take(q, c.query_index, axis=0).reshape(rows, max_q, kv_heads, group, dim)
-        qc = qc.transpose(2, 0, 3, 1, 4).reshape(kv_heads, rows, group * max_q, dim) * np.float32(scale)
-        gathered = (kv_heads, rows, c.key_blocks.shape[1], block_size, dim)
-        k = np.take(cache_k, c.key_blocks, axis=1, out=_scratch("k", gathered), mode="clip")
-        v = np.take(cache_v, c.key_blocks, axis=1, out=_scratch("v", gathered), mode="clip")
-        k = k.reshape(kv_heads, rows, ctx, dim)
-        v = v.reshape(kv_heads, rows, ctx, dim)
-        scores = np.matmul(qc, k.transpose(0, 1, 3, 2), out=_scratch("s", (kv_heads, rows, group * max_q, ctx)))
-        scores = scores.reshape(kv_heads, rows, group, max_q, ctx)
-        scores += c.bias
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        o = scores.reshape(kv_heads, rows, group * max_q, ctx) @ v
-        o = o.reshape(kv_heads, rows, group, max_q, dim).transpose(1, 3, 0, 2, 4)
-        o = o.reshape(rows, max_q, heads * dim)
-        out[c.query_index[c.query_valid]] = o[c.query_valid]
-    return out
 
 
 def _apply_penalties(logits: np.ndarray, p: SamplingParams,
@@ -261,46 +83,192 @@ def _pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
     return int(cand[min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(kept) - 1)])
 
 
-def sample(logits: np.ndarray, params: list[SamplingParams], prompts: list, outputs: list,
-           rng: np.random.Generator, keys=None, masks=None):
-    """Sample one token per row of logits (rows, vocab).
+class NumpyOps:
+    """The Ops protocol (model/ops/protocol.py) in NumPy: the oracle."""
 
-    Returns (token_ids, logprobs, top_logprobs): logprobs are of the model's raw
-    distribution (before a grammar's mask, penalties and temperature), None where not asked
-    for. keys (each row's request) let a backend keep per-request state; this one reads the
-    history every step. masks: per row, the tokens a grammar allows, or None.
-    """
-    token_ids = np.empty(len(params), dtype=np.int64)
-    logprobs: list = [None] * len(params)
-    top: list = [None] * len(params)
-    for r, p in enumerate(params):
-        row = logits[r]
-        mask = masks[r] if masks else None
-        if mask is not None:  # a new array, so the raw logits stay for logprobs
-            row = np.where(allowed_tokens(mask, row.shape[0]), row, np.float32(-np.inf))
-        if p.logit_bias or p.penalized:
-            row = row if mask is not None else row.copy()
-            if p.logit_bias:
-                ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
-                row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)
-            _apply_penalties(row, p, prompts[r], outputs[r])
-        if p.greedy:
-            token_ids[r] = int(np.argmax(row))
-        else:
-            u = seeded_uniform(p.seed, len(outputs[r])) if p.seed is not None else rng.random()
-            token_ids[r] = _pick(row, p, u)
-        if p.logprobs is not None:
-            raw = logits[r] - logits[r].max()
-            lsm = raw - np.log(np.exp(raw).sum())
-            logprobs[r] = float(lsm[token_ids[r]])
-            if p.logprobs:
-                best = np.argpartition(-lsm, p.logprobs - 1)[:p.logprobs]
-                best = best[np.lexsort((best, -lsm[best]))]
-                top[r] = [(int(t), float(lsm[t])) for t in best]
-            else:
-                top[r] = []
-    return token_ids, logprobs, top
+    name = "numpy"
+    xp = np
+    storage_dtype = np.dtype(np.float32)
+    asynchronous = False
+    launcher = None
 
+    def __init__(self):
+        self.scratch_buffers: dict[str, np.ndarray] = {}
 
-def release(key) -> None:
-    """A request has ended; this sampler keeps nothing per request (see sample's keys)."""
+    def asarray(self, x, dtype=np.float32) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=dtype)
+
+    def to_host(self, x) -> np.ndarray:
+        return x
+
+    def download(self, x) -> Download:
+        return Download(x)
+
+    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def weight(self, x) -> np.ndarray:
+        return self.asarray(x)
+
+    def embedding(self, table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+        return table[token_ids]
+
+    def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """x @ w.T (+ bias) for activations x (tokens, in) and a weight w (out, in)."""
+        out = (w @ x.T).T if x.shape[0] <= SKINNY_ROWS else x @ w.T
+        if bias is not None:
+            out += bias
+        return out
+
+    def logits(self, h: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return self.linear(h, w)  # float32 already
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        variance = np.mean(np.square(x), axis=-1, keepdims=True)
+        return x / np.sqrt(variance + np.float32(eps)) * weight
+
+    def add_rms_norm(self, x: np.ndarray, delta: np.ndarray | None, weight: np.ndarray, eps: float):
+        """The residual stream's step: x += delta (in place; none before the first layer), then
+        (x, rms_norm(x))."""
+        if delta is not None:
+            x += delta
+        return x, self.rms_norm(x, weight, eps)
+
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """Rotate halves (Hugging Face's layout): x is (tokens, heads, head_dim), cos/sin are
+        (tokens, head_dim / 2)."""
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        c, s = cos[:, None, :], sin[:, None, :]
+        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+    def silu_and_mul(self, gate_up: np.ndarray) -> np.ndarray:
+        half = gate_up.shape[-1] // 2
+        gate, up = gate_up[:, :half], gate_up[:, half:]
+        out = np.negative(gate)  # in place from here: prefill makes these arrays megabytes big
+        np.exp(out, out=out)
+        out += np.float32(1.0)
+        np.divide(gate, out, out=out)
+        out *= up
+        return out
+
+    def write_kv(self, cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray,
+                 k: np.ndarray, v: np.ndarray) -> None:
+        """Store K/V (tokens, kv_heads, head_dim) at flat slots of caches shaped
+        (kv_heads, blocks, block_size, head_dim)."""
+        heads, _, _, dim = cache_k.shape
+        cache_k.reshape(heads, -1, dim)[:, slots] = k.transpose(1, 0, 2)
+        cache_v.reshape(heads, -1, dim)[:, slots] = v.transpose(1, 0, 2)
+
+    def attention_meta(self, query_lens: list[int], context_lens: list[int],
+                       block_tables: list[list[int]], block_size: int) -> list[AttentionChunk]:
+        """Plan a step's attention once; every layer reuses it.
+
+        Row r's queries are the last query_lens[r] tokens of its context_lens[r] tokens, whose K/V
+        are already in the cache, so prefill chunks attend causally on top of a cached prefix.
+        Rows are sorted by work and chunked so that padding stays small.
+        """
+        starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)
+        order = sorted(range(len(query_lens)), key=lambda r: (query_lens[r], context_lens[r]))
+        groups, group = [], []
+        for r in order:  # sorted, so the newest row is the chunk's longest
+            if group and (len(group) == ATTENTION_CHUNK_ROWS
+                          or query_lens[r] * context_lens[r]
+                          > ATTENTION_CHUNK_SLACK * query_lens[group[0]] * context_lens[group[0]]):
+                groups.append(group)
+                group = []
+            group.append(r)
+        groups.append(group)
+        chunks = []
+        for rows in groups:
+            n = np.array([query_lens[r] for r in rows])
+            ctx = np.array([context_lens[r] for r in rows])
+            max_q = int(n.max())
+            max_blocks = -(-int(ctx.max()) // block_size)
+            qi = np.arange(max_q)
+            query_valid = qi[None, :] < n[:, None]
+            query_index = np.where(query_valid, starts[rows][:, None] + qi[None, :], 0)
+            key_blocks = np.zeros((len(rows), max_blocks), dtype=np.int64)
+            for i, r in enumerate(rows):
+                used = -(-int(ctx[i]) // block_size)
+                key_blocks[i, :used] = block_tables[r][:used]
+            key_pos = np.arange(max_blocks * block_size)
+            query_pos = (ctx - n)[:, None] + qi[None, :]  # (rows, max_q)
+            visible = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
+            bias = np.where(visible, np.float32(0), np.float32(-np.inf))
+            chunks.append(AttentionChunk(query_index, query_valid, key_blocks, bias[None, :, None]))
+        return chunks
+
+    def paged_attention(self, q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
+                        meta: list[AttentionChunk], scale: float) -> np.ndarray:
+        """q is (tokens, heads, head_dim); the caches are (kv_heads, blocks, block_size, head_dim),
+        read only through the block ids in meta, a whole block per copy. Everything is laid out
+        kv-head-major, so both batched matmuls see contiguous matrices."""
+        tokens, heads, dim = q.shape
+        kv_heads, _, block_size, _ = cache_k.shape
+        group = heads // kv_heads
+        out = np.empty((tokens, heads * dim), dtype=np.float32)
+        for c in meta:
+            rows, max_q = c.query_index.shape
+            ctx = c.key_blocks.shape[1] * block_size
+            qc = np.take(q, c.query_index, axis=0).reshape(rows, max_q, kv_heads, group, dim)
+            qc = qc.transpose(2, 0, 3, 1, 4).reshape(kv_heads, rows, group * max_q, dim) * np.float32(scale)
+            gathered = (kv_heads, rows, c.key_blocks.shape[1], block_size, dim)
+            k = np.take(cache_k, c.key_blocks, axis=1, out=self.scratch("k", gathered), mode="clip")
+            v = np.take(cache_v, c.key_blocks, axis=1, out=self.scratch("v", gathered), mode="clip")
+            k = k.reshape(kv_heads, rows, ctx, dim)
+            v = v.reshape(kv_heads, rows, ctx, dim)
+            scores = np.matmul(qc, k.transpose(0, 1, 3, 2),
+                               out=self.scratch("s", (kv_heads, rows, group * max_q, ctx)))
+            scores = scores.reshape(kv_heads, rows, group, max_q, ctx)
+            scores += c.bias
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            o = scores.reshape(kv_heads, rows, group * max_q, ctx) @ v
+            o = o.reshape(kv_heads, rows, group, max_q, dim).transpose(1, 3, 0, 2, 4)
+            o = o.reshape(rows, max_q, heads * dim)
+            out[c.query_index[c.query_valid]] = o[c.query_valid]
+        return out
+
+    def scratch(self, name: str, shape: tuple) -> np.ndarray:
+        """A reused float32 buffer: fresh multi-megabyte temporaries in the per-layer loop cost up to
+        2x through page faults. Safe because one step runs at a time."""
+        size = int(np.prod(shape))
+        buf = self.scratch_buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = self.scratch_buffers[name] = np.empty(size, dtype=np.float32)
+        return buf[:size].reshape(shape)
+
+    def sample(self, logits: np.ndarray, batch: SampleBatch) -> SampleResult:
+        """One token per row of logits (rows, vocab). This backend keeps nothing per request
+        (batch.keys): it reads each row's history every step."""
+        token_ids = np.empty(len(batch), dtype=np.int64)
+        logprobs: list = [None] * len(batch)
+        top: list = [None] * len(batch)
+        for r, p in enumerate(batch.params):
+            row = logits[r]
+            mask = batch.mask(r)
+            if mask is not None:  # a new array, so the raw logits stay for logprobs
+                row = np.where(allowed_tokens(mask, row.shape[0]), row, np.float32(-np.inf))
+            if p.logit_bias or p.penalized:
+                row = row if mask is not None else row.copy()
+                if p.logit_bias:
+                    ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
+                    row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)
+                _apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
+            token_ids[r] = int(np.argmax(row)) if p.greedy else _pick(row, p, batch.uniform(r))
+            if p.logprobs is not None:
+                raw = logits[r] - logits[r].max()
+                lsm = raw - np.log(np.exp(raw).sum())
+                logprobs[r] = float(lsm[token_ids[r]])
+                if p.logprobs:
+                    best = np.argpartition(-lsm, p.logprobs - 1)[:p.logprobs]
+                    best = best[np.lexsort((best, -lsm[best]))]
+                    top[r] = [(int(t), float(lsm[t])) for t in best]
+                else:
+                    top[r] = []
+        return SampleResult(token_ids, logprobs, top)
+
+    def release(self, key) -> None:
+        """A request has ended; this sampler keeps nothing per request."""

@@ -1,0 +1,127 @@
+"""The one-pass numba kernels of the residual stream: residual add with RMSNorm, RMSNorm,
+rotary, SiLU-and-mul and the K/V write, each in place where NumPy makes temporaries.
+
+The K/V write rounds to float16 bits where the cache holds them (model/ops/numba_kernels.HALF).
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import types as nbtypes
+from numba.extending import intrinsic
+
+from model.ops.numba_kernels import F1, F2, F3, F4, H4, I1, exp_shifted, kernel
+
+
+@intrinsic
+def _half_bits(typingctx, x):
+    """float32 -> the bits of the nearest float16 (vcvtps2ph when vectorised)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return nbtypes.uint16(x), codegen
+
+
+KV = "float32[:, :, :]"  # (tokens, kv_heads, head_dim) K or V, any strides (v is a view of qkv)
+
+
+@kernel(f"void({F4}, {F4}, {I1}, {KV}, {KV})", f"void({H4}, {H4}, {I1}, {KV}, {KV})")
+def _write_kv(cache_k, cache_v, slots, k, v):
+    tokens, heads, dim = k.shape
+    block_size = cache_k.shape[2]
+    for job in prange(tokens * heads):
+        t, h = job // heads, job % heads
+        block, i = slots[t] // block_size, slots[t] % block_size
+        if cache_k.itemsize == 2:
+            for d in range(dim):
+                cache_k[h, block, i, d] = _half_bits(k[t, h, d])
+                cache_v[h, block, i, d] = _half_bits(v[t, h, d])
+        else:
+            for d in range(dim):
+                cache_k[h, block, i, d] = k[t, h, d]
+                cache_v[h, block, i, d] = v[t, h, d]
+
+
+def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """K/V (tokens, kv_heads, head_dim) into the caches' flat slots, as float16 bits where the
+    caches hold them."""
+    _write_kv(k.size, cache_k, cache_v, np.asarray(slots, dtype=np.int64), k, v)
+
+
+@kernel(f"void({F2}, {F2}, {F1}, float32, {F2})")
+def _add_rms_norm(x, delta, gamma, eps, out):
+    tokens, hidden = x.shape
+    for t in prange(tokens):
+        total = np.float32(0.0)
+        for i in range(hidden):
+            v = x[t, i] + delta[t, i]
+            x[t, i] = v
+            total += v * v
+        inv = np.float32(1.0) / np.sqrt(total / np.float32(hidden) + np.float32(eps))
+        for i in range(hidden):
+            out[t, i] = x[t, i] * inv * gamma[i]
+
+
+@kernel(f"void({F2}, {F1}, float32, {F2})")
+def _rms_norm(x, gamma, eps, out):
+    rows, dim = x.shape
+    for t in prange(rows):
+        total = np.float32(0.0)
+        for i in range(dim):
+            total += x[t, i] * x[t, i]
+        inv = np.float32(1.0) / np.sqrt(total / np.float32(dim) + np.float32(eps))
+        for i in range(dim):
+            out[t, i] = x[t, i] * inv * gamma[i]
+
+
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    flat = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    out = np.empty_like(flat)
+    _rms_norm(flat.size, flat, gamma, np.float32(eps), out)
+    return out.reshape(x.shape)
+
+
+def add_rms_norm(x: np.ndarray, delta: np.ndarray | None, gamma: np.ndarray, eps: float):
+    """x += delta in place (none before the first layer), then (x, rms_norm(x)), in one pass."""
+    if delta is None:
+        return x, rms_norm(x, gamma, eps)
+    out = np.empty_like(x)
+    _add_rms_norm(x.size, x, np.ascontiguousarray(delta), gamma, np.float32(eps), out)
+    return x, out
+
+
+@kernel(f"void({F3}, {F2}, {F2}, {F3})")
+def _rope(x, cos, sin, out):
+    tokens, heads, dim = x.shape
+    half = dim // 2
+    for t in prange(tokens):
+        for h in range(heads):
+            for i in range(half):
+                a, b = x[t, h, i], x[t, h, half + i]
+                out[t, h, i] = a * cos[t, i] - b * sin[t, i]
+                out[t, h, half + i] = b * cos[t, i] + a * sin[t, i]
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    out = np.empty(x.shape, dtype=np.float32)
+    _rope(x.size, np.ascontiguousarray(x), np.ascontiguousarray(cos, dtype=np.float32),
+          np.ascontiguousarray(sin, dtype=np.float32), out)
+    return out
+
+
+@kernel(f"void({F2}, {F2})")
+def _silu_and_mul(gate_up, out):
+    tokens, width = out.shape
+    for t in prange(tokens):
+        row = out[t]
+        powers = np.empty(width, dtype=np.int32)
+        for i in range(width):
+            row[i] = -gate_up[t, i]
+        exp_shifted(row, np.float32(0.0), width, powers)
+        for i in range(width):
+            row[i] = gate_up[t, i] / (np.float32(1.0) + row[i]) * gate_up[t, width + i]
+
+
+def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)
+    _silu_and_mul(out.size, np.ascontiguousarray(gate_up), out)
+    return out

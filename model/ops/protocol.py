@@ -1,0 +1,114 @@
+"""The ops contract: every op and attribute the forward pass, the runner and the KV cache use,
+which each backend (NumPy, the numba CPU kernels, CUDA) implements as one class.
+
+model/llama.py is written once against `Ops`; a new op is added here first, then to each
+backend. Sampling takes a `SampleBatch` (one entry per row of the logits) and gives a
+`SampleResult`. What only a device has is an attribute every backend carries: `asynchronous`
+says whether a step returns before its work has run, and `launcher` is the device's launcher
+(CUDA graphs, pinned host memory, side-stream copies, memory sizing), None on the CPU.
+"""
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from model.sampling import SamplingParams, seeded_uniform
+
+
+class Download:
+    """An array's copy to the host, started when made; result() waits for it (on the device:
+    for an event recorded after the copy, not for everything queued since)."""
+
+    def __init__(self, host: np.ndarray, event=None):
+        self.host, self.event = host, event
+
+    def result(self) -> np.ndarray:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
+
+
+@dataclass
+class SampleBatch:
+    """What one step samples, an entry per row of the logits (except rng)."""
+
+    params: Sequence[SamplingParams]
+    prompts: Sequence[Sequence[int]]  # prompt ids, for the repetition penalty
+    outputs: Sequence[Sequence[int]]  # output ids so far: for penalties, and the seeded draw's token index
+    rng: np.random.Generator  # the draws of rows without a seed
+    keys: Sequence | None = None  # each row's request, so a backend may keep state per request; None: keep none
+    masks: Sequence[np.ndarray | None] | None = None  # a grammar's allowed tokens (allowed_tokens' words), or None
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def mask(self, row: int) -> np.ndarray | None:
+        return self.masks[row] if self.masks else None
+
+    def uniform(self, row: int) -> float:
+        """The row's draw in [0, 1): 0 for a greedy row (rng untouched), keyed by (seed, token
+        index) for a seeded one, else the next of rng."""
+        p = self.params[row]
+        if p.greedy:
+            return 0.0
+        return seeded_uniform(p.seed, len(self.outputs[row])) if p.seed is not None else self.rng.random()
+
+    def take(self, rows: Sequence[int]) -> "SampleBatch":
+        """The batch of these rows only (the same rng)."""
+        return SampleBatch([self.params[r] for r in rows], [self.prompts[r] for r in rows],
+                           [self.outputs[r] for r in rows], self.rng,
+                           [self.keys[r] for r in rows] if self.keys is not None else None,
+                           [self.masks[r] for r in rows] if self.masks else None)
+
+
+@dataclass
+class SampleResult:
+    token_ids: Any  # (rows,) integer ids on the ops' device: to_host or download them
+    logprobs: list[float | None]  # of the raw distribution (before mask, penalties, temperature); None: not asked
+    top_logprobs: list[list[tuple[int, float]] | None]  # (token id, logprob), most likely first
+
+
+class Launcher(Protocol):
+    """What CudaOps runs on: CuPy's RawModule and cuBLAS on a GPU (model/ops/cupy_ops.py), or
+    the CPU harness (tests/cuda_harness.py), which builds the same .cu files with g++."""
+
+    def function(self, file: str, expression: str) -> Callable: ...  # called (grid, block, args, shared_mem=0)
+    def linear(self, x, w, bias, out) -> None: ...  # out = x @ w.T (+ bias), accumulated in fp32
+    def memory_info(self) -> tuple[int, int]: ...  # (free, total) bytes of device memory
+    def synchronize(self) -> None: ...
+    def release_cached(self) -> None: ...  # pooled memory no array uses goes back to the device
+    def pinned(self, size: int, dtype) -> np.ndarray: ...  # page-locked host memory
+    def upload(self, device, host) -> None: ...
+    def download(self, device) -> tuple[np.ndarray, Any]: ...  # (host copy, the event after it)
+    def copy_to_host(self, device, hosts) -> Any: ...  # device[i] into hosts[i] on a side stream; its event
+    def copy_to_device(self, hosts, after) -> Any: ...  # the hosts stacked on the device, after the event
+    def capture(self, fn) -> Any: ...  # fn's kernels as a graph: .replay() and .output
+
+
+@runtime_checkable
+class Ops(Protocol):
+    name: str
+    xp: ModuleType  # the array module of this backend's arrays (NumPy, or CuPy on a GPU)
+    storage_dtype: np.dtype  # of weights, activations and K/V
+    asynchronous: bool  # kernels are queued: a step returns before the device has run it
+    launcher: Launcher | None  # the device's; None on the CPU
+
+    def asarray(self, x, dtype=np.float32): ...
+    def to_host(self, x) -> np.ndarray: ...
+    def download(self, x) -> Download: ...
+    def zeros(self, shape, dtype=np.float32): ...
+    def weight(self, x): ...  # a host float32 weight as this backend keeps it
+    def embedding(self, table, token_ids): ...
+    def linear(self, x, w, bias=None): ...  # x @ w.T (+ bias)
+    def logits(self, h, w): ...  # the LM head, in fp32
+    def rms_norm(self, x, weight, eps: float): ...
+    def add_rms_norm(self, x, delta, weight, eps: float) -> tuple: ...  # x += delta in place; (x, rms_norm(x))
+    def rope(self, x, cos, sin): ...
+    def silu_and_mul(self, gate_up): ...
+    def write_kv(self, cache_k, cache_v, slots, k, v) -> None: ...
+    def attention_meta(self, query_lens, context_lens, block_tables, block_size: int): ...  # once per step
+    def paged_attention(self, q, cache_k, cache_v, meta, scale: float): ...
+    def sample(self, logits, batch: SampleBatch) -> SampleResult: ...
+    def release(self, key) -> None: ...  # the request named key has ended
