@@ -76,7 +76,7 @@ def add_arguments(parser) -> None:
     limits.add_arguments(parser)
 
 
-def check(args) -> None:
+def validate_flags(args) -> None:
     """Flag values that can never work, as one line each (ValueError)."""
     for name in ("max_seqs", "prefill_chunk", "max_batched_tokens", "max_queue"):
         if getattr(args, name) < 1:
@@ -89,7 +89,7 @@ def check(args) -> None:
         raise ValueError("--request-timeout and --shutdown-timeout must not be negative")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    limits.Limits.from_args(args).check()
+    limits.Limits.from_args(args).validate()
 
 
 def model_name(args) -> str:
@@ -210,7 +210,7 @@ def run_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
-        check(args)
+        validate_flags(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ class Harness:
     def submit(self, prompt, request_id=None, closed=False, **params) -> str:
         params.setdefault("sampling", SamplingParams(temperature=0.0))
         gp = GenerationParams(**params)
-        max_tokens = self.engine.check(list(prompt), gp)
+        max_tokens = self.engine.validate(list(prompt), gp)
         self.count += 1
         rid = request_id or f"r{self.count}"
         frames = self.frames.setdefault(rid, [])
@@ -46,12 +46,12 @@ class Harness:
             if landed is not None:
                 self.land(*landed)
             if launched is not None:
-                if getattr(self.runner, "overlaps", False):
+                if self.runner.overlaps:
                     self.in_flight = (plan, launched)
                 else:
                     self.land(plan, launched)
         self.engine.retire()
-        self.check()
+        self.assert_consistent()
 
     def launch(self, plan):
         try:
@@ -64,10 +64,10 @@ class Harness:
     def land(self, plan, launched) -> None:
         self.engine.apply(plan, self.runner.collect(launched))
 
-    def check(self) -> None:
+    def assert_consistent(self) -> None:
         """Blocks held by live requests are exactly the blocks the pool counts as used, and
         every request is in exactly one place."""
-        check_planner(self.planner)
+        assert_planner_consistent(self.planner)
         for rid, frames in self.frames.items():
             finals = [f for f in frames if f.finish_reason is not None]
             assert len(finals) <= 1 and (not finals or frames[-1] is finals[0]), rid
@@ -99,7 +99,7 @@ def held_blocks(planner) -> dict[int, int]:
     return held
 
 
-def check_planner(p) -> None:
+def assert_planner_consistent(p) -> None:
     """Blocks held by live requests are exactly the blocks the pool counts as used, each request
     is in exactly one place, and at most max_seqs run."""
     p.pool.assert_consistent(held_blocks(p))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.serve import add_arguments, check
+from app.serve import add_arguments, validate_flags
 from app.server.app import create_app
 from app.server.state import ServerState
 
@@ -34,7 +34,7 @@ def test_the_replicas_run_spool_with_its_real_flags_probes_and_routes():
     parser = argparse.ArgumentParser(exit_on_error=False)
     add_arguments(parser)
     args = parser.parse_args(spool["args"])  # an unknown flag or bad value raises
-    check(args)
+    validate_flags(args)
     assert args.port == port_named(spool, "http") and args.host == "0.0.0.0"
     assert replica["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > args.shutdown_timeout
     routes = {rule.rule for rule in create_app(ServerState(model_name="m")).url_map.iter_rules()}

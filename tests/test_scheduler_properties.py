@@ -41,7 +41,7 @@ from app.engine.planner import Planner, PlannerConfig
 from app.engine.request import GenerationParams, Request
 from app.engine.stats import Stats
 from app.engine.validation import validate
-from engine_harness import check_planner
+from engine_harness import assert_planner_consistent
 from fake_runner import FakeRunner
 from model.runner import AHEAD
 from model.sampling import SamplingParams
@@ -464,7 +464,7 @@ class PlannerMachine(RuleBasedStateMachine):
         runner = self.runner
         steps = runner.steps
         self.h.tick()  # FIFO admission
-        check_planner(self.h.planner)  # blocks held == blocks used, one place each, <= max_seqs
+        assert_planner_consistent(self.h.planner)  # blocks held == blocks used, one place each, <= max_seqs
         failed = runner.steps > steps and runner.steps in runner.fail_steps
         if failed:
             self.failed.update(runner.rows_seen[-1])

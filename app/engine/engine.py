@@ -54,7 +54,7 @@ class EngineConfig(PlannerConfig):
 class Engine:
     def __init__(self, runner, tokenizer, config: EngineConfig):
         self.runner = runner
-        self.overlaps = getattr(runner, "overlaps", False)  # its steps run on a device: the overlapped loop
+        self.overlaps = runner.overlaps  # its steps run on a device: the overlapped loop
         self.tokenizer = tokenizer
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
@@ -73,7 +73,7 @@ class Engine:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def check(self, prompt_ids: list[int], params: GenerationParams) -> int:
+    def validate(self, prompt_ids: list[int], params: GenerationParams) -> int:
         """What submit would refuse, without submitting; returns the resolved max_tokens."""
         if self.draining:
             raise Draining("the server is shutting down")
@@ -89,7 +89,7 @@ class Engine:
         send channel shared by several requests, told apart by Frame.request_id), frames go
         there and no receive channel is returned. Raises EngineError (invalid or could never
         fit), Overloaded or Draining."""
-        max_tokens = self.check(prompt_ids, params)
+        max_tokens = self.validate(prompt_ids, params)
         request_id = request_id or f"req-{self.next_id()}"
         if request_id in self.planner.requests:
             raise EngineError(f"request id {request_id!r} is already in use")
@@ -109,7 +109,7 @@ class Engine:
         return request_id, recv
 
     def add(self, request: Request) -> None:
-        """A request already validated (check), into the waiting queue."""
+        """A request already validated (validate), into the waiting queue."""
         self.outputs.open(request)
         self.planner.add(request)
 

@@ -92,7 +92,7 @@ class Generation:
                 index = prompt_index * n + i
                 params = params_for(index)
                 try:
-                    engine.check(prompt, params)
+                    engine.validate(prompt, params)
                 except EngineError as e:
                     if e.param == "grammar" and format_field:
                         raise APIError(400, f"{format_field}: {e}", param=format_field) from None

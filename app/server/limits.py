@@ -45,7 +45,7 @@ class Limits:
     def from_args(cls, args) -> "Limits":
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
-    def check(self) -> None:
+    def validate(self) -> None:
         """One ValueError line for a value that can never work."""
         for f in fields(self):
             if getattr(self, f.name) <= 0:
