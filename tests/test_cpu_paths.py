@@ -7,6 +7,7 @@ the repository's cache (numba keys it on the CPU, and the path picks kernels, no
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def choice(tmp_path: Path, **settings) -> list:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 CPU names")
 @pytest.mark.parametrize("name, features, want", [
     ("generic", None, ["portable", False]),  # numba adds no features to generic
     ("x86-64-v2", "", ["portable", False]),  # as QEMU's kvm64 guests: no F16C
@@ -50,6 +52,7 @@ def test_the_path_is_what_numbas_target_has(tmp_path, name, features, want):
     assert [path, f16c] == want and pmaddwd == (path != "portable") and not amx
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 CPU names and features")
 def test_the_features_string_decides_what_it_names(tmp_path):
     """Without NUMBA_CPU_FEATURES numba compiles for the host's features, whatever the name; a
     feature it turns off is off (AVX-512 needs F16C, so -f16c takes both)."""
