@@ -32,7 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="auto picks cuda when CuPy is installed and sees a GPU, else cpu (numba kernels);"
                           " numpy is the plain NumPy reference (default: auto)")
     gen.add_argument("--dtype", choices=DTYPES, default="auto",
-                     help="cuda: bfloat16 (auto), float16 or float32; cpu: q8_0 (auto) or float32 (default: auto)")
+                     help="cuda: bfloat16 (auto), float16 or float32; cpu: q8_0 (auto with AVX-512) or float32"
+                          " (auto without) (default: auto)")
     return parser.parse_args(argv)
 
 

@@ -4,7 +4,8 @@ model/llama.py.
 cpu: numba kernels (NumbaOps, model/ops/numba_ops.py), with Q8_0 8-bit weights (model/quant/; a
 quarter of the memory, and faster at every batch size where the CPU has AVX-512 and AMX; a
 GGUF's Q4_1 tensors stay Q4_1 there) unless --dtype float32 asks for float32 ones, multiplied by
-OpenBLAS. numpy: NumPy alone in float32, the
+OpenBLAS; by default q8_0 where the CPU path (model/quant/cpu.py) has the AVX-512 GEMV, else
+float32. numpy: NumPy alone in float32, the
 reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when
 the checkpoint says it was trained in float16, else bfloat16, unless --dtype says otherwise.
 auto: cuda when CuPy is installed and sees a device, else cpu. Every refusal is a ValueError of one
@@ -77,7 +78,7 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     if backend == "cpu":
         if dtype not in ("auto", "float32", "q8_0"):
             raise ValueError(f"the CPU backend keeps weights in float32 or q8_0; --dtype {dtype} needs --backend cuda")
-        q8_weights = dtype != "float32"
+        q8_weights = dtype == "q8_0" or dtype == "auto" and quantized_is_faster()
         return Backend("cpu", "q8_0" if q8_weights else "float32", cpu_kernels()(q8_weights))
     try:
         from model.ops import cupy_ops
@@ -89,6 +90,15 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     if dtype == "q8_0":
         raise ValueError("--dtype q8_0 is for --backend cpu; the CUDA kernels take bfloat16, float16 or float32")
     return Backend("cuda", dtype)
+
+
+def quantized_is_faster() -> bool:
+    """Whether the default --dtype on the CPU is q8_0: where the vpmaddwd GEMV runs it
+    (model/quant/cpu.py's avx512 and amx paths); the portable path's float32 walk of the same
+    weights is slower than float32 weights through OpenBLAS."""
+    from model.quant.cpu import PMADDWD
+
+    return PMADDWD
 
 
 def cpu_kernels() -> type:

@@ -5,7 +5,7 @@ chunks attend in causal tiles. The LLVM intrinsics that read K/V rows live here 
   KV head share each K/V load; (row, KV head) pairs run in parallel, and each prefetches its
   next block. NumPy must gather every row's blocks into a padded copy first. K/V rows go through
   two LLVM intrinsics that read float32 or widen float16 bits eight values at a time (the q8_0
-  ops keep K/V in float16, see model/ops/numba_kernels.HALF);
+  ops keep K/V in float16 where the target has F16C, see model/ops/numba_kernels.QUANTIZED_KV);
 - prefill chunks attend in causal tiles: one GEMM per KV head for a tile's queries against only
   the keys its last token sees, then a fused causal softmax.
 """

@@ -13,11 +13,16 @@ import types
 import numpy as np
 from numba import njit
 
+from model.quant.cpu import F16C
+
 # K/V in float16, as llama.cpp keeps them by default: a decode step's attention reads half the
 # bytes (at 64 rows of 256 tokens it reads more K/V than weights), and a cache of the same size
 # holds twice the tokens. numba has no float16 type, so the cache holds the bit patterns and the
-# kernels widen them (vcvtph2ps) as they read.
+# kernels widen them (vcvtph2ps) as they read. A target without F16C (numba's `generic`,
+# QEMU's kvm64) has no instruction for that and numba cannot link LLVM's routines for it: there
+# the kernels are compiled for float32 K/V alone, and the q8_0 ops keep K/V in float32.
 HALF = np.dtype(np.uint16)
+QUANTIZED_KV = HALF if F16C else np.dtype(np.float32)
 
 # Below this many elements of work an op runs on one core: waking the other costs more.
 PARALLEL_WORK = 1 << 15
@@ -26,7 +31,10 @@ PARALLEL_WORK = 1 << 15
 def kernel(*signatures: str):
     """The function compiled twice when the module loads, for C-contiguous arrays: on every
     core (prange splits) and on one (prange is range). The serial twin is a copy under
-    another name: numba's cache keys on the name, not the flags."""
+    another name: numba's cache keys on the name, not the flags. Signatures of float16 K/V
+    (H4) are compiled only where the target converts float16 (F16C)."""
+    signatures = [signature for signature in signatures if F16C or H4 not in signature]
+
     def compile_both(fn):
         twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__,
                                   fn.__closure__)

@@ -11,7 +11,7 @@ do numba's: model/__init__.py shortens both before NumPy loads.
 import numpy as np
 
 from model.ops import numba_attention, numba_rowwise, numba_sampler
-from model.ops.numba_kernels import HALF
+from model.ops.numba_kernels import QUANTIZED_KV
 from model.ops.numpy_ops import NumpyOps
 from model.ops.protocol import SampleBatch, SampleResult
 from model.quant import pack
@@ -22,7 +22,8 @@ from model.quant.strips import Strips
 class NumbaOps(NumpyOps):
     """q8_weights: every 2-D weight whose rows split into blocks of 32 kept in Q8_0
     (model/quant/): the projections, the embedding and the LM head; Q4_1 instead where a
-    weight is exactly that (a GGUF's Q4_1 tensors); and K/V in float16. Without it (--dtype
+    weight is exactly that (a GGUF's Q4_1 tensors); and K/V in float16 (float32 on a CPU
+    without F16C: model/ops/numba_kernels.QUANTIZED_KV). Without it (--dtype
     float32), float32 weights and K/V: the exact path."""
 
     name = "numba"
@@ -35,7 +36,7 @@ class NumbaOps(NumpyOps):
     def __init__(self, q8_weights: bool = False):
         super().__init__()
         self.q8_weights = q8_weights
-        self.storage_dtype = HALF if q8_weights else np.dtype(np.float32)
+        self.storage_dtype = QUANTIZED_KV if q8_weights else np.dtype(np.float32)
 
     def weight(self, x):
         return pack.compress(x) if self.q8_weights and pack.quantizable(x) else super().weight(x)

@@ -1,7 +1,8 @@
 """The one-pass numba kernels of the residual stream: residual add with RMSNorm, RMSNorm,
 rotary, SiLU-and-mul and the K/V write, each in place where NumPy makes temporaries.
 
-The K/V write rounds to float16 bits where the cache holds them (model/ops/numba_kernels.HALF).
+The K/V write rounds to float16 bits where the cache holds them (model/ops/numba_kernels.HALF;
+QUANTIZED_KV says where).
 """
 
 import numpy as np
@@ -14,11 +15,15 @@ from model.ops.numba_kernels import F1, F2, F3, F4, H4, I1, exp_shifted, kernel
 
 
 @intrinsic
-def _half_bits(typingctx, x):
-    """float32 -> the bits of the nearest float16 (vcvtps2ph when vectorised)."""
+def _as_cached(typingctx, x, cache):
+    """float32 x as the cache holds it: as it is, or the bits of the nearest float16 (vcvtps2ph
+    when vectorised). Typed by the cache, so a float32 kernel holds no float16 conversion (which
+    a target without F16C cannot link)."""
+    half = cache.dtype == nbtypes.uint16
+
     def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-    return nbtypes.uint16(x), codegen
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16)) if half else args[0]
+    return (nbtypes.uint16 if half else nbtypes.float32)(x, cache), codegen
 
 
 KV = "float32[:, :, :]"  # (tokens, kv_heads, head_dim) K or V, any strides (v is a view of qkv)
@@ -31,14 +36,9 @@ def _write_kv(cache_k, cache_v, slots, k, v):
     for job in prange(tokens * heads):
         t, h = job // heads, job % heads
         block, i = slots[t] // block_size, slots[t] % block_size
-        if cache_k.itemsize == 2:
-            for d in range(dim):
-                cache_k[h, block, i, d] = _half_bits(k[t, h, d])
-                cache_v[h, block, i, d] = _half_bits(v[t, h, d])
-        else:
-            for d in range(dim):
-                cache_k[h, block, i, d] = k[t, h, d]
-                cache_v[h, block, i, d] = v[t, h, d]
+        for d in range(dim):
+            cache_k[h, block, i, d] = _as_cached(k[t, h, d], cache_k)
+            cache_v[h, block, i, d] = _as_cached(v[t, h, d], cache_v)
 
 
 def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
