@@ -43,6 +43,8 @@ class _AffineK:
 
     SUB = 32  # weights per sub-block
     SCALE_MAX = 63  # sub-block scales and minimums are 6-bit
+    QTYPE: T
+    BYTES: int
     NMAX: int
     RMIN: float  # the trial scales run over (NMAX + RMIN + RDELTA * step) / range
     RDELTA = 0.1
@@ -115,6 +117,12 @@ class _AffineK:
         header = np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_scales(ls, lm)], axis=-1)
         return header, q
 
+    @classmethod
+    def blocks(cls, blocks: np.ndarray) -> np.ndarray:
+        """(n, 256) float32 weights as (n, BYTES) block bytes."""
+        header, q = cls._levels(blocks)
+        return np.concatenate([header, cls._high_bits(q), cls._nibbles(q)], axis=-1)
+
     @staticmethod
     def _nibbles(q: np.ndarray) -> np.ndarray:
         """Low 4 bits of q, two sub-blocks of 32 per 32 bytes: (n, 128)."""
@@ -138,34 +146,25 @@ def _pack_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
 class Q4_K(_AffineK):
     """block_q4_K: d, dmin (float16), scales[12], qs[128]: 144 bytes per 256 weights."""
 
-    QTYPE = T.Q4_K
-    BYTES = 144
-    NMAX = 15
-    RMIN = -1.0
-    NSTEPS = 20
+    QTYPE, BYTES = T.Q4_K, 144
+    NMAX, RMIN, NSTEPS = 15, -1.0, 20
 
-    @classmethod
-    def blocks(cls, blocks: np.ndarray) -> np.ndarray:
-        header, q = cls._levels(blocks)
-        return np.concatenate([header, cls._nibbles(q)], axis=-1)
+    @staticmethod
+    def _high_bits(q: np.ndarray) -> np.ndarray:
+        return q[:, :0]
 
 
 class Q5_K(_AffineK):
-    """block_q5_K: d, dmin (float16), scales[12], qh[32], qs[128]: 176 bytes per 256 weights.
-    Bit k of qh[j] is the fifth bit of sub-block k's weight j."""
+    """block_q5_K: d, dmin (float16), scales[12], qh[32], qs[128]: 176 bytes per 256 weights."""
 
-    QTYPE = T.Q5_K
-    BYTES = 176
-    NMAX = 31
-    RMIN = -0.5
-    NSTEPS = 15
+    QTYPE, BYTES = T.Q5_K, 176
+    NMAX, RMIN, NSTEPS = 31, -0.5, 15
 
-    @classmethod
-    def blocks(cls, blocks: np.ndarray) -> np.ndarray:
-        header, q = cls._levels(blocks)
+    @staticmethod
+    def _high_bits(q: np.ndarray) -> np.ndarray:
+        """qh[32]: bit k of qh[j] is the fifth bit of sub-block k's weight j."""
         high = ((q >> 4) & 1).reshape(q.shape[0], 8, 32) << np.arange(8, dtype=np.uint8)[:, None]
-        qh = np.bitwise_or.reduce(high, axis=1)
-        return np.concatenate([header, qh, cls._nibbles(q)], axis=-1)
+        return np.bitwise_or.reduce(high, axis=1)
 
 
 class Q6_K:
