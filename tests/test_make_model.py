@@ -120,3 +120,26 @@ def test_real_shapes_match_their_models():
     assert round(counts["llama3.2-1b"] / 1e9, 2) == 1.24
     assert round(counts["llama3.1-8b"] / 1e9, 2) == 8.03
     assert round(counts["qwen3-4b"] / 1e9, 2) == 4.02
+
+
+@pytest.mark.parametrize("arch,kind", [("qwen3", "q4_k_m"), ("llama", "q4_0")])
+def test_other_architectures_and_rope(arch, kind, tmp_path):
+    """A tied Qwen3 (q/k norms, head_dim 128 against 256 / 4 heads) and a Llama with Llama 3
+    rope scaling: converted, they keep their shape and rope, and run."""
+    import dataclasses
+    import json
+
+    s = dataclasses.replace(TINY, arch=arch, tied=True, head_dim=128 if arch == "qwen3" else 64,
+                            llama3_rope=None if arch == "qwen3" else (8.0, 1.0, 4.0, 8192), rope_theta=500000.0)
+    path = tmp_path / "m.gguf"
+    make_model.write_gguf(path, s, kind, 0, "test")
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    assert types["token_embd.weight"] == (T.Q6_K if kind == "q4_k_m" else T.Q4_0)
+    assert ("blk.0.attn_q_norm.weight" in types) == (arch == "qwen3")
+    model_dir = convert_gguf(path, tmp_path / "converted", progress=False)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["model_type"], config["head_dim"], config["tie_word_embeddings"]) == (arch, s.head_dim, True)
+    if arch == "llama":
+        assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    run_forward(model_dir)
