@@ -154,14 +154,28 @@ def tensor_type(t: Tensor, kind: str, s: Shape) -> T:
 
 
 def encoded(t: Tensor, qtype: T, seed: int) -> np.ndarray:
-    """t's values in qtype's bytes (uint8 rows), or as float16/float32."""
+    """t's values in qtype's bytes (uint8 rows), or as float16/float32, filled a block of rows
+    at a time into one array."""
+
+    def encode(part: np.ndarray) -> np.ndarray:
+        if qtype in (T.F32, T.F16):
+            return part.astype(np.float16 if qtype == T.F16 else np.float32)
+        return quantize(part, qtype)
+
     parts = t.draw(seed)
+    if len(t.shape) == 1:
+        return encode(next(parts))
     if t.permute_heads:  # q/k rows: interleave each head's two rotary halves, as llama.cpp stores them
         w = np.concatenate(list(parts))
         parts = [w.reshape(t.permute_heads, 2, -1, w.shape[1]).swapaxes(1, 2).reshape(w.shape)]
-    if qtype in (T.F32, T.F16):
-        return np.concatenate([p.astype(np.float16 if qtype == T.F16 else np.float32) for p in parts])
-    return np.concatenate([quantize(p, qtype) for p in parts])
+    out, row = None, 0
+    for part in parts:
+        values = encode(part)
+        if out is None:
+            out = np.empty((t.shape[0], values.shape[1]), dtype=values.dtype)
+        out[row:row + len(values)] = values
+        row += len(values)
+    return out
 
 
 def tokenizer_source() -> Path:
