@@ -1,0 +1,333 @@
+"""Random-weight models in real shapes, as GGUF files or Hugging Face directories, with no download.
+
+Shapes: Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B (their matrices, heads, rope and norms) and `tiny`
+for tests. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
+49,152-token byte-level BPE), padded with unused tokens up to the shape's vocabulary, so text
+round-trips. Weights are drawn per tensor from (seed, tensor name), a block of rows at a time,
+quantized by model/quant/kquants.py and written tensor by tensor: peak memory is about one
+tensor (its packed bytes, or its float32 values for f32), not the model. Norm weights are near 1
+and projections scaled by 1/sqrt(fan_in), so the forward pass stays finite.
+
+GGUF types: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k put every matrix in that
+type (norms stay F32); q4_k_m is llama-quantize's mix (see tensor_type). HF: f32, f16, bf16.
+
+    python tools/make_model.py --shape llama3.2-1b --type q4_k_m --out /tmp/m.gguf
+    python tools/make_model.py --shape qwen3-4b --format hf --type bf16 --out /tmp/qwen3-4b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from model.gguf.rope import llama3_rope_factors  # noqa: E402
+from model.quant.kquants import quantize  # noqa: E402
+
+T = gguf.GGMLQuantizationType
+ROWS_PER_DRAW = 4096  # rows drawn, quantized and written at once: bounds the float32 temporaries
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str  # general.architecture: llama or qwen3
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tied: bool
+    rope_theta: float
+    rms_eps: float
+    context: int
+    llama3_rope: tuple[float, float, float, int] | None = None  # factor, low, high, original context
+
+
+SHAPES = {
+    "llama3.2-1b": Shape("llama", 2048, 16, 32, 8, 64, 8192, 128256, True, 500000.0, 1e-5, 131072,
+                         (32.0, 1.0, 4.0, 8192)),
+    "llama3.1-8b": Shape("llama", 4096, 32, 32, 8, 128, 14336, 128256, False, 500000.0, 1e-5, 131072,
+                         (8.0, 1.0, 4.0, 8192)),
+    "qwen3-4b": Shape("qwen3", 2560, 36, 32, 8, 128, 9728, 151936, True, 1000000.0, 1e-6, 40960),
+    # Small, but every matrix has rows of 256 so that K-quants apply, it is untied so that
+    # token_embd and output take their own Q4_K_M types, and 128 padding tokens are exercised.
+    "tiny": Shape("llama", 256, 2, 4, 2, 64, 512, 49280, False, 10000.0, 1e-5, 2048),
+}
+GGUF_TYPES = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0,
+              "q5_1": T.Q5_1, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K, "q4_k_m": T.Q4_K}
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q4_k": 14,
+              "q4_k_m": 15, "q5_k": 16, "q6_k": 18}  # llama_ftype (q4_k, q5_k: the _S variants)
+HF_TYPES = {"f32": ("F32", np.float32), "f16": ("F16", np.float16), "bf16": ("BF16", np.uint16)}
+# llama-quantize's fallback where a row does not fill a K-quant super-block
+FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+PAD_TYPE = 5  # gguf.TokenType.UNUSED, as llama.cpp's converter marks padding
+CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
+
+
+@dataclass(frozen=True)
+class Tensor:
+    hf_name: str
+    gguf_name: str
+    shape: tuple[int, ...]  # rows, columns (Hugging Face's)
+    layer: int | None = None
+    permute_heads: int = 0  # llama.cpp's rope row order for the GGUF of architecture llama
+
+    def draw(self, seed: int):
+        """Float32 blocks of rows, from (seed, hf_name): the same values in either format."""
+        rng = np.random.default_rng([seed, zlib.crc32(self.hf_name.encode())])
+        if len(self.shape) == 1:
+            yield (1 + 0.05 * rng.standard_normal(self.shape, dtype=np.float32)).astype(np.float32)
+            return
+        rows, cols = self.shape
+        scale = np.float32(cols ** -0.5)
+        for start in range(0, rows, ROWS_PER_DRAW):
+            yield rng.standard_normal((min(ROWS_PER_DRAW, rows - start), cols), dtype=np.float32) * scale
+
+
+def tensors(s: Shape) -> list[Tensor]:
+    """The model's tensors in llama.cpp's order."""
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    rope = s.arch == "llama"
+    out = [Tensor("model.embed_tokens.weight", "token_embd.weight", (s.vocab, s.hidden))]
+    for i in range(s.layers):
+        hf, gg = f"model.layers.{i}.", f"blk.{i}."
+        out += [
+            Tensor(hf + "input_layernorm.weight", gg + "attn_norm.weight", (s.hidden,), i),
+            Tensor(hf + "self_attn.q_proj.weight", gg + "attn_q.weight", (q, s.hidden), i, s.heads * rope),
+            Tensor(hf + "self_attn.k_proj.weight", gg + "attn_k.weight", (kv, s.hidden), i, s.kv_heads * rope),
+            Tensor(hf + "self_attn.v_proj.weight", gg + "attn_v.weight", (kv, s.hidden), i),
+            Tensor(hf + "self_attn.o_proj.weight", gg + "attn_output.weight", (s.hidden, q), i),
+        ]
+        if s.arch == "qwen3":
+            out += [Tensor(hf + "self_attn.q_norm.weight", gg + "attn_q_norm.weight", (s.head_dim,), i),
+                    Tensor(hf + "self_attn.k_norm.weight", gg + "attn_k_norm.weight", (s.head_dim,), i)]
+        out += [
+            Tensor(hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", (s.hidden,), i),
+            Tensor(hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", (s.ffn, s.hidden), i),
+            Tensor(hf + "mlp.up_proj.weight", gg + "ffn_up.weight", (s.ffn, s.hidden), i),
+            Tensor(hf + "mlp.down_proj.weight", gg + "ffn_down.weight", (s.hidden, s.ffn), i),
+        ]
+    out.append(Tensor("model.norm.weight", "output_norm.weight", (s.hidden,)))
+    if not s.tied:
+        out.append(Tensor("lm_head.weight", "output.weight", (s.vocab, s.hidden)))
+    return out
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama-quantize's choice of layers for more bits: the first and last eighth, and every
+    third layer between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def tensor_type(t: Tensor, kind: str, s: Shape) -> T:
+    """The GGUF type of t. q4_k_m, as llama-quantize (llama_tensor_get_type) picks for a dense
+    model without an importance matrix: Q6_K for output.weight (for token_embd.weight when the
+    model is tied and it serves as the output), Q6_K for attn_v and ffn_down in the layers of
+    use_more_bits, Q4_K for every other matrix. Norms stay F32; a matrix whose rows do not fit
+    the type's blocks falls back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to
+    Q8_0, else F16)."""
+    if len(t.shape) == 1:
+        return T.F32
+    qtype = GGUF_TYPES[kind]
+    if kind == "q4_k_m":
+        output = t.gguf_name == "output.weight" or (s.tied and t.gguf_name == "token_embd.weight")
+        more = t.gguf_name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(t.layer, s.layers)
+        qtype = T.Q6_K if output or more else T.Q4_K
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if t.shape[1] % block:
+        qtype = FALLBACK.get(qtype, T.F16)
+        if t.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+            qtype = T.F16
+    return qtype
+
+
+def encoded(t: Tensor, qtype: T, seed: int) -> np.ndarray:
+    """t's values in qtype's bytes (uint8 rows), or as float16/float32, filled a block of rows
+    at a time into one array."""
+
+    def encode(part: np.ndarray) -> np.ndarray:
+        if qtype in (T.F32, T.F16):
+            return part.astype(np.float16 if qtype == T.F16 else np.float32)
+        return quantize(part, qtype)
+
+    parts = t.draw(seed)
+    if len(t.shape) == 1:
+        return encode(next(parts))
+    if t.permute_heads:  # q/k rows: interleave each head's two rotary halves, as llama.cpp stores them
+        w = np.concatenate(list(parts))
+        parts = [w.reshape(t.permute_heads, 2, -1, w.shape[1]).swapaxes(1, 2).reshape(w.shape)]
+    out, row = None, 0
+    for part in parts:
+        values = encode(part)
+        if out is None:
+            out = np.empty((t.shape[0], values.shape[1]), dtype=values.dtype)
+        out[row:row + len(values)] = values
+        row += len(values)
+    return out
+
+
+def tokenizer_source() -> Path:
+    """The default model's directory (converted from its GGUF): its tokenizer is the one used."""
+    from model.default import default_model_dir
+
+    return default_model_dir(progress=False)
+
+
+def padded_vocab(source: Path, size: int) -> tuple[list[str], list[int], list[str], dict]:
+    """(tokens, GGUF token types, merges, tokenizer.json) padded with [PAD<id>] to size tokens."""
+    spec = json.loads((source / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    if size < len(vocab):
+        raise SystemExit(f"the shape's vocabulary ({size}) is smaller than the tokenizer's ({len(vocab)})")
+    tokens = [""] * len(vocab)
+    for token, i in vocab.items():
+        tokens[i] = token
+    types = [NORMAL] * len(tokens)
+    for added in spec["added_tokens"]:
+        types[added["id"]] = CONTROL if added["special"] else USER_DEFINED
+    for i in range(len(tokens), size):
+        tokens.append(f"[PAD{i}]")
+        types.append(PAD_TYPE)
+        vocab[tokens[i]] = i  # never produced by a merge, so encoding is unchanged; decodes as written
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    return tokens, types, merges, spec
+
+
+def write_gguf(path: Path, s: Shape, kind: str, seed: int, shape_name: str) -> None:
+    source = tokenizer_source()
+    tokens, types, merges, _ = padded_vocab(source, s.vocab)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    generation = json.loads((source / "generation_config.json").read_text())
+    w = gguf.GGUFWriter(str(path), s.arch)
+    w.add_name(f"random {shape_name}")
+    w.add_file_type(FILE_TYPES[kind])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_block_count(s.layers)
+    w.add_context_length(s.context)
+    w.add_embedding_length(s.hidden)
+    w.add_feed_forward_length(s.ffn)
+    w.add_head_count(s.heads)
+    w.add_head_count_kv(s.kv_heads)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_rope_dimension_count(s.head_dim)
+    w.add_rope_freq_base(s.rope_theta)
+    w.add_layer_norm_rms_eps(s.rms_eps)
+    w.add_vocab_size(s.vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(generation["bos_token_id"])
+    w.add_eos_token_id(generation["eos_token_id"])
+    w.add_add_bos_token(bool(config.get("add_bos_token", False)))
+    w.add_chat_template(config["chat_template"])
+
+    plan = [(t, tensor_type(t, kind, s)) for t in tensors(s)]
+    extra = []
+    if s.llama3_rope:
+        factors = llama3_rope_factors(s.head_dim, s.rope_theta, *s.llama3_rope).astype(np.float32)
+        extra.append(("rope_freqs.weight", factors))
+    for name, values in extra:
+        w.add_tensor_info(name, values.shape, values.dtype, values.nbytes)
+    for t, qtype in plan:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        nbytes = np.prod(t.shape[:-1], dtype=np.int64) * (t.shape[-1] // block) * size
+        w.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32), int(nbytes), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for _, values in extra:
+        w.write_tensor_data(values)
+    for t, qtype in plan:
+        w.write_tensor_data(encoded(t, qtype, seed))
+    w.close()
+
+
+def bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 (as uint16), rounding to nearest even."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def write_hf(out: Path, s: Shape, kind: str, seed: int) -> None:
+    source = tokenizer_source()
+    out.mkdir(parents=True, exist_ok=True)
+    _, _, _, spec = padded_vocab(source, s.vocab)
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(source / name, out / name)
+    generation = json.loads((source / "generation_config.json").read_text())
+    model_type, arch = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}[s.arch]
+    rope_scaling = None
+    if s.llama3_rope:
+        factor, low, high, original = s.llama3_rope
+        rope_scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                        "high_freq_factor": high, "original_max_position_embeddings": original}
+    config = {
+        "architectures": [arch], "model_type": model_type, "hidden_size": s.hidden,
+        "intermediate_size": s.ffn, "num_hidden_layers": s.layers, "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "hidden_act": "silu",
+        "rms_norm_eps": s.rms_eps, "rope_theta": s.rope_theta, "rope_scaling": rope_scaling,
+        "max_position_embeddings": s.context, "vocab_size": s.vocab, "tie_word_embeddings": s.tied,
+        "attention_bias": False, "bos_token_id": generation["bos_token_id"],
+        "eos_token_id": generation["eos_token_id"], "torch_dtype": {"f32": "float32", "f16": "float16",
+                                                                    "bf16": "bfloat16"}[kind],
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    code, dtype = HF_TYPES[kind]
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    plan = tensors(s)
+    for t in plan:
+        nbytes = int(np.prod(t.shape)) * np.dtype(dtype).itemsize
+        header[t.hf_name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(out / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for t in plan:
+            for part in t.draw(seed):
+                f.write((bfloat16_bits(part) if kind == "bf16" else part.astype(dtype)).tobytes())
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=SHAPES, required=True)
+    p.add_argument("--format", choices=("gguf", "hf"), default="gguf")
+    p.add_argument("--type", help="gguf: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k,"
+                   " q4_k_m (default); hf: f32, f16, bf16 (default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True, help="the .gguf file, or the HF directory")
+    a = p.parse_args(argv)
+    kinds = GGUF_TYPES if a.format == "gguf" else HF_TYPES
+    kind = a.type or ("q4_k_m" if a.format == "gguf" else "bf16")
+    if kind not in kinds:
+        p.error(f"--type for {a.format} is one of {', '.join(kinds)}")
+    start = time.perf_counter()
+    if a.format == "gguf":
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        write_gguf(a.out, SHAPES[a.shape], kind, a.seed, a.shape)
+        size = a.out.stat().st_size
+    else:
+        write_hf(a.out, SHAPES[a.shape], kind, a.seed)
+        size = sum(f.stat().st_size for f in a.out.iterdir())
+    print(f"{a.out}: {a.shape} {kind}, {size / 2**20:.1f} MiB in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
