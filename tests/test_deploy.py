@@ -43,6 +43,8 @@ def test_the_replicas_run_spool_with_its_real_flags_probes_and_routes():
         assert get["path"] in routes and get["port"] == "http"
     labels = replica["spec"]["template"]["metadata"]["labels"]
     assert replica["spec"]["selector"]["matchLabels"] == labels
+    resources = spool["resources"]  # a CPU limit is a quota, which sizes Spool's thread pools
+    assert resources["limits"]["cpu"] == resources["requests"]["cpu"]
 
 
 def test_the_router_finds_the_replicas_and_the_service_reaches_it():
