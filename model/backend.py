@@ -39,11 +39,12 @@ class Backend:
     dtype: str  # of weights, activations and K/V; auto until a model is loaded
     ops: Ops | None = None  # set once the dtype is known
 
-    def load(self, model_dir: Path, max_model_len: int | None = None) -> Llama:
-        """The model's weights on this backend, after check_model."""
+    def load(self, model_dir: Path, max_model_len: int | None = None, progress: bool | None = None) -> Llama:
+        """The model's weights on this backend, after check_model; progress: a bar on stderr
+        (None: only when stderr is a terminal)."""
         self.prepare(ModelConfig.load(Path(model_dir)))
         try:
-            return load_model(model_dir, self.ops, max_model_len)
+            return load_model(model_dir, self.ops, max_model_len, progress)
         except MemoryError as e:  # CuPy's OutOfMemoryError is one
             raise ValueError(f"the weights do not fit in memory ({one_line(e)}); serve a smaller model or a narrower"
                              " --dtype (bfloat16 rather than float32)") from None

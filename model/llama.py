@@ -6,7 +6,6 @@ K/V through the rows' block tables.
 """
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -40,20 +39,14 @@ class Llama:
     """Weights on the ops' device, and the forward pass over them."""
 
     def __init__(self, config: ModelConfig, weights: Weights, ops: Ops, max_positions: int | None = None):
+        """weights: already as the ops keep them (model.weights.load_weights with ops.weight)."""
         self.config = config
         self.ops = ops
         positions = max_positions or config.max_position_embeddings
         angles = np.arange(positions, dtype=np.float64)[:, None] * rope_inv_freq(config)[None, :]
         self.cos = ops.asarray(np.cos(angles))
         self.sin = ops.asarray(np.sin(angles))
-        self.w = Weights(
-            embed=ops.weight(weights.embed),
-            layers=[replace(layer, **{k: ops.weight(v) for k, v in vars(layer).items() if v is not None})
-                    for layer in weights.layers],
-            norm=ops.weight(weights.norm),
-            lm_head=None,
-        )
-        self.w.lm_head = self.w.embed if weights.lm_head is weights.embed else ops.weight(weights.lm_head)
+        self.w = weights
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
     @property

@@ -59,10 +59,12 @@ class Sampled:
     top_logprobs: list[tuple[int, float]] | None = None
 
 
-def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | None = None) -> Llama:
-    """The model on ops (NumpyOps when none)."""
+def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | None = None,
+               progress: bool | None = None) -> Llama:
+    """The model on ops (NumpyOps when none), prepared layer by layer; progress as load_weights'."""
     config = ModelConfig.load(Path(model_dir))
-    return Llama(config, load_weights(Path(model_dir), config), ops or NumpyOps(), max_model_len)
+    ops = ops or NumpyOps()
+    return Llama(config, load_weights(Path(model_dir), config, ops.weight, progress), ops, max_model_len)
 
 
 class ModelRunner:

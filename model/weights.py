@@ -1,14 +1,19 @@
-"""Weights from safetensors files into float32 NumPy arrays, fused the way the forward pass wants.
+"""Weights from memory-mapped safetensors files, fused the way the forward pass wants and
+prepared for the ops (packed, or copied to a device) one layer at a time.
 
 The reader is our own (the format is a JSON header and raw bytes) for two reasons: NumPy has no
 bfloat16, which most Hugging Face checkpoints use, and a truncated or corrupt file must become
-one clear line rather than a deep library traceback.
+one clear line rather than a deep library traceback. No float32 copy of the whole model ever
+exists: a tensor is converted only when taken, into the array that goes to the ops, and its
+mapped pages are handed back to the page cache once read.
 """
 
 import json
+import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -24,8 +29,17 @@ def _corrupt(path: Path, why: str) -> ModelError:
     )
 
 
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of one file as float32 arrays."""
+@dataclass(frozen=True)
+class _Entry:
+    path: Path
+    dtype: str  # the file's name for it: F32, F16, BF16, F64
+    shape: tuple
+    begin: int  # byte offsets in the file
+    end: int
+
+
+def _read_header(path: Path) -> dict[str, _Entry]:
+    """Every tensor's place in one file, checked against the file's size."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -43,40 +57,80 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     if not isinstance(header, dict):
         raise _corrupt(path, "header is not a JSON object")
     data_start = 8 + header_len
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors = {}
+    entries = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         try:
-            dtype = _DTYPES[info["dtype"]]
+            dtype = info["dtype"]
+            itemsize = np.dtype(_DTYPES[dtype]).itemsize
             begin, end = info["data_offsets"]
-            shape = tuple(info["shape"])
+            shape = tuple(int(n) for n in info["shape"])
         except (KeyError, TypeError, ValueError):
             raise _corrupt(path, f"bad entry for tensor {name!r}") from None
         if data_start + end > size:
             raise _corrupt(path, f"tensor {name!r} runs past the end of the file")
-        count = int(np.prod(shape, dtype=np.int64))
-        if end - begin != count * np.dtype(dtype).itemsize:
+        if end - begin != int(np.prod(shape, dtype=np.int64)) * itemsize:
             raise _corrupt(path, f"tensor {name!r} has {end - begin} bytes for shape {shape}")
-        arr = raw[data_start + begin : data_start + end].view(dtype).reshape(shape)
-        if info["dtype"] == "BF16":
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        tensors[name] = arr.astype(np.float32)
-    return tensors
+        entries[name] = _Entry(path, dtype, shape, data_start + begin, data_start + end)
+    return entries
+
+
+class ModelTensors:
+    """The tensors of a model directory's safetensors files (one or sharded), memory-mapped;
+    read_into converts one tensor at a time. Use as a context manager: the maps close on exit."""
+
+    def __init__(self, model_dir: Path):
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise ModelError(
+                f"{model_dir} has no .safetensors weights; convert the checkpoint to safetensors"
+                " or pass --model with a .gguf file"
+            )
+        self.entries: dict[str, _Entry] = {}
+        for path in files:
+            self.entries.update(_read_header(path))
+        self.maps: dict[Path, mmap.mmap] = {}
+
+    def __enter__(self) -> "ModelTensors":
+        return self
+
+    def __exit__(self, *_) -> None:
+        for m in self.maps.values():
+            m.close()
+        self.maps.clear()
+
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """Tensor `name`, converted to out's dtype (float32 from BF16 with no temporary), then its
+        mapped pages dropped from this process (the page cache keeps them)."""
+        e = self.entries[name]
+        m = self.maps.get(e.path)
+        if m is None:
+            with open(e.path, "rb") as f:
+                m = self.maps[e.path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        dtype = np.dtype(_DTYPES[e.dtype])
+        raw = np.frombuffer(m, dtype=dtype, count=(e.end - e.begin) // dtype.itemsize, offset=e.begin).reshape(e.shape)
+        if e.dtype == "BF16":
+            bits = out.view(np.uint32)
+            bits[...] = raw
+            bits <<= 16
+        else:
+            out[...] = raw
+        del raw  # the buffer export, so that the map can close
+        if hasattr(m, "madvise"):
+            start = e.begin - e.begin % mmap.PAGESIZE
+            m.madvise(mmap.MADV_DONTNEED, start, e.end - start)
+
+    def read(self, name: str) -> np.ndarray:
+        out = np.empty(self.entries[name].shape, dtype=np.float32)
+        self.read_into(name, out)
+        return out
 
 
 def read_model_tensors(model_dir: Path) -> dict[str, np.ndarray]:
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise ModelError(
-            f"{model_dir} has no .safetensors weights; convert the checkpoint to safetensors"
-            " or pass --model with a .gguf file"
-        )
-    tensors = {}
-    for path in files:
-        tensors.update(read_safetensors(path))
-    return tensors
+    """Every tensor as float32 at once: for references in tests, never for serving."""
+    with ModelTensors(model_dir) as tensors:
+        return {name: tensors.read(name) for name in tensors.entries}
 
 
 @dataclass
@@ -100,49 +154,92 @@ class Weights:
     lm_head: np.ndarray  # (vocab, hidden); the embedding itself when tied
 
 
-def load_weights(model_dir: Path, config: ModelConfig) -> Weights:
-    t = read_model_tensors(model_dir)
+def prepared(layer: LayerWeights, prepare: Callable) -> LayerWeights:
+    """A float32 layer as the ops keep it (ops.weight on each tensor)."""
+    return replace(layer, **{k: prepare(v) for k, v in vars(layer).items() if v is not None})
 
-    def take(name: str, shape: tuple) -> np.ndarray:
-        if name not in t:
+
+def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = np.asarray,
+                 progress: bool | None = None) -> Weights:
+    """The model's weights through prepare (ops.weight), one layer's float32 tensors at a time.
+    progress: a bar on stderr; None shows it only when stderr is a terminal."""
+    from tqdm import tqdm
+
+    with ModelTensors(model_dir) as tensors:
+        bar = tqdm(total=config.num_layers + 1, desc=f"Loading {Path(model_dir).name}", unit="layer",
+                   disable=None if progress is None else not progress, leave=False)
+        reader = _LayerReader(tensors, model_dir, config)
+        layers = []
+        for i in range(config.num_layers):
+            layers.append(prepared(reader.layer(i), prepare))
+            bar.update()
+        embed, norm, lm_head = reader.outer(prepare)
+        bar.update()
+        bar.close()
+    return Weights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+
+
+class _LayerReader:
+    """Reads a layer's tensors, checked against config.json's shapes, fused into their GEMMs."""
+
+    def __init__(self, tensors: ModelTensors, model_dir: Path, config: ModelConfig):
+        self.tensors, self.model_dir, self.config = tensors, model_dir, config
+
+    def check(self, name: str, shape: tuple) -> None:
+        if name not in self.tensors.entries:
             raise ModelError(
-                f"tensor {name} is missing from {model_dir}; the checkpoint does not match its"
+                f"tensor {name} is missing from {self.model_dir}; the checkpoint does not match its"
                 " config.json: re-download or re-convert it"
             )
-        arr = t.pop(name)
-        if arr.shape != shape:
+        if self.tensors.entries[name].shape != shape:
             raise ModelError(
-                f"tensor {name} has shape {arr.shape}, config.json implies {shape};"
+                f"tensor {name} has shape {self.tensors.entries[name].shape}, config.json implies {shape};"
                 " re-download or re-convert the model"
             )
-        return arr
 
-    c = config
-    H, Q, KV, D = c.hidden_size, c.q_size, c.kv_size, c.head_dim
-    layers = []
-    for i in range(c.num_layers):
+    def take(self, name: str, shape: tuple) -> np.ndarray:
+        self.check(name, shape)
+        return self.tensors.read(name)
+
+    def fused(self, parts: list[tuple[str, tuple]]) -> np.ndarray:
+        """The parts stacked along their first axis, each read straight into its rows."""
+        for name, shape in parts:
+            self.check(name, shape)
+        out = np.empty((sum(shape[0] for _, shape in parts), *parts[0][1][1:]), dtype=np.float32)
+        row = 0
+        for name, shape in parts:
+            self.tensors.read_into(name, out[row:row + shape[0]])
+            row += shape[0]
+        return out
+
+    def layer(self, i: int) -> LayerWeights:
+        c = self.config
+        H, Q, KV, D, I = c.hidden_size, c.q_size, c.kv_size, c.head_dim, c.intermediate_size
         p = f"model.layers.{i}."
         a = p + "self_attn."
         bias = None
         if c.attention_bias:
-            bias = np.concatenate([take(a + "q_proj.bias", (Q,)), take(a + "k_proj.bias", (KV,)),
-                                   take(a + "v_proj.bias", (KV,))])
-        layers.append(LayerWeights(
-            attn_norm=take(p + "input_layernorm.weight", (H,)),
-            wqkv=np.concatenate([take(a + "q_proj.weight", (Q, H)), take(a + "k_proj.weight", (KV, H)),
-                                 take(a + "v_proj.weight", (KV, H))]),
+            bias = self.fused([(a + "q_proj.bias", (Q,)), (a + "k_proj.bias", (KV,)), (a + "v_proj.bias", (KV,))])
+        return LayerWeights(
+            attn_norm=self.take(p + "input_layernorm.weight", (H,)),
+            wqkv=self.fused([(a + "q_proj.weight", (Q, H)), (a + "k_proj.weight", (KV, H)),
+                             (a + "v_proj.weight", (KV, H))]),
             bqkv=bias,
-            q_norm=take(a + "q_norm.weight", (D,)) if c.qk_norm else None,
-            k_norm=take(a + "k_norm.weight", (D,)) if c.qk_norm else None,
-            wo=take(a + "o_proj.weight", (H, Q)),
-            mlp_norm=take(p + "post_attention_layernorm.weight", (H,)),
-            w_gate_up=np.concatenate([take(p + "mlp.gate_proj.weight", (c.intermediate_size, H)),
-                                      take(p + "mlp.up_proj.weight", (c.intermediate_size, H))]),
-            w_down=take(p + "mlp.down_proj.weight", (H, c.intermediate_size)),
-        ))
-    embed = take("model.embed_tokens.weight", (c.vocab_size, H))
-    if c.tie_word_embeddings or "lm_head.weight" not in t:
-        lm_head = embed
-    else:
-        lm_head = take("lm_head.weight", (c.vocab_size, H))
-    return Weights(embed=embed, layers=layers, norm=take("model.norm.weight", (H,)), lm_head=lm_head)
+            q_norm=self.take(a + "q_norm.weight", (D,)) if c.qk_norm else None,
+            k_norm=self.take(a + "k_norm.weight", (D,)) if c.qk_norm else None,
+            wo=self.take(a + "o_proj.weight", (H, Q)),
+            mlp_norm=self.take(p + "post_attention_layernorm.weight", (H,)),
+            w_gate_up=self.fused([(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))]),
+            w_down=self.take(p + "mlp.down_proj.weight", (H, I)),
+        )
+
+    def outer(self, prepare: Callable) -> tuple:
+        """The embedding, final norm and LM head (the embedding itself when tied), prepared."""
+        c = self.config
+        shape = (c.vocab_size, c.hidden_size)
+        embed = prepare(self.take("model.embed_tokens.weight", shape))
+        if c.tie_word_embeddings or "lm_head.weight" not in self.tensors.entries:
+            lm_head = embed
+        else:
+            lm_head = prepare(self.take("lm_head.weight", shape))
+        return embed, prepare(self.take("model.norm.weight", (c.hidden_size,))), lm_head

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from model.config import ModelConfig
 from model.llama import Llama
-from model.weights import LayerWeights, Weights
+from model.weights import LayerWeights, Weights, prepared
 
 SHAPES = {
     "llama3-8b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -61,7 +61,8 @@ def random_model(model_dir: Path, ops, seed: int = 0) -> Llama:
                             w_gate_up=linear(2 * c.intermediate_size, c.hidden_size),
                             w_down=linear(c.hidden_size, c.intermediate_size))
 
-    embed = linear(c.vocab_size, c.hidden_size)
-    weights = Weights(embed=embed, layers=map(layer, range(c.num_layers)),  # drawn as Llama rounds each one
-                      norm=xp.ones(c.hidden_size, dtype=np.float32), lm_head=linear(c.vocab_size, c.hidden_size))
+    embed = ops.weight(linear(c.vocab_size, c.hidden_size))
+    lm_head = ops.weight(linear(c.vocab_size, c.hidden_size))
+    weights = Weights(embed=embed, layers=[prepared(layer(i), ops.weight) for i in range(c.num_layers)],
+                      norm=ops.weight(xp.ones(c.hidden_size, dtype=np.float32)), lm_head=lm_head)
     return Llama(config, weights, ops)

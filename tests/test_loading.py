@@ -1,0 +1,126 @@
+"""Loading without inflating: safetensors memory-mapped and read tensor by tensor (BF16, F16,
+sharded), and a peak resident memory near the packed weights, not the float32 model."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.config import ModelConfig
+from model.runner import ModelRunner, Row, StepPlan
+from model.weights import load_weights, read_model_tensors
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """tensors: name -> (the file's dtype name, the array holding those bytes), written one by one."""
+    header, offset = {}, 0
+    for name, (dtype, arr) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for _, arr in tensors.values():
+            f.write(np.ascontiguousarray(arr).tobytes())
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_bf16_f16_and_shards_load_as_float32(tiny_dir, tmp_path):
+    """Two shards, one BF16 and one F16: the same weights and logits as the float32 tensors they round to."""
+    tensors = read_model_tensors(tiny_dir)
+    names = sorted(tensors)
+    d = tmp_path / "model"
+    shutil.copytree(tiny_dir, d, ignore=shutil.ignore_patterns("*.safetensors"))
+    write_safetensors(d / "model-00001-of-00002.safetensors",
+                      {n: ("BF16", bf16_bits(tensors[n])) for n in names[::2]})
+    write_safetensors(d / "model-00002-of-00002.safetensors",
+                      {n: ("F16", tensors[n].astype(np.float16)) for n in names[1::2]})
+    rounded = {n: (bf16_bits(t).astype(np.uint32) << 16).view(np.float32) if i % 2 == 0 else
+               t.astype(np.float16).astype(np.float32) for i, (n, t) in enumerate(sorted(tensors.items()))}
+    assert all(np.array_equal(read_model_tensors(d)[n], rounded[n]) for n in names)
+    np.testing.assert_array_equal(load_weights(d, ModelConfig.load(d)).layers[1].wqkv,
+                                  np.concatenate([rounded[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"]))
+
+    write_safetensors(tmp_path / "ref.safetensors", {n: ("F32", rounded[n]) for n in names})
+    ref = tmp_path / "ref"
+    shutil.copytree(d, ref, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.move(tmp_path / "ref.safetensors", ref / "model.safetensors")
+    plan = StepPlan([Row("a", [5, 9, 30, 41], 0, [0], sample=True)])
+    np.testing.assert_array_equal(ModelRunner.from_dir(d, num_blocks=4).logits(plan),
+                                  ModelRunner.from_dir(ref, num_blocks=4).logits(plan))
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tiny_dir):
+    proc = subprocess.run([sys.executable, "-c", "import sys; from model.backend import resolve;"
+                           " resolve('cpu', 'q8_0').load(sys.argv[1])", str(tiny_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+# hidden 1024, 8 layers, vocab 16000, untied: 490 MB of float32, 130 MB once packed to Q8_0
+SHAPE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16000, "hidden_size": 1024,
+         "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
+         "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+         "tie_word_embeddings": False, "torch_dtype": "float32"}
+
+# Loads the model in a fresh process; prints the resident growth at peak and what the weights hold.
+# The peak is VmHWM, reset to the present RSS just before loading: ru_maxrss would also count the
+# parent's resident memory, which execve folds into it.
+MEASURE = """
+import json, sys
+import numpy as np
+from model.backend import resolve
+backend = resolve("cpu", "q8_0")
+backend.ops.weight(np.ones((64, 64), np.float32))  # the packing kernels loaded before the baseline
+status = lambda key: int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
+before = status("VmRSS")
+model = backend.load(sys.argv[1])
+print(json.dumps({"grew": status("VmHWM") - before, "weights": model.weight_bytes}))
+"""
+
+
+def make_checkpoint(d: Path) -> int:
+    """A random float32 checkpoint of SHAPE in d; returns the float32 bytes of its largest unit
+    that loads at once: a layer (its fused tensors together), or the embedding."""
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(SHAPE))
+    c = ModelConfig.load(d)
+    H, I = c.hidden_size, c.intermediate_size
+    rng = np.random.default_rng(0)
+
+    def matrix(rows, cols):
+        return "F32", rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(cols ** -0.5)
+
+    tensors = {"model.embed_tokens.weight": matrix(c.vocab_size, H), "lm_head.weight": matrix(c.vocab_size, H),
+               "model.norm.weight": ("F32", np.ones(H, np.float32))}
+    layer = {"self_attn.q_proj.weight": (c.q_size, H), "self_attn.k_proj.weight": (c.kv_size, H),
+             "self_attn.v_proj.weight": (c.kv_size, H), "self_attn.o_proj.weight": (H, c.q_size),
+             "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H), "mlp.down_proj.weight": (H, I)}
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        tensors |= {p + name: matrix(*shape) for name, shape in layer.items()}
+        tensors |= {p + "input_layernorm.weight": ("F32", np.ones(H, np.float32)),
+                    p + "post_attention_layernorm.weight": ("F32", np.ones(H, np.float32))}
+    write_safetensors(d / "model.safetensors", tensors)
+    return 4 * max(sum(rows * cols for rows, cols in layer.values()), c.vocab_size * H)
+
+
+def test_peak_memory_is_the_packed_weights_plus_one_layer(tmp_path):
+    """Before loading went tensor by tensor, this grew by 984 MB (twice the float32 file)."""
+    layer_bytes = make_checkpoint(tmp_path / "model")
+    file_bytes = (tmp_path / "model" / "model.safetensors").stat().st_size
+    proc = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path / "model")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    bound = got["weights"] + layer_bytes + (150 << 20)
+    assert got["grew"] < bound < file_bytes, (got, layer_bytes, file_bytes)
