@@ -6,6 +6,23 @@ from app.engine.request import GenerationParams, Request, State
 from model.sampling import SamplingParams
 
 
+def turn(plan, in_flight, launch, land, overlaps: bool):
+    """One turn of Engine._tick_loop's launch and land order; returns the step left in flight
+    ((plan, launched), or None). plan None: only landing the step in flight makes room."""
+    if plan is None:
+        land(*in_flight)
+        return None
+    launched = launch(plan) if plan.rows else None
+    if in_flight is not None:
+        land(*in_flight)
+    if launched is None:
+        return None
+    if overlaps:
+        return plan, launched
+    land(plan, launched)
+    return None
+
+
 class Harness:
     def __init__(self, runner, tokenizer, prefix_caching: bool = True, **config):
         config.setdefault("max_model_len", 4096)
@@ -37,19 +54,7 @@ class Harness:
     def tick(self) -> None:
         """One turn of Engine._tick_loop: the overlapped loop when the runner overlaps."""
         plan = self.engine.next_step()
-        if plan is None:
-            self.land(*self.in_flight)
-            self.in_flight = None
-        else:
-            launched = self.launch(plan) if plan.rows else None
-            landed, self.in_flight = self.in_flight, None
-            if landed is not None:
-                self.land(*landed)
-            if launched is not None:
-                if self.runner.overlaps:
-                    self.in_flight = (plan, launched)
-                else:
-                    self.land(plan, launched)
+        self.in_flight = turn(plan, self.in_flight, self.launch, self.land, self.runner.overlaps)
         self.engine.retire()
         self.assert_consistent()
 

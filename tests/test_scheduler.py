@@ -305,33 +305,16 @@ def test_text_held_for_a_stop_string_is_released_when_eos_ends_it(tok):
     assert h.final(rid).finish_reason == "stop" and h.final(rid).stop_reason is None
 
 
-def test_a_failed_reload_from_the_spill_pool_falls_back_to_recompute(tok):
+@pytest.mark.parametrize("copy", ["load_blocks", "save_blocks"], ids=["reload", "spill"])
+def test_a_failed_copy_to_or_from_the_spill_pool_falls_back_to_recompute(tok, copy):
     runner, h = make(tok, num_blocks=16, block_size=4, swap_blocks=64, immunity_tokens=4)
     failures = []
 
-    def broken_load(block_ids, data):
+    def broken(block_ids, *data):
         failures.append(block_ids)
         raise RuntimeError("host copy lost")
 
-    runner.load_blocks = broken_load
-    prompts = [prompt(6 + i, i) for i in range(5)]
-    rids = [h.submit(p, max_tokens=14) for p in prompts]
-    h.run()
-    assert failures and h.stats.preemptions > 0
-    for rid, p in zip(rids, prompts):
-        assert h.tokens(rid) == runner.expected(p, 14)
-    assert h.pool.used == 0 and h.planner.swap_used == 0
-
-
-def test_a_failed_spill_falls_back_to_recompute(tok):
-    runner, h = make(tok, num_blocks=16, block_size=4, swap_blocks=64, immunity_tokens=4)
-    failures = []
-
-    def broken_save(block_ids):
-        failures.append(block_ids)
-        raise RuntimeError("no host memory")
-
-    runner.save_blocks = broken_save
+    setattr(runner, copy, broken)
     prompts = [prompt(6 + i, i) for i in range(5)]
     rids = [h.submit(p, max_tokens=14) for p in prompts]
     h.run()

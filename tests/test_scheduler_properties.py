@@ -41,7 +41,7 @@ from app.engine.planner import Planner, PlannerConfig
 from app.engine.request import GenerationParams, Request
 from app.engine.stats import Stats
 from app.engine.validation import validate
-from engine_harness import assert_planner_consistent
+from engine_harness import assert_planner_consistent, turn
 from fake_runner import FakeRunner
 from model.runner import AHEAD
 from model.sampling import SamplingParams
@@ -126,19 +126,7 @@ class Driver:
         left = {r.id for r in p.waiting}
         admitted = [rid for rid in waiting if rid not in left]
         assert admitted == waiting[:len(admitted)], f"not FIFO: admitted {admitted} from {waiting}"
-        if plan is None:
-            self.land(*self.in_flight)
-            self.in_flight = None
-        else:
-            launched = self.launch(plan) if plan.rows else None
-            landed, self.in_flight = self.in_flight, None
-            if landed is not None:
-                self.land(*landed)
-            if launched is not None:
-                if runner.overlaps:
-                    self.in_flight = (plan, launched)
-                else:
-                    self.land(plan, launched)
+        self.in_flight = turn(plan, self.in_flight, self.launch, self.land, runner.overlaps)
         self.retire(p.retire())
 
     def launch(self, plan):
