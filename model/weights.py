@@ -21,6 +21,10 @@ from model.config import ModelConfig
 from model.errors import ModelError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+# safetensors dtypes that hold quantized weights (FP8, or integers packing GPTQ, AWQ,
+# bitsandbytes or compressed-tensors codes): refused by name, not as corruption
+_QUANTIZED_DTYPES = {"F8_E4M3": "FP8", "F8_E5M2": "FP8", "I8": "8-bit integer",
+                     "U8": "packed integer", "I32": "packed integer"}
 
 
 def _corrupt(path: Path, why: str) -> ModelError:
@@ -63,6 +67,11 @@ def _read_header(path: Path) -> dict[str, _Entry]:
             continue
         try:
             dtype = info["dtype"]
+            if dtype in _QUANTIZED_DTYPES:
+                raise ModelError(
+                    f"{path} holds {_QUANTIZED_DTYPES[dtype]} weights (tensor {name!r} is {dtype}),"
+                    " which Spool cannot load; use the original F16/BF16 checkpoint or a GGUF file"
+                )
             itemsize = np.dtype(_DTYPES[dtype]).itemsize
             begin, end = info["data_offsets"]
             shape = tuple(int(n) for n in info["shape"])

@@ -24,7 +24,7 @@ CHOICE = "import json; from model.quant import cpu; print(json.dumps([cpu.PATH, 
 
 def run(args: list[str], cache: Path | None, timeout: float = 300, **settings) -> subprocess.CompletedProcess:
     """python args under exactly these settings (none inherited), numba's cache in cache (None:
-    the repository's)."""
+    Spool's own, model/caches.py)."""
     env = {name: value for name, value in os.environ.items() if name not in SETTINGS and name != "NUMBA_CACHE_DIR"}
     env |= {"PYTHONPATH": str(ROOT), **settings} | ({} if cache is None else {"NUMBA_CACHE_DIR": str(cache)})
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -2,13 +2,17 @@
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from model.errors import ModelError
 from model.runner import ModelRunner
+from model.weights import read_model_tensors
+from test_loading import write_safetensors
 
 
 @pytest.fixture
@@ -62,6 +66,35 @@ def test_garbage_safetensors(model_copy):
     assert "corrupt or truncated" in load_error(model_copy)
 
 
+@pytest.mark.parametrize("method,shown", [
+    ("awq", "AWQ"), ("gptq", "GPTQ"), ("fp8", "FP8"), ("bitsandbytes", "bitsandbytes"),
+    ("compressed-tensors", "compressed-tensors"), (None, "quantized"),
+])
+def test_quantized_checkpoint_is_refused_by_name(model_copy, method, shown):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["quantization_config"] = {"bits": 4} | ({} if method is None else {"quant_method": method})
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    message = load_error(model_copy)
+    assert f"holds {shown} weights" in message and "cannot load" in message and "GGUF" in message
+
+
+@pytest.mark.parametrize("dtype,shown", [
+    ("F8_E4M3", "FP8"), ("F8_E5M2", "FP8"), ("I8", "8-bit integer"), ("U8", "packed integer"),
+    ("I32", "packed integer"),
+])
+def test_quantized_tensor_dtypes_are_refused_by_name(model_copy, dtype, shown):
+    """A config.json without quantization_config over FP8 or packed-integer tensors."""
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors = {n: ("F32", t) for n, t in read_model_tensors(model_copy).items()}
+    rows, cols = tensors[name][1].shape
+    tensors[name] = (dtype, np.zeros((rows, cols // 8), np.int32) if dtype == "I32" else
+                     np.zeros((rows, cols), np.uint8))
+    write_safetensors(model_copy / "model.safetensors", tensors)
+    message = load_error(model_copy)
+    assert f"holds {shown} weights" in message and dtype in message and name in message
+    assert "corrupt" not in message
+
+
 def test_missing_tensor(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
     cfg["num_hidden_layers"] += 1
@@ -105,6 +138,12 @@ def cli_error(*argv) -> str:
     return lines[0]
 
 
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def test_cli_refuses_a_backend_or_dtype_it_cannot_run(tiny_dir):
     from cuda_harness import gpu_available
 
@@ -113,13 +152,16 @@ def test_cli_refuses_a_backend_or_dtype_it_cannot_run(tiny_dir):
         pytest.skip("this machine has a GPU: --backend cuda would run")
     line = cli_error("generate", "--model", str(tiny_dir), "--backend", "cuda", "hi")
     assert "needs CuPy" in line or "no CUDA device" in line
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    line = cli_error("serve", "--model", str(tiny_dir), "--backend", "cuda", "--port", str(port))
+    line = cli_error("serve", "--model", str(tiny_dir), "--backend", "cuda", "--port", free_port())
     assert "--backend cpu" in line
+
+
+def test_cli_refuses_a_quantized_checkpoint_in_one_line(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    line = cli_error("serve", "--model", str(model_copy), "--port", free_port())
+    assert "holds AWQ weights" in line and "cannot load" in line
 
 
 @pytest.mark.parametrize("change,shown", [({"head_dim": 256}, "256"), ({"num_kv_heads": 1}, "16")])

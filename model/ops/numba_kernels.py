@@ -1,11 +1,11 @@
 """How the numba CPU kernels compile (each twice: on every core and on one), their signatures,
 and what several kernel modules share: the float16 K/V type and a vectorising exponential.
 
-Kernels compile once per machine (`cache=True`, into numba's cache beside their module or under
-NUMBA_CACHE_DIR) and run on all cores through `prange`; every kernel is compiled for
-C-contiguous arrays when its module is imported (about 10 s the first time on a machine, then
-read from the cache). numba's cache checks only the kernel's own file: a change to
-exp_shifted here reaches the kernels of other modules once their cache is cleared.
+Kernels compile once per machine and source (`cache=True`, into numba's cache, which
+model/caches.py keys by the whole model package, so a change to exp_shifted here reaches the
+kernels of other modules too) and run on all cores through `prange`; every kernel is compiled
+for C-contiguous arrays when its module is imported (about 10 s the first time on a machine,
+then read from the cache).
 """
 
 import types
