@@ -7,7 +7,11 @@ import pytest
 
 from model.errors import ModelError
 from model.quant import kblocks
+from model.quant.blas import blas_matmul
+from model.quant.cpu import PMADDWD
+from model.quant.gemv import float_gemv
 from model.quant.kquants import quantize
+from model.quant.matmul import GEMV_ROWS, matmul
 from model.quant.strips import Q4_1Strips, Q5_0Strips, Q5_1Strips, Q6_KStrips
 
 T = gguf.GGMLQuantizationType
@@ -46,3 +50,78 @@ def test_bad_tensor_data_is_one_clear_error():
         kblocks.pack_q4_k(data[:, :-1].copy(), 512)
     with pytest.raises(ModelError, match="inconsistent"):
         kblocks.pack_q5_0(data.view(np.int8), 512)
+
+
+def packed(qtype, rows: int, columns: int):
+    pack, _ = PACKERS[qtype]
+    return pack(gguf_weight(qtype, rows, columns, seed=rows + columns), columns)
+
+
+# Measured: int16 activations (the vpmaddwd GEMV) within 3e-5 of the largest output, float32 (the
+# portable GEMV, OpenBLAS over widened slabs) within 1e-6.
+INT16_TOLERANCE = 1e-4 if PMADDWD else 1e-5
+
+
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows, columns", [(1, 256), (17, 768), (100, 512)])
+def test_the_matmul_is_the_dequantized_one(qtype, rows, columns):
+    """The GEMV up to GEMV_ROWS activation rows, then the GEMM, on the weights as gguf-py reads them."""
+    strips = packed(qtype, rows, columns)
+    weights = strips.dequantize()
+    rng = np.random.default_rng(rows)
+    for tokens in (1, 3, GEMV_ROWS, 33, 100):
+        x = rng.standard_normal((tokens, columns), dtype=np.float32)
+        want = x @ weights.T
+        got = matmul(x, strips)
+        assert got.shape == want.shape and got.flags.c_contiguous
+        tolerance = INT16_TOLERANCE if tokens <= GEMV_ROWS else 1e-5
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+def test_a_row_is_the_same_whatever_rows_share_its_gemv(qtype):
+    strips = packed(qtype, 40, 512)
+    x = np.random.default_rng(1).standard_normal((GEMV_ROWS, 512), dtype=np.float32)
+    together = matmul(x, strips)
+    for t in (0, 5, GEMV_ROWS - 1):
+        np.testing.assert_array_equal(matmul(x[t:t + 1], strips)[0], together[t])
+
+
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+def test_the_portable_kernels_match_too(qtype):
+    """The float32 GEMV and slabs, which machines without AVX-512 run (this one may run others)."""
+    strips = packed(qtype, 17, 768)
+    x = np.random.default_rng(2).standard_normal((40, 768), dtype=np.float32)
+    want = x @ strips.dequantize().T
+    for got in (float_gemv(x[:3], strips)[:, :17], blas_matmul(x, strips)[:, :17]):
+        np.testing.assert_allclose(got, want[:len(got)], rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+PORTABLE = """
+import sys
+import numpy as np
+sys.path.insert(0, "tests")
+from test_kblocks import PACKERS, packed
+from model.quant import cpu
+from model.quant.matmul import matmul
+assert cpu.PATH == "portable", cpu.PATH
+x = np.random.default_rng(3).standard_normal((33, 768), dtype=np.float32)
+np.save(sys.argv[1], np.stack([np.concatenate([matmul(x[:1], s), matmul(x, s)]) for s in
+                               (packed(qtype, 17, 768) for qtype in PACKERS)]))
+"""
+
+
+def test_the_portable_path_gives_the_same_numbers(tmp_path):
+    """SPOOL_CPU_PATH=portable, read at import: a process of its own."""
+    from test_cpu_paths import run
+
+    done = run(["-c", PORTABLE, str(tmp_path / "out.npy")], None, timeout=900, SPOOL_CPU_PATH="portable")
+    assert done.returncode == 0, done.stderr
+    portable = np.load(tmp_path / "out.npy")
+    x = np.random.default_rng(3).standard_normal((33, 768), dtype=np.float32)
+    for qtype, got in zip(PACKERS, portable):
+        strips = packed(qtype, 17, 768)
+        want = np.concatenate([x[:1], x]) @ strips.dequantize().T
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        here = np.concatenate([matmul(x[:1], strips), matmul(x, strips)])
+        np.testing.assert_allclose(got, here, rtol=INT16_TOLERANCE, atol=INT16_TOLERANCE * np.abs(want).max())
