@@ -12,11 +12,11 @@ from model.quant.cpu import PMADDWD
 from model.quant.gemv import float_gemv
 from model.quant.kquants import quantize
 from model.quant.matmul import GEMV_ROWS, matmul
-from model.quant.strips import Q4_1Strips, Q5_0Strips, Q5_1Strips, Q6_KStrips
+from model.quant.strips import Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips, Q6_KStrips
 
 T = gguf.GGMLQuantizationType
-PACKERS = {T.Q4_K: (kblocks.pack_q4_k, Q4_1Strips), T.Q5_0: (kblocks.pack_q5_0, Q5_0Strips),
-           T.Q5_1: (kblocks.pack_q5_1, Q5_1Strips), T.Q5_K: (kblocks.pack_q5_k, Q5_1Strips),
+PACKERS = {T.Q4_K: (kblocks.pack_q4_k, Q4_KStrips), T.Q5_0: (kblocks.pack_q5_0, Q5_0Strips),
+           T.Q5_1: (kblocks.pack_q5_1, Q5_1Strips), T.Q5_K: (kblocks.pack_q5_k, Q5_KStrips),
            T.Q6_K: (kblocks.pack_q6_k, Q6_KStrips)}
 
 
@@ -95,6 +95,21 @@ def test_the_portable_kernels_match_too(qtype):
     want = x @ strips.dequantize().T
     for got in (float_gemv(x[:3], strips)[:, :17], blas_matmul(x, strips)[:, :17]):
         np.testing.assert_allclose(got, want[:len(got)], rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype, per_block", [(T.Q4_K, Q4_1Strips), (T.Q5_K, Q5_1Strips)], ids=["Q4_K", "Q5_K"])
+def test_compact_k_factors_multiply_as_float32_ones(qtype, per_block):
+    """Q4_K's and Q5_K's 8-bit sub-block factors under float32 d and -dmin give every kernel
+    the same numbers, bit for bit, as the same weights with a float32 scale and minimum per
+    block, in fewer bytes: 4.75 bits a weight to 6 (5.75 to 7)."""
+    strips = packed(qtype, 17, 768)
+    assert 8 * strips.nbytes / (32 * 768) == (4.75 if qtype == T.Q4_K else 5.75)  # two strips of 16 rows
+    plain = per_block(np.ascontiguousarray(strips.q[..., :per_block.BLOCK_BYTES]), strips.block_factors(), 17)
+    np.testing.assert_array_equal(plain.dequantize(), strips.dequantize())
+    x = np.random.default_rng(4).standard_normal((40, 768), dtype=np.float32)
+    for multiply in (matmul, float_gemv, blas_matmul):
+        for rows in (x[:1], x[:GEMV_ROWS], x):
+            np.testing.assert_array_equal(multiply(rows, strips), multiply(rows, plain))
 
 
 PORTABLE = """

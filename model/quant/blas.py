@@ -4,7 +4,7 @@ time (each weight as dequantize computes it), each slab one OpenBLAS GEMM."""
 import numpy as np
 from numba import njit, prange
 
-from model.quant.gemv import line_value
+from model.quant.gemv import block_factor, line_value
 from model.quant.strips import SCHEMES, STRIP, Strips
 
 SLAB_ROWS = 512  # weight rows widened at a time: 512 x 1536 float32 is 3 MB
@@ -28,9 +28,11 @@ def blas_matmul(x: np.ndarray, w: Strips) -> np.ndarray:
 
 
 def _widen_kernel(weights: type[Strips]):
-    """The widening for one scheme, under a name of its own (numba's cache keys on the name)."""
+    """The widening for one scheme, under a name of its own (numba's cache keys on the name); no
+    fastmath, so that each weight is the one dequantize computes."""
     nibbles, high_bits, zero, scales, minima = (weights.NIBBLES, weights.HIGH_BITS, weights.ZERO, weights.SCALES,
                                                 weights.MINIMA)
+    sub_scales, ints_at = weights.SUB_SCALES, weights.BLOCK_BYTES - weights.FACTORS
 
     def widen(q, factors, first, out):
         """out[16i + n] = row n of strip first + i, in float32 (the strips that fit out)."""
@@ -43,13 +45,13 @@ def _widen_kernel(weights: type[Strips]):
                     for n in range(16):
                         for j in range(2):
                             value = np.float32(line_value(q, s, b, r, 2 * n + j, nibbles, high_bits, zero))
-                            w = value * factors[s, b, 16 * g + n]
+                            w = value * block_factor(q, factors, s, b, 16 * g + n, sub_scales, ints_at)
                             if minima:
-                                w += factors[s, b, 16 * scales + n]
+                                w += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, ints_at)
                             out[i * 16 + n, b * 32 + 2 * r + j] = w
     widen.__name__ = widen.__qualname__ = f"widen_{weights.kind}"
     return njit("void(int8[:, :, ::1], float32[:, :, ::1], int64, float32[:, ::1])",
-                parallel=True, fastmath=True, cache=True, nogil=True)(widen)
+                parallel=True, cache=True, nogil=True)(widen)
 
 
 _WIDEN = {weights: _widen_kernel(weights) for weights in SCHEMES.values()}

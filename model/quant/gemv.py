@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
 from model.quant.cpu import PMADDWD
-from model.quant.strips import BLOCK, NIBBLE_BYTES, PLANE_BYTES, SCHEMES, STRIP, Strips
+from model.quant.strips import BLOCK, NIBBLE_BYTES, PLANE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Strips
 
 
 def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
@@ -72,7 +72,8 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
                                                  "llvm.x86.avx512.pmaddw.d.512")
         q_strip = builder.gep(q_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, block_bytes)))])
         x_row = builder.gep(xq_arr.data, [builder.mul(t, builder.mul(blocks, ir.Constant(i64, 32)))])
-        qs_strip = builder.gep(qs_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, factors_per_block)))])
+        factor_rows = builder.extract_value(qs_arr.shape, 1)  # blocks, or super-blocks with SUB_SCALES
+        qs_strip = builder.gep(qs_arr.data, [builder.mul(s, builder.mul(factor_rows, ir.Constant(i64, factors_per_block)))])
         xs_row = builder.gep(xs_arr.data, [builder.mul(t, blocks)])
         xsum_row = builder.gep(xsum_arr.data, [builder.mul(t, blocks)])
         acc = cgutils.alloca_once_value(builder, ir.Constant(floats16, None))
@@ -80,12 +81,22 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
         def load_floats(at):
             return builder.load(builder.bitcast(at, floats16.as_pointer()), align=4)
 
+        def block_factors(lines, factors, k):
+            """Factors k..k + 15 of the block: as stored, or SUB_SCALES's bytes times their float32."""
+            stored = load_floats(builder.gep(factors, [ir.Constant(i64, k)]))
+            if not weights.SUB_SCALES:
+                return stored
+            ints = builder.gep(lines, [ir.Constant(i64, block_bytes - factors_per_block + k)])
+            ints = builder.load(builder.bitcast(ints, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
+            return builder.fmul(stored, builder.uitofp(ints, floats16))
+
         with cgutils.for_range(builder, blocks) as loop:
             b = loop.index
             lines = builder.gep(q_strip, [builder.mul(b, ir.Constant(i64, block_bytes))])
             pairs = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, 32))]), i32.as_pointer())
             line_weights = _line_weights(builder, lines, weights)
-            factors = builder.gep(qs_strip, [builder.mul(b, ir.Constant(i64, factors_per_block))])
+            factor_row = builder.udiv(b, ir.Constant(i64, SUPER_BLOCKS)) if weights.SUB_SCALES else b
+            factors = builder.gep(qs_strip, [builder.mul(factor_row, ir.Constant(i64, factors_per_block))])
             x_scale = splat(builder, builder.load(builder.gep(xs_row, [b])), floats16)
             block = None
             for group in range(scales):  # the lines each scale covers
@@ -93,11 +104,11 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
                 for r in range(group * STRIP // scales, (group + 1) * STRIP // scales):
                     pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
                     ints = builder.add(ints, builder.call(pmaddwd, [line_weights[r], builder.bitcast(pair, shorts32)]))
-                scale = load_floats(builder.gep(factors, [ir.Constant(i64, STRIP * group)]))
+                scale = block_factors(lines, factors, STRIP * group)
                 part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(scale, x_scale))
                 block = part if block is None else builder.fadd(block, part)
             if weights.MINIMA:
-                minima = load_floats(builder.gep(factors, [ir.Constant(i64, STRIP * scales)]))
+                minima = block_factors(lines, factors, STRIP * scales)
                 x_sum = splat(builder, builder.load(builder.gep(xsum_row, [b])), floats16)
                 block = builder.fadd(block, builder.fmul(minima, x_sum))
             builder.store(builder.fadd(builder.load(acc), block), acc)
@@ -131,7 +142,9 @@ def _scale_to_int16(x, xq, xs, xsum):
 
 def _pmaddwd_gemv_kernel(weights: type[Strips]):
     """The GEMV compiled for one scheme (its kind a literal), under a name of its own: numba's
-    cache keys on the name."""
+    cache keys on the name. No fastmath: numba sets its flags on every instruction of the module,
+    the intrinsic's too, and reassociation there makes a block's float order the compiler's
+    (Q4_K's factors computed in the kernel would then differ from the same factors stored)."""
     kind = weights.kind
 
     def gemv(xq, xs, xsum, q, qs, out):
@@ -140,7 +153,7 @@ def _pmaddwd_gemv_kernel(weights: type[Strips]):
                 _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind)
     gemv.__name__ = gemv.__qualname__ = f"pmaddwd_gemv_{weights.kind}"
     return njit("void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1],"
-                " float32[:, ::1])", parallel=True, fastmath=True, cache=True, nogil=True)(gemv)
+                " float32[:, ::1])", parallel=True, cache=True, nogil=True)(gemv)
 
 
 # compiled only where the instruction exists
@@ -179,11 +192,22 @@ def line_value(q, s, b, line, byte, nibbles, high_bits, zero):
     return value - zero
 
 
+@njit(cache=True, nogil=True, inline="always")
+def block_factor(q, factors, s, b, k, sub_scales, ints_at):
+    """Factor k of strip s, block b: as stored, or with sub_scales (a literal) the float32 of
+    its super-block times the byte at ints_at + k of the block."""
+    if not sub_scales:
+        return factors[s, b, k]
+    return factors[s, b // SUPER_BLOCKS, k] * np.float32(np.int64(q[s, b, ints_at + k]) & 255)
+
+
 def _float_gemv_kernel(weights: type[Strips]):
     """out = x @ weight.T in float32 for one scheme, a strip at a time: per block, each scale's
-    lines summed, then scaled; with MINIMA, each row's minimum times the block's activation sum."""
+    lines summed, then scaled; with MINIMA, each row's minimum times the block's activation sum.
+    No fastmath, so that this order is the one computed."""
     nibbles, high_bits, zero, scales, minima = (weights.NIBBLES, weights.HIGH_BITS, weights.ZERO, weights.SCALES,
                                                 weights.MINIMA)
+    sub_scales, ints_at = weights.SUB_SCALES, weights.BLOCK_BYTES - weights.FACTORS
 
     def gemv(x, q, factors, out):
         tokens = x.shape[0]
@@ -204,15 +228,15 @@ def _float_gemv_kernel(weights: type[Strips]):
                                            + np.float32(line_value(q, s, b, r, 2 * n + 1, nibbles, high_bits, zero)) * x1)
                     for g in range(scales):
                         for n in range(16):
-                            acc[n] += part[g, n] * factors[s, b, 16 * g + n]
+                            acc[n] += part[g, n] * block_factor(q, factors, s, b, 16 * g + n, sub_scales, ints_at)
                     if minima:
                         for n in range(16):
-                            acc[n] += factors[s, b, 16 * scales + n] * x_sum
+                            acc[n] += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, ints_at) * x_sum
                 for n in range(16):
                     out[t, s * 16 + n] = acc[n]
     gemv.__name__ = gemv.__qualname__ = f"float_gemv_{weights.kind}"
     return njit("void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])",
-                parallel=True, fastmath=True, cache=True, nogil=True)(gemv)
+                parallel=True, cache=True, nogil=True)(gemv)
 
 
 _FLOAT_GEMV = {weights: _float_gemv_kernel(weights) for weights in SCHEMES.values()}

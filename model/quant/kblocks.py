@@ -1,10 +1,12 @@
 """GGUF's K-quant and 5-bit tensors into strips as they are, nothing rounded again: Q4_K into
-Q4_1Strips, Q5_0 into Q5_0Strips, Q5_1 and Q5_K into Q5_1Strips, Q6_K into Q6_KStrips.
+Q4_KStrips, Q5_0 into Q5_0Strips, Q5_1 into Q5_1Strips, Q5_K into Q5_KStrips, Q6_K into
+Q6_KStrips.
 
 Each packer reads the tensor's bytes (rows, row_bytes), row r being weight row r, as gguf-py's
-dequantizers lay them out, and computes each factor as they do: the float16 d (and dmin) to
-float32 times the sub-block's integer scale (and minimum), a product exact in float32, so that
-the strips read back bit for bit. One numba pass over the strips on all cores.
+dequantizers lay them out, and keeps each factor as they compute it: the float16 d (and dmin)
+to float32 times the sub-block's integer scale (and minimum), a product exact in float32 (Q4_K
+and Q5_K keep the integers and d, -dmin, for the kernels to multiply), so that the strips read
+back bit for bit. One numba pass over the strips on all cores.
 """
 
 import math
@@ -13,7 +15,8 @@ import numpy as np
 from numba import njit, prange
 
 from model.errors import ModelError
-from model.quant.strips import BLOCK, NIBBLE_BYTES, PLANE_BYTES, STRIP, Q4_1Strips, Q5_0Strips, Q5_1Strips, Q6_KStrips, Strips
+from model.quant.strips import (BLOCK, NIBBLE_BYTES, PLANE_BYTES, STRIP, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
+                                 Q6_KStrips, Strips)
 
 QK_K = 256  # weights per K-quant super-block
 SUB_BLOCKS = QK_K // BLOCK
@@ -54,22 +57,23 @@ def _scale_min(data, at, j):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pack_affine_k(blocks, q, factors, rows, block_bytes, high_bits):
+def _pack_affine_k(blocks, q, factors, rows, block_bytes, high_bits, ints_at):
     """Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176 bytes: d, dmin, scales[12],
-    qh[32], qs[128]): sub-block j's scale d x sc_j and minimum -dmin x m_j; its weight i the
-    nibble of qs[32 (j // 2) + i] (low for even j), Q5_K's fifth bit bit j of qh[i]."""
+    qh[32], qs[128]): d and -dmin per super-block, sub-block j's sc_j and m_j at ints_at in its
+    block of q; its weight i the nibble of qs[32 (j // 2) + i] (low for even j), Q5_K's fifth
+    bit bit j of qh[i]."""
     for s in prange(q.shape[0]):
         for r in range(min(STRIP, rows - s * STRIP)):
             data = blocks[s * STRIP + r]
             for sb in range(q.shape[1] // SUB_BLOCKS):
                 at = sb * block_bytes
-                d, dmin = _half(data[at], data[at + 1]), _half(data[at + 2], data[at + 3])
+                factors[s, sb, r] = _half(data[at], data[at + 1])
+                factors[s, sb, STRIP + r] = -_half(data[at + 2], data[at + 3])
                 qs = at + 16 + 32 * high_bits
                 for j in range(SUB_BLOCKS):
                     sc, m = _scale_min(data, at + 4, j)
                     b = sb * SUB_BLOCKS + j
-                    factors[s, b, r] = d * np.float32(sc)
-                    factors[s, b, STRIP + r] = -(dmin * np.float32(m))
+                    q[s, b, ints_at + r], q[s, b, ints_at + STRIP + r] = sc, m
                     for i in range(BLOCK):
                         value = (data[qs + 32 * (j // 2) + i] >> (4 * (j % 2))) & 15
                         if high_bits:
@@ -128,15 +132,17 @@ def _strips(weights: type[Strips], name: str, blocks: np.ndarray, columns: int, 
     return weights.zeros(blocks.shape[0], columns)
 
 
-def pack_q4_k(blocks: np.ndarray, columns: int) -> Q4_1Strips:
-    strips = _strips(Q4_1Strips, "Q4_K", blocks, columns, QK_K, 144)
-    _pack_affine_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, 144, 0)
+def pack_q4_k(blocks: np.ndarray, columns: int) -> Q4_KStrips:
+    strips = _strips(Q4_KStrips, "Q4_K", blocks, columns, QK_K, 144)
+    _pack_affine_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, 144, 0,
+                   Q4_KStrips.BLOCK_BYTES - Q4_KStrips.FACTORS)
     return strips
 
 
-def pack_q5_k(blocks: np.ndarray, columns: int) -> Q5_1Strips:
-    strips = _strips(Q5_1Strips, "Q5_K", blocks, columns, QK_K, 176)
-    _pack_affine_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, 176, 1)
+def pack_q5_k(blocks: np.ndarray, columns: int) -> Q5_KStrips:
+    strips = _strips(Q5_KStrips, "Q5_K", blocks, columns, QK_K, 176)
+    _pack_affine_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, 176, 1,
+                   Q5_KStrips.BLOCK_BYTES - Q5_KStrips.FACTORS)
     return strips
 
 

@@ -19,6 +19,11 @@ nibbles, line 2p + 1 in the high ones), then HIGH_BITS planes of 64 bytes, plane
 scale x (value - ZERO), plus the row's minimum where the scheme has MINIMA; with SCALES = 2,
 lines 0-7 (weights 0-15 of the block) and lines 8-15 have a scale each (Q6_K's sub-blocks of
 16). Factors per (strip, block): the 16 rows' scales (twice with SCALES = 2), then their minima.
+
+With SUB_SCALES (Q4_K's and Q5_K's compact form) those factors are integers, 8 bits each, at
+the end of q's (strip, block), and the float32 factors are per (strip, 256 weights): each row's
+d, then its -dmin, which the kernels multiply by the block's integers, as the packer would have:
+4.75 bits a weight for Q4_K (the file's 4.5), computed to the same float32 factors.
 """
 
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ BLOCK = 32
 STRIP = 16  # weight rows a strip holds: an AMX tile's width in float32 outputs
 NIBBLE_BYTES = STRIP * BLOCK // 2  # the nibble plane of a (strip, block)
 PLANE_BYTES = STRIP * BLOCK // 8  # one bit plane of a (strip, block)
+SUPER_BLOCKS = 8  # blocks under one float32 factor with SUB_SCALES: a K-quant super-block
 
 
 @dataclass
@@ -46,19 +52,22 @@ class Strips:
     ZERO: ClassVar[int] = 0  # subtracted from every value
     SCALES: ClassVar[int] = 1  # scales per (row, block): 2 for a scale per 16 weights
     MINIMA: ClassVar[bool] = False  # a float32 minimum per (row, block) added
+    SUB_SCALES: ClassVar[bool] = False  # factors as 8-bit integers in q under float32 per 256 weights
     BLOCK_BYTES: ClassVar[int]  # bytes of q per (strip, block)
     FACTORS: ClassVar[int]  # float32 factors per (strip, block)
 
     def __init_subclass__(cls):
-        cls.BLOCK_BYTES = NIBBLE_BYTES + cls.HIGH_BITS * PLANE_BYTES if cls.NIBBLES else STRIP * BLOCK
         cls.FACTORS = STRIP * (cls.SCALES + cls.MINIMA)
+        cls.BLOCK_BYTES = ((NIBBLE_BYTES + cls.HIGH_BITS * PLANE_BYTES if cls.NIBBLES else STRIP * BLOCK)
+                           + cls.SUB_SCALES * cls.FACTORS)
 
     @classmethod
     def zeros(cls, rows: int, columns: int) -> "Strips":
         """Zeroed strips for a (rows, columns) weight, so that the rows past its last stay zero."""
         strips, blocks = -(-rows // STRIP), columns // BLOCK
         return cls(np.zeros((strips, blocks, cls.BLOCK_BYTES), dtype=np.int8),
-                   np.zeros((strips, blocks, cls.FACTORS), dtype=np.float32), rows)
+                   np.zeros((strips, -(-blocks // SUPER_BLOCKS) if cls.SUB_SCALES else blocks, cls.FACTORS),
+                            dtype=np.float32), rows)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -75,12 +84,19 @@ class Strips:
         strips, blocks = self.q.shape[:2]
         lines = self._values().reshape(strips, blocks, STRIP, STRIP, 2)
         values = lines[index // STRIP, :, :, index % STRIP, :]  # (rows, blocks, line, pair)
-        factors = self.factors.reshape(strips, blocks, -1, STRIP)[index // STRIP, :, :, index % STRIP]
+        factors = self.block_factors().reshape(strips, blocks, -1, STRIP)[index // STRIP, :, :, index % STRIP]
         scales = factors[..., np.arange(STRIP) * self.SCALES // STRIP]  # (rows, blocks, line)
         out = values * scales[..., None]
         if self.MINIMA:
             out = out + factors[..., self.SCALES][..., None, None]
         return out.reshape(len(index), blocks * BLOCK).astype(np.float32)
+
+    def block_factors(self) -> np.ndarray:
+        """The float32 factors per (strip, block): SUB_SCALES's integers times their float32."""
+        if not self.SUB_SCALES:
+            return self.factors
+        ints = self.q.view(np.uint8)[..., self.BLOCK_BYTES - self.FACTORS:]
+        return np.repeat(self.factors, SUPER_BLOCKS, axis=1)[:, :ints.shape[1]] * ints.astype(np.float32)
 
     def _values(self) -> np.ndarray:
         """The values less ZERO, one per element, in strip order: (strips, blocks, 16 x 32)."""
@@ -103,10 +119,16 @@ class Q8_0Strips(Strips):
 
 
 class Q4_1Strips(Strips):
-    """Q4_1 and Q4_K (a weight is scale x q + minimum, q in 0..15): the nibble plane; factors
+    """Q4_1 (a weight is scale x q + minimum, q in 0..15): the nibble plane; factors
     the 16 rows' scales, then minima (6 bits a weight)."""
 
     kind, NIBBLES, MINIMA = "q4_1", True, True
+
+
+class Q4_KStrips(Strips):
+    """Q4_K as Q4_1Strips, its scales and minima 6-bit integers under d and -dmin per 256 weights."""
+
+    kind, NIBBLES, MINIMA, SUB_SCALES = "q4_k", True, True, True
 
 
 class Q5_0Strips(Strips):
@@ -117,10 +139,16 @@ class Q5_0Strips(Strips):
 
 
 class Q5_1Strips(Strips):
-    """Q5_1 and Q5_K (scale x q + minimum, q in 0..31): nibbles, one bit plane, scales and
+    """Q5_1 (scale x q + minimum, q in 0..31): nibbles, one bit plane, scales and
     minima (7 bits a weight)."""
 
     kind, NIBBLES, HIGH_BITS, MINIMA = "q5_1", True, 1, True
+
+
+class Q5_KStrips(Strips):
+    """Q5_K as Q5_1Strips, its scales and minima 6-bit integers under d and -dmin per 256 weights."""
+
+    kind, NIBBLES, HIGH_BITS, MINIMA, SUB_SCALES = "q5_k", True, 1, True, True
 
 
 class Q6_KStrips(Strips):
@@ -132,7 +160,8 @@ class Q6_KStrips(Strips):
     kind, NIBBLES, HIGH_BITS, ZERO, SCALES = "q6_k", True, 2, 32, 2
 
 
-SCHEMES = {weights.kind: weights for weights in (Q8_0Strips, Q4_1Strips, Q5_0Strips, Q5_1Strips, Q6_KStrips)}
+SCHEMES = {weights.kind: weights for weights in (Q8_0Strips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
+                                                 Q6_KStrips)}
 
 
 def scheme(nibbles: bool) -> type[Strips]:
