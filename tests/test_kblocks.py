@@ -140,3 +140,12 @@ def test_the_portable_path_gives_the_same_numbers(tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
         here = np.concatenate([matmul(x[:1], strips), matmul(x, strips)])
         np.testing.assert_allclose(got, here, rtol=INT16_TOLERANCE, atol=INT16_TOLERANCE * np.abs(want).max())
+
+
+def test_the_embedding_reads_rows_as_gguf_py_does():
+    from model.ops.numba_ops import NumbaOps
+
+    data = gguf_weight(T.Q6_K, 50, 256)
+    ids = np.array([3, 3, 49, 0])
+    got = NumbaOps(q8_weights=True).embedding(kblocks.pack_q6_k(data, 256), ids)
+    np.testing.assert_array_equal(got, gguf.quants.dequantize(data, T.Q6_K)[ids])

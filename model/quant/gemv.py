@@ -5,7 +5,8 @@ A decode step at batch 1 reads every weight once, so it is bound by memory bandw
 of the bytes makes it faster. Per block, 16 lines of 32 weights (widened to int16) times a
 broadcast pair of int16 activations give the 16 rows' int32 sums in 16 lanes, scaled into 16
 float lanes by the weight and activation scales. Each scheme's kernels are generated from its
-constants (strips.py: nibbles, bit planes, ZERO, SCALES, MINIMA) and compiled under its kind.
+constants (strips.py: nibbles, bit planes, ZERO, SCALES, MINIMA, SUB_SCALES), compiled under its
+kind.
 """
 
 import numpy as np

@@ -43,7 +43,7 @@ class Strips:
     """A weight's values (q) and float32 factors per (strip, block), in strip order."""
 
     q: np.ndarray  # (strips, blocks, BLOCK_BYTES) int8
-    factors: np.ndarray  # (strips, blocks, FACTORS) float32
+    factors: np.ndarray  # (strips, blocks, FACTORS) float32; with SUB_SCALES, per super-block
     rows: int  # the weight's rows; the strips may hold up to 15 more, zero
 
     kind: ClassVar[str]  # the scheme's name, as GGUF spells it
