@@ -2,9 +2,9 @@
 time (each weight as dequantize computes it), each slab one OpenBLAS GEMM."""
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from model.quant.gemv import block_factor, line_value
+from model.quant.gemv import block_factor, compiled, line_value
 from model.quant.strips import SCHEMES, STRIP, Strips
 
 SLAB_ROWS = 512  # weight rows widened at a time: 512 x 1536 float32 is 3 MB
@@ -28,8 +28,7 @@ def blas_matmul(x: np.ndarray, w: Strips) -> np.ndarray:
 
 
 def _widen_kernel(weights: type[Strips]):
-    """The widening for one scheme, under a name of its own (numba's cache keys on the name); no
-    fastmath, so that each weight is the one dequantize computes."""
+    """The widening for one scheme; no fastmath, so that each weight is the one dequantize computes."""
     nibbles, high_bits, zero, scales, minima = (weights.NIBBLES, weights.HIGH_BITS, weights.ZERO, weights.SCALES,
                                                 weights.MINIMA)
     sub_scales, ints_at = weights.SUB_SCALES, weights.BLOCK_BYTES - weights.FACTORS
@@ -49,9 +48,7 @@ def _widen_kernel(weights: type[Strips]):
                             if minima:
                                 w += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, ints_at)
                             out[i * 16 + n, b * 32 + 2 * r + j] = w
-    widen.__name__ = widen.__qualname__ = f"widen_{weights.kind}"
-    return njit("void(int8[:, :, ::1], float32[:, :, ::1], int64, float32[:, ::1])",
-                parallel=True, cache=True, nogil=True)(widen)
+    return compiled(widen, "void(int8[:, :, ::1], float32[:, :, ::1], int64, float32[:, ::1])", weights)
 
 
 _WIDEN = {weights: _widen_kernel(weights) for weights in SCHEMES.values()}

@@ -17,7 +17,8 @@ from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
 from model.quant.cpu import PMADDWD
-from model.quant.strips import BLOCK, NIBBLE_BYTES, PLANE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Strips
+from model.quant.strips import (BLOCK, NIBBLE_BYTES, PLANE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Q4_1Strips, Q8_0Strips,
+                                 Strips)
 
 
 def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
@@ -141,20 +142,29 @@ def _scale_to_int16(x, xq, xs, xsum):
             xsum[t, b] = total * s
 
 
+def compiled(kernel, signature: str, weights: type[Strips]):
+    """kernel compiled for one scheme under its own name (numba's cache keys on the name): at
+    import for Q8_0 and Q4_1, which pack.compress makes of any weight, and at first use for the
+    schemes only a GGUF's tensors come in, so that a start compiles none its model lacks (numba's
+    cache keeps both)."""
+    kernel.__name__ = kernel.__qualname__ = f"{kernel.__name__}_{weights.kind}"
+    return njit(signature if weights in (Q8_0Strips, Q4_1Strips) else None, parallel=True, cache=True,
+                nogil=True)(kernel)
+
+
 def _pmaddwd_gemv_kernel(weights: type[Strips]):
-    """The GEMV compiled for one scheme (its kind a literal), under a name of its own: numba's
-    cache keys on the name. No fastmath: numba sets its flags on every instruction of the module,
-    the intrinsic's too, and reassociation there makes a block's float order the compiler's
-    (Q4_K's factors computed in the kernel would then differ from the same factors stored)."""
+    """The GEMV for one scheme (its kind a literal). No fastmath: numba sets its flags on every
+    instruction of the module, the intrinsic's too, and reassociation there makes a block's float
+    order the compiler's (Q4_K's factors computed in the kernel would then differ from the same
+    factors stored)."""
     kind = weights.kind
 
-    def gemv(xq, xs, xsum, q, qs, out):
+    def pmaddwd_gemv(xq, xs, xsum, q, qs, out):
         for s in prange(q.shape[0]):
             for t in range(xq.shape[0]):
                 _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind)
-    gemv.__name__ = gemv.__qualname__ = f"pmaddwd_gemv_{weights.kind}"
-    return njit("void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1],"
-                " float32[:, ::1])", parallel=True, cache=True, nogil=True)(gemv)
+    return compiled(pmaddwd_gemv, "void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1],"
+                    " float32[:, :, ::1], float32[:, ::1])", weights)
 
 
 # compiled only where the instruction exists
@@ -210,7 +220,7 @@ def _float_gemv_kernel(weights: type[Strips]):
                                                 weights.MINIMA)
     sub_scales, ints_at = weights.SUB_SCALES, weights.BLOCK_BYTES - weights.FACTORS
 
-    def gemv(x, q, factors, out):
+    def float_gemv(x, q, factors, out):
         tokens = x.shape[0]
         strips, blocks = q.shape[0], q.shape[1]
         for s in prange(strips):
@@ -235,9 +245,7 @@ def _float_gemv_kernel(weights: type[Strips]):
                             acc[n] += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, ints_at) * x_sum
                 for n in range(16):
                     out[t, s * 16 + n] = acc[n]
-    gemv.__name__ = gemv.__qualname__ = f"float_gemv_{weights.kind}"
-    return njit("void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])",
-                parallel=True, cache=True, nogil=True)(gemv)
+    return compiled(float_gemv, "void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])", weights)
 
 
 _FLOAT_GEMV = {weights: _float_gemv_kernel(weights) for weights in SCHEMES.values()}

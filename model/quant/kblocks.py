@@ -42,9 +42,9 @@ def _put(q, s, b, r, k, value, high_bits):
     line k // 2, byte 2r + k % 2 of the line, its nibble and its bits in the planes."""
     line, byte = k // 2, 2 * r + k % 2
     q[s, b, 32 * (line // 2) + byte] |= np.uint8((value & 15) << (4 * (line % 2)))
-    for plane in range(high_bits):
-        if (value >> (4 + plane)) & 1:
-            q[s, b, NIBBLE_BYTES + plane * PLANE_BYTES + 4 * line + byte // 8] |= np.uint8(1 << (byte % 8))
+    for plane in range(high_bits):  # no branch on the bit: it is as good as random
+        q[s, b, NIBBLE_BYTES + plane * PLANE_BYTES + 4 * line + byte // 8] |= np.uint8(
+            ((value >> (4 + plane)) & 1) << (byte % 8))
 
 
 @njit(cache=True, nogil=True, inline="always")
