@@ -42,6 +42,13 @@ def test_packed_blocks_read_back_bit_for_bit(qtype, rows, columns):
     np.testing.assert_array_equal(strips.dequantize(picked).view(np.uint32), want[picked].view(np.uint32))
 
 
+@pytest.mark.parametrize("qtype, bits", [(T.Q4_K, 4.75), (T.Q5_0, 6), (T.Q5_1, 7), (T.Q5_K, 5.75), (T.Q6_K, 6.75)],
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_bits_a_weight_the_kernels_read(qtype, bits):
+    """Values and factors, against the file's 4.5, 5.5, 6, 5.5 and 6.5625 (float16 factors)."""
+    assert 8 * packed(qtype, 32, 512).nbytes / (32 * 512) == bits
+
+
 def test_bad_tensor_data_is_one_clear_error():
     data = gguf_weight(T.Q4_K, 3, 512)
     with pytest.raises(ModelError, match="multiple of 256"):
@@ -101,9 +108,8 @@ def test_the_portable_kernels_match_too(qtype):
 def test_compact_k_factors_multiply_as_float32_ones(qtype, per_block):
     """Q4_K's and Q5_K's 8-bit sub-block factors under float32 d and -dmin give every kernel
     the same numbers, bit for bit, as the same weights with a float32 scale and minimum per
-    block, in fewer bytes: 4.75 bits a weight to 6 (5.75 to 7)."""
+    block, in fewer bytes (4.75 bits a weight to 6, 5.75 to 7)."""
     strips = packed(qtype, 17, 768)
-    assert 8 * strips.nbytes / (32 * 768) == (4.75 if qtype == T.Q4_K else 5.75)  # two strips of 16 rows
     plain = per_block(np.ascontiguousarray(strips.q[..., :per_block.BLOCK_BYTES]), strips.block_factors(), 17)
     np.testing.assert_array_equal(plain.dequantize(), strips.dequantize())
     x = np.random.default_rng(4).standard_normal((40, 768), dtype=np.float32)

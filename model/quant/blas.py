@@ -31,7 +31,7 @@ def _widen_kernel(weights: type[Strips]):
     """The widening for one scheme; no fastmath, so that each weight is the one dequantize computes."""
     nibbles, high_bits, zero, scales, minima = (weights.NIBBLES, weights.HIGH_BITS, weights.ZERO, weights.SCALES,
                                                 weights.MINIMA)
-    sub_scales, ints_at = weights.SUB_SCALES, weights.BLOCK_BYTES - weights.FACTORS
+    sub_scales, signed, ints_at = weights.SUB_SCALES, weights.SIGNED, weights.BLOCK_BYTES - weights.FACTORS
 
     def widen(q, factors, first, out):
         """out[16i + n] = row n of strip first + i, in float32 (the strips that fit out)."""
@@ -44,9 +44,9 @@ def _widen_kernel(weights: type[Strips]):
                     for n in range(16):
                         for j in range(2):
                             value = np.float32(line_value(q, s, b, r, 2 * n + j, nibbles, high_bits, zero))
-                            w = value * block_factor(q, factors, s, b, 16 * g + n, sub_scales, ints_at)
+                            w = value * block_factor(q, factors, s, b, 16 * g + n, sub_scales, signed, ints_at)
                             if minima:
-                                w += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, ints_at)
+                                w += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, signed, ints_at)
                             out[i * 16 + n, b * 32 + 2 * r + j] = w
     return compiled(widen, "void(int8[:, :, ::1], float32[:, :, ::1], int64, float32[:, ::1])", weights)
 

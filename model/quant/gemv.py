@@ -5,8 +5,8 @@ A decode step at batch 1 reads every weight once, so it is bound by memory bandw
 of the bytes makes it faster. Per block, 16 lines of 32 weights (widened to int16) times a
 broadcast pair of int16 activations give the 16 rows' int32 sums in 16 lanes, scaled into 16
 float lanes by the weight and activation scales. Each scheme's kernels are generated from its
-constants (strips.py: nibbles, bit planes, ZERO, SCALES, MINIMA, SUB_SCALES), compiled under its
-kind.
+constants (strips.py: nibbles, bit planes, ZERO, SCALES, MINIMA, SUB_SCALES, SIGNED), compiled
+under its kind.
 """
 
 import numpy as np
@@ -90,7 +90,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
                 return stored
             ints = builder.gep(lines, [ir.Constant(i64, block_bytes - factors_per_block + k)])
             ints = builder.load(builder.bitcast(ints, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
-            return builder.fmul(stored, builder.uitofp(ints, floats16))
+            return builder.fmul(stored, (builder.sitofp if weights.SIGNED else builder.uitofp)(ints, floats16))
 
         with cgutils.for_range(builder, blocks) as loop:
             b = loop.index
@@ -204,12 +204,13 @@ def line_value(q, s, b, line, byte, nibbles, high_bits, zero):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def block_factor(q, factors, s, b, k, sub_scales, ints_at):
+def block_factor(q, factors, s, b, k, sub_scales, signed, ints_at):
     """Factor k of strip s, block b: as stored, or with sub_scales (a literal) the float32 of
-    its super-block times the byte at ints_at + k of the block."""
+    its super-block times the byte at ints_at + k of the block (int8 if signed, else uint8)."""
     if not sub_scales:
         return factors[s, b, k]
-    return factors[s, b // SUPER_BLOCKS, k] * np.float32(np.int64(q[s, b, ints_at + k]) & 255)
+    integer = np.int64(q[s, b, ints_at + k])
+    return factors[s, b // SUPER_BLOCKS, k] * np.float32(integer if signed else integer & 255)
 
 
 def _float_gemv_kernel(weights: type[Strips]):
@@ -218,7 +219,7 @@ def _float_gemv_kernel(weights: type[Strips]):
     No fastmath, so that this order is the one computed."""
     nibbles, high_bits, zero, scales, minima = (weights.NIBBLES, weights.HIGH_BITS, weights.ZERO, weights.SCALES,
                                                 weights.MINIMA)
-    sub_scales, ints_at = weights.SUB_SCALES, weights.BLOCK_BYTES - weights.FACTORS
+    sub_scales, signed, ints_at = weights.SUB_SCALES, weights.SIGNED, weights.BLOCK_BYTES - weights.FACTORS
 
     def float_gemv(x, q, factors, out):
         tokens = x.shape[0]
@@ -239,10 +240,10 @@ def _float_gemv_kernel(weights: type[Strips]):
                                            + np.float32(line_value(q, s, b, r, 2 * n + 1, nibbles, high_bits, zero)) * x1)
                     for g in range(scales):
                         for n in range(16):
-                            acc[n] += part[g, n] * block_factor(q, factors, s, b, 16 * g + n, sub_scales, ints_at)
+                            acc[n] += part[g, n] * block_factor(q, factors, s, b, 16 * g + n, sub_scales, signed, ints_at)
                     if minima:
                         for n in range(16):
-                            acc[n] += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, ints_at) * x_sum
+                            acc[n] += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, signed, ints_at) * x_sum
                 for n in range(16):
                     out[t, s * 16 + n] = acc[n]
     return compiled(float_gemv, "void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])", weights)

@@ -4,8 +4,8 @@ Q6_KStrips.
 
 Each packer reads the tensor's bytes (rows, row_bytes), row r being weight row r, as gguf-py's
 dequantizers lay them out, and keeps each factor as they compute it: the float16 d (and dmin)
-to float32 times the sub-block's integer scale (and minimum), a product exact in float32 (Q4_K
-and Q5_K keep the integers and d, -dmin, for the kernels to multiply), so that the strips read
+to float32 times the sub-block's integer scale (and minimum), a product exact in float32 (the
+K-quants keep the integers and d, -dmin, for the kernels to multiply), so that the strips read
 back bit for bit. One numba pass over the strips on all cores.
 """
 
@@ -101,21 +101,21 @@ def _pack_q5(blocks, q, factors, rows, minima):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pack_q6_k(blocks, q, factors, rows):
+def _pack_q6_k(blocks, q, factors, rows, ints_at):
     """Q6_K (210 bytes: ql[128], qh[64], scales[16] int8, d): value v = 32j + i of a super-block
     (h = j // 4, c = j % 4) has low bits the nibble of ql[64h + 32 (c % 2) + i] (high for c >= 2)
-    and high bits bits 2c, 2c + 1 of qh[32h + i]; block j's scales d x scales[2j], d x scales[2j + 1]."""
+    and high bits bits 2c, 2c + 1 of qh[32h + i]; block j's scales[2j], scales[2j + 1] at ints_at
+    in its block of q, d once for each."""
     for s in prange(q.shape[0]):
         for r in range(min(STRIP, rows - s * STRIP)):
             data = blocks[s * STRIP + r]
             for sb in range(q.shape[1] // SUB_BLOCKS):
                 at = sb * 210
-                d = _half(data[at + 208], data[at + 209])
+                factors[s, sb, r] = factors[s, sb, STRIP + r] = _half(data[at + 208], data[at + 209])
                 for j in range(SUB_BLOCKS):
                     h, c, b = j // 4, j % 4, sb * SUB_BLOCKS + j
                     for half in range(2):
-                        sc = np.int64(data[at + 192 + 2 * j + half])
-                        factors[s, b, half * STRIP + r] = d * np.float32(sc - 256 if sc >= 128 else sc)
+                        q[s, b, ints_at + half * STRIP + r] = data[at + 192 + 2 * j + half]
                     for i in range(BLOCK):
                         low = (data[at + 64 * h + 32 * (c % 2) + i] >> (4 * (c // 2))) & 15
                         high = (data[at + 128 + 32 * h + i] >> (2 * c)) & 3
@@ -160,5 +160,6 @@ def pack_q5_1(blocks: np.ndarray, columns: int) -> Q5_1Strips:
 
 def pack_q6_k(blocks: np.ndarray, columns: int) -> Q6_KStrips:
     strips = _strips(Q6_KStrips, "Q6_K", blocks, columns, QK_K, 210)
-    _pack_q6_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows)
+    _pack_q6_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows,
+               Q6_KStrips.BLOCK_BYTES - Q6_KStrips.FACTORS)
     return strips

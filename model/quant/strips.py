@@ -20,10 +20,11 @@ scale x (value - ZERO), plus the row's minimum where the scheme has MINIMA; with
 lines 0-7 (weights 0-15 of the block) and lines 8-15 have a scale each (Q6_K's sub-blocks of
 16). Factors per (strip, block): the 16 rows' scales (twice with SCALES = 2), then their minima.
 
-With SUB_SCALES (Q4_K's and Q5_K's compact form) those factors are integers, 8 bits each, at
-the end of q's (strip, block), and the float32 factors are per (strip, 256 weights): each row's
-d, then its -dmin, which the kernels multiply by the block's integers, as the packer would have:
-4.75 bits a weight for Q4_K (the file's 4.5), computed to the same float32 factors.
+With SUB_SCALES (the K-quants' compact form) those factors are the file's integers, a byte
+each (int8 where SIGNED, Q6_K's), at the end of q's (strip, block), and the float32 factors are
+per (strip, 256 weights): Q4_K's and Q5_K's d, then -dmin, Q6_K's d twice (once per scale). The
+kernels multiply them by the block's integers to the float32 factors gguf-py computes: 4.75
+bits a weight for Q4_K (the file's 4.5), 5.75 for Q5_K (5.5), 6.75 for Q6_K (6.5625).
 """
 
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ class Strips:
     SCALES: ClassVar[int] = 1  # scales per (row, block): 2 for a scale per 16 weights
     MINIMA: ClassVar[bool] = False  # a float32 minimum per (row, block) added
     SUB_SCALES: ClassVar[bool] = False  # factors as 8-bit integers in q under float32 per 256 weights
+    SIGNED: ClassVar[bool] = False  # those integers int8 (else uint8)
     BLOCK_BYTES: ClassVar[int]  # bytes of q per (strip, block)
     FACTORS: ClassVar[int]  # float32 factors per (strip, block)
 
@@ -95,7 +97,7 @@ class Strips:
         """The float32 factors per (strip, block): SUB_SCALES's integers times their float32."""
         if not self.SUB_SCALES:
             return self.factors
-        ints = self.q.view(np.uint8)[..., self.BLOCK_BYTES - self.FACTORS:]
+        ints = self.q.view(np.int8 if self.SIGNED else np.uint8)[..., self.BLOCK_BYTES - self.FACTORS:]
         return np.repeat(self.factors, SUPER_BLOCKS, axis=1)[:, :ints.shape[1]] * ints.astype(np.float32)
 
     def _values(self) -> np.ndarray:
@@ -152,12 +154,12 @@ class Q5_KStrips(Strips):
 
 
 class Q6_KStrips(Strips):
-    """Q6_K (d x sc x (q - 32), q in 0..63, one sc per 16 weights): nibbles and two bit planes,
-    two scales per (row, block). 8 bits a weight against the file's 6.56, where int8 lines (as
-    Q8_0's) with two scales would read 10: a GEMV is bound by the bytes it reads, and widening
-    the bit planes is the same work as Q5's."""
+    """Q6_K (d x sc x (q - 32), q in 0..63, one int8 sc per 16 weights): nibbles and two bit
+    planes, two scales per (row, block), each sc under d. 6.75 bits a weight against the file's
+    6.56, where int8 lines (as Q8_0's) would read 10: a GEMV is bound by the bytes it reads, and
+    widening the bit planes is the same work as Q5's."""
 
-    kind, NIBBLES, HIGH_BITS, ZERO, SCALES = "q6_k", True, 2, 32, 2
+    kind, NIBBLES, HIGH_BITS, ZERO, SCALES, SUB_SCALES, SIGNED = "q6_k", True, 2, 32, 2, True, True
 
 
 SCHEMES = {weights.kind: weights for weights in (Q8_0Strips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
