@@ -33,6 +33,7 @@ def gguf_weight(qtype, rows: int, columns: int, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("rows, columns", [(1, 256), (17, 768), (100, 512)])
 def test_packed_blocks_read_back_bit_for_bit(qtype, rows, columns):
     data = gguf_weight(qtype, rows, columns)
+    data.setflags(write=False)  # as a memory-mapped file hands it over
     pack, scheme = PACKERS[qtype]
     strips = pack(data, columns)
     assert type(strips) is scheme and strips.shape == (rows, columns)
