@@ -22,10 +22,11 @@ PACKERS = {T.Q4_K: (kblocks.pack_q4_k, Q4_KStrips), T.Q5_0: (kblocks.pack_q5_0, 
 
 def gguf_weight(qtype, rows: int, columns: int, seed: int = 0) -> np.ndarray:
     """Gaussian weights as qtype's bytes (Spool's K-quantizers, gguf-py's for Q5_0 and Q5_1),
-    rows of very different magnitudes and a zero row among them."""
+    rows of very different magnitudes and, from three rows, a zero row among them."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((rows, columns), dtype=np.float32) * rng.choice([1e-3, 0.05, 3], rows)[:, None]
-    w[rows // 2] = 0
+    if rows >= 3:
+        w[rows // 2] = 0
     return quantize(w.astype(np.float32), qtype)
 
 
