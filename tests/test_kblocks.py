@@ -106,6 +106,14 @@ def test_the_portable_kernels_match_too(qtype):
         np.testing.assert_allclose(got, want[:len(got)], rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+def test_the_widened_slabs_are_the_dequantized_weights(qtype):
+    """OpenBLAS's slabs hold each weight as dequantize computes it: times the identity, exact."""
+    strips = packed(qtype, 20, 256)
+    got = blas_matmul(np.eye(256, dtype=np.float32), strips)[:, :20].T
+    np.testing.assert_array_equal(got, strips.dequantize())
+
+
 @pytest.mark.parametrize("qtype, per_block", [(T.Q4_K, Q4_1Strips), (T.Q5_K, Q5_1Strips)], ids=["Q4_K", "Q5_K"])
 def test_compact_k_factors_multiply_as_float32_ones(qtype, per_block):
     """Q4_K's and Q5_K's 8-bit sub-block factors under float32 d and -dmin give every kernel
