@@ -4,7 +4,9 @@ through vpmaddwd (AVX-512BW), or the same walk in float32 on any other CPU.
 A decode step at batch 1 reads every weight once, so it is bound by memory bandwidth: a quarter
 of the bytes makes it faster. Per block, 16 lines of 32 weights (widened to int16) times a
 broadcast pair of int16 activations give the 16 rows' int32 sums in 16 lanes, scaled into 16
-float lanes by the weight and activation scales.
+float lanes by the weight and activation scales. Each scheme's kernels are generated from its
+constants (strips.py: nibbles, bit planes, ZERO, SCALES, MINIMA, SUB_SCALES, SIGNED), compiled
+under its kind.
 """
 
 import numpy as np
@@ -15,20 +17,49 @@ from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
 from model.quant.cpu import PMADDWD
-from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips, scheme
+from model.quant.strips import (BLOCK, NIBBLE_BYTES, PLANE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Q4_1Strips, Q8_0Strips,
+                                 Strips)
+
+
+def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
+    """The 16 lines of a (strip, block) at lines (i8*) as 32 int16 each, less ZERO: Q8_0's int8
+    widened; else line r the low (r even) or high nibbles of byte pair r // 2, each bit plane's
+    uint32 for the line (a 32-lane mask) adding bit 4 + k."""
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    bytes32, shorts32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 32)
+
+    def load(at, vector):
+        return builder.load(builder.bitcast(builder.gep(lines, [ir.Constant(i64, at)]), vector.as_pointer()), align=1)
+
+    if not weights.NIBBLES:
+        return [builder.sext(load(32 * r, bytes32), shorts32) for r in range(STRIP)]
+    pairs = [load(32 * p, bytes32) for p in range(STRIP // 2)]
+    out = []
+    for r in range(STRIP):
+        nibbles = (builder.and_(pairs[r // 2], ir.Constant(bytes32, [15] * 32)) if r % 2 == 0
+                   else builder.lshr(pairs[r // 2], ir.Constant(bytes32, [4] * 32)))
+        value = builder.zext(nibbles, shorts32)
+        for k in range(weights.HIGH_BITS):
+            mask = builder.bitcast(load(NIBBLE_BYTES + k * PLANE_BYTES + 4 * r, i32), ir.VectorType(ir.IntType(1), 32))
+            bit = builder.shl(builder.zext(mask, shorts32), ir.Constant(shorts32, [4 + k] * 32))
+            value = builder.or_(value, bit)
+        if weights.ZERO:
+            value = builder.sub(value, ir.Constant(shorts32, [weights.ZERO] * 32))
+        out.append(value)
+    return out
 
 
 @intrinsic(prefer_literal=True)
-def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, four_bit):
-    """out[t, 16s:16s+16] = strip s times activation row t: per block, 16 lines of 32 weights
-    (widened to int16) times a broadcast pair of int16 activations through vpmaddwd, summed in
-    int32, then scaled by the weight and activation scales into 16 float lanes. four_bit (a
-    literal): Q4_1 strips, each 32-byte line pair split into its two lines of nibbles, and
-    each row's minimum times the block's activation sum (xsum) added."""
-    if not isinstance(four_bit, types.BooleanLiteral):
+def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
+    """out[t, 16s:16s+16] = strip s times activation row t, for the scheme named kind (a
+    literal): per block, 16 lines of 32 weights (widened to int16, _line_weights) times a
+    broadcast pair of int16 activations through vpmaddwd, summed in int32 per scale's lines,
+    each sum scaled by the weight and activation scales into 16 float lanes, in line order;
+    with MINIMA, each row's minimum times the block's activation sum (xsum) added last."""
+    if not isinstance(kind, types.StringLiteral):
         return None
-    nibbles = four_bit.literal_value
-    block_bytes, factors_per_block = scheme(nibbles).BLOCK_BYTES, scheme(nibbles).FACTORS
+    weights = SCHEMES[kind.literal_value]
+    block_bytes, factors_per_block, scales = weights.BLOCK_BYTES, weights.FACTORS, weights.SCALES
 
     def codegen(context, builder, signature, args):
         q_arr, xq_arr, qs_arr, xs_arr, xsum_arr, out_arr = (
@@ -37,57 +68,63 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, four_bit):
         i64, i32, i16 = ir.IntType(64), ir.IntType(32), ir.IntType(16)
         blocks = builder.extract_value(q_arr.shape, 1)
         width = builder.extract_value(out_arr.shape, 1)
-        bytes32, shorts32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(i16, 32)
+        shorts32 = ir.VectorType(i16, 32)
         ints16, floats16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16)
         pmaddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints16, [shorts32, shorts32]),
                                                  "llvm.x86.avx512.pmaddw.d.512")
         q_strip = builder.gep(q_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, block_bytes)))])
         x_row = builder.gep(xq_arr.data, [builder.mul(t, builder.mul(blocks, ir.Constant(i64, 32)))])
-        qs_strip = builder.gep(qs_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, factors_per_block)))])
+        factor_rows = builder.extract_value(qs_arr.shape, 1)  # blocks, or super-blocks with SUB_SCALES
+        qs_strip = builder.gep(qs_arr.data, [builder.mul(s, builder.mul(factor_rows, ir.Constant(i64, factors_per_block)))])
         xs_row = builder.gep(xs_arr.data, [builder.mul(t, blocks)])
         xsum_row = builder.gep(xsum_arr.data, [builder.mul(t, blocks)])
         acc = cgutils.alloca_once_value(builder, ir.Constant(floats16, None))
 
-        def load_bytes(at):
-            return builder.load(builder.bitcast(at, bytes32.as_pointer()), align=1)
+        def load_floats(at):
+            return builder.load(builder.bitcast(at, floats16.as_pointer()), align=4)
+
+        def block_factors(lines, factors, k):
+            """Factors k..k + 15 of the block: as stored, or SUB_SCALES's bytes times their float32."""
+            stored = load_floats(builder.gep(factors, [ir.Constant(i64, k)]))
+            if not weights.SUB_SCALES:
+                return stored
+            ints = builder.gep(lines, [ir.Constant(i64, block_bytes - factors_per_block + k)])
+            ints = builder.load(builder.bitcast(ints, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
+            return builder.fmul(stored, (builder.sitofp if weights.SIGNED else builder.uitofp)(ints, floats16))
 
         with cgutils.for_range(builder, blocks) as loop:
             b = loop.index
             lines = builder.gep(q_strip, [builder.mul(b, ir.Constant(i64, block_bytes))])
             pairs = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, 32))]), i32.as_pointer())
-            if nibbles:  # line r: the low (r even) or high nibbles of byte pair r // 2
-                both = [load_bytes(builder.gep(lines, [ir.Constant(i64, 32 * p)])) for p in range(8)]
-                weights = [builder.zext(builder.and_(both[r // 2], ir.Constant(bytes32, [15] * 32)) if r % 2 == 0
-                                        else builder.lshr(both[r // 2], ir.Constant(bytes32, [4] * 32)), shorts32)
-                           for r in range(16)]
-            else:
-                weights = [builder.sext(load_bytes(builder.gep(lines, [ir.Constant(i64, 32 * r)])), shorts32)
-                           for r in range(16)]
-            ints = ir.Constant(ints16, None)
-            for r in range(16):
-                pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
-                ints = builder.add(ints, builder.call(pmaddwd, [weights[r], builder.bitcast(pair, shorts32)]))
-            factors = builder.gep(qs_strip, [builder.mul(b, ir.Constant(i64, factors_per_block))])
-            scales = builder.load(builder.bitcast(factors, floats16.as_pointer()), align=4)
+            line_weights = _line_weights(builder, lines, weights)
+            factor_row = builder.udiv(b, ir.Constant(i64, SUPER_BLOCKS)) if weights.SUB_SCALES else b
+            factors = builder.gep(qs_strip, [builder.mul(factor_row, ir.Constant(i64, factors_per_block))])
             x_scale = splat(builder, builder.load(builder.gep(xs_row, [b])), floats16)
-            block = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(scales, x_scale))
-            if nibbles:
-                minima = builder.gep(factors, [ir.Constant(i64, 16)])
-                minima = builder.load(builder.bitcast(minima, floats16.as_pointer()), align=4)
+            block = None
+            for group in range(scales):  # the lines each scale covers
+                ints = ir.Constant(ints16, None)
+                for r in range(group * STRIP // scales, (group + 1) * STRIP // scales):
+                    pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
+                    ints = builder.add(ints, builder.call(pmaddwd, [line_weights[r], builder.bitcast(pair, shorts32)]))
+                scale = block_factors(lines, factors, STRIP * group)
+                part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(scale, x_scale))
+                block = part if block is None else builder.fadd(block, part)
+            if weights.MINIMA:
+                minima = block_factors(lines, factors, STRIP * scales)
                 x_sum = splat(builder, builder.load(builder.gep(xsum_row, [b])), floats16)
                 block = builder.fadd(block, builder.fmul(minima, x_sum))
             builder.store(builder.fadd(builder.load(acc), block), acc)
         dest = builder.gep(out_arr.data, [builder.add(builder.mul(t, width), builder.mul(s, ir.Constant(i64, 16)))])
         builder.store(builder.load(acc), builder.bitcast(dest, floats16.as_pointer()), align=4)
         return context.get_dummy_value()
-    return types.void(q, s, xq, t, qs, xs, xsum, out, four_bit), codegen
+    return types.void(q, s, xq, t, qs, xs, xsum, out, kind), codegen
 
 
 @njit("void(float32[:, ::1], int16[:, ::1], float32[:, ::1], float32[:, ::1])", fastmath=True, cache=True,
       nogil=True)
 def _scale_to_int16(x, xq, xs, xsum):
     """Activations to int16 blocks of 32 with one scale each, rounded to nearest; and each
-    block's sum as rounded (for Q4_1's minima)."""
+    block's sum as rounded (for the minima)."""
     tokens, in_dim = x.shape
     for t in range(tokens):
         for b in range(in_dim // 32):
@@ -105,22 +142,33 @@ def _scale_to_int16(x, xq, xs, xsum):
             xsum[t, b] = total * s
 
 
-def _pmaddwd_gemv_kernel(weights: type[Strips]):
-    """The GEMV compiled for one scheme (its nibbles a literal), under a name of its own: numba's
-    cache keys on the name."""
-    nibbles = weights.NIBBLES
+def compiled(kernel, signature: str, weights: type[Strips]):
+    """kernel compiled for one scheme under its own name (numba's cache keys on the name): at
+    import for Q8_0 and Q4_1, which pack.compress makes of any weight, and at first use for the
+    schemes only a GGUF's tensors come in, so that a start compiles none its model lacks (numba's
+    cache keeps both)."""
+    kernel.__name__ = kernel.__qualname__ = f"{kernel.__name__}_{weights.kind}"
+    return njit(signature if weights in (Q8_0Strips, Q4_1Strips) else None, parallel=True, cache=True,
+                nogil=True)(kernel)
 
-    def gemv(xq, xs, xsum, q, qs, out):
+
+def _pmaddwd_gemv_kernel(weights: type[Strips]):
+    """The GEMV for one scheme (its kind a literal). No fastmath: numba sets its flags on every
+    instruction of the module, the intrinsic's too, and reassociation there makes a block's float
+    order the compiler's (Q4_K's factors computed in the kernel would then differ from the same
+    factors stored)."""
+    kind = weights.kind
+
+    def pmaddwd_gemv(xq, xs, xsum, q, qs, out):
         for s in prange(q.shape[0]):
             for t in range(xq.shape[0]):
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, nibbles)
-    gemv.__name__ = gemv.__qualname__ = f"pmaddwd_gemv_{weights.kind}"
-    return njit("void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1],"
-                " float32[:, ::1])", parallel=True, fastmath=True, cache=True, nogil=True)(gemv)
+                _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind)
+    return compiled(pmaddwd_gemv, "void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1],"
+                    " float32[:, :, ::1], float32[:, ::1])", weights)
 
 
 # compiled only where the instruction exists
-_PMADDWD_GEMV = {weights: _pmaddwd_gemv_kernel(weights) for weights in (Q8_0Strips, Q4_1Strips)} if PMADDWD else {}
+_PMADDWD_GEMV = {weights: _pmaddwd_gemv_kernel(weights) for weights in SCHEMES.values()} if PMADDWD else {}
 
 
 def pmaddwd_gemv(x: np.ndarray, w: Strips) -> np.ndarray:
@@ -135,30 +183,70 @@ def pmaddwd_gemv(x: np.ndarray, w: Strips) -> np.ndarray:
     return out
 
 
-def float_gemv(x: np.ndarray, w: Q8_0Strips) -> np.ndarray:
+def float_gemv(x: np.ndarray, w: Strips) -> np.ndarray:
     """The same in float32, for machines without AVX-512."""
     out = np.empty((x.shape[0], w.q.shape[0] * STRIP), dtype=np.float32)
-    _float_gemv(x, w.q, w.factors, out)
+    _FLOAT_GEMV[type(w)](x, w.q, w.factors, out)
     return out
 
 
-@njit("void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])",
-      parallel=True, fastmath=True, cache=True, nogil=True)
-def _float_gemv(x, q, scale, out):
-    """out = x @ weight.T in float32, a strip at a time."""
-    tokens = x.shape[0]
-    strips, blocks = q.shape[0], q.shape[1]
-    for s in prange(strips):
-        for t in range(tokens):
-            acc = np.zeros(16, dtype=np.float32)
-            part = np.empty(16, dtype=np.float32)
-            for b in range(blocks):
-                part[:] = 0
-                for r in range(16):
-                    x0, x1 = x[t, b * 32 + 2 * r], x[t, b * 32 + 2 * r + 1]
-                    for n in range(16):
-                        part[n] += q[s, b, r * 32 + 2 * n] * x0 + q[s, b, r * 32 + 2 * n + 1] * x1
+@njit(cache=True, nogil=True, inline="always")
+def line_value(q, s, b, line, byte, nibbles, high_bits, zero):
+    """Byte `byte` of line `line` of strip s, block b, as the scheme's value less zero (the
+    scheme's constants literals, so that the branches fold)."""
+    if not nibbles:
+        return np.int64(q[s, b, 32 * line + byte])
+    value = ((np.int64(q[s, b, 32 * (line // 2) + byte]) & 255) >> (4 * (line % 2))) & 15
+    for k in range(high_bits):
+        bits = np.int64(q[s, b, NIBBLE_BYTES + k * PLANE_BYTES + 4 * line + byte // 8])
+        value |= ((bits >> (byte % 8)) & 1) << (4 + k)
+    return value - zero
+
+
+@njit(cache=True, nogil=True, inline="always")
+def block_factor(q, factors, s, b, k, sub_scales, signed, ints_at):
+    """Factor k of strip s, block b: as stored, or with sub_scales (a literal) the float32 of
+    its super-block times the byte at ints_at + k of the block (int8 if signed, else uint8)."""
+    if not sub_scales:
+        return factors[s, b, k]
+    integer = np.int64(q[s, b, ints_at + k])
+    return factors[s, b // SUPER_BLOCKS, k] * np.float32(integer if signed else integer & 255)
+
+
+def _float_gemv_kernel(weights: type[Strips]):
+    """out = x @ weight.T in float32 for one scheme, a strip at a time: per block, each scale's
+    lines summed, then scaled; with MINIMA, each row's minimum times the block's activation sum.
+    No fastmath, so that this order is the one computed."""
+    nibbles, high_bits, zero, scales, minima = (weights.NIBBLES, weights.HIGH_BITS, weights.ZERO, weights.SCALES,
+                                                weights.MINIMA)
+    sub_scales, signed, ints_at = weights.SUB_SCALES, weights.SIGNED, weights.BLOCK_BYTES - weights.FACTORS
+
+    def float_gemv(x, q, factors, out):
+        tokens = x.shape[0]
+        strips, blocks = q.shape[0], q.shape[1]
+        for s in prange(strips):
+            for t in range(tokens):
+                acc = np.zeros(16, dtype=np.float32)
+                part = np.empty((scales, 16), dtype=np.float32)
+                for b in range(blocks):
+                    part[:] = 0
+                    x_sum = np.float32(0)
+                    for r in range(16):
+                        g = r * scales // 16
+                        x0, x1 = x[t, b * 32 + 2 * r], x[t, b * 32 + 2 * r + 1]
+                        x_sum += x0 + x1
+                        for n in range(16):
+                            part[g, n] += (np.float32(line_value(q, s, b, r, 2 * n, nibbles, high_bits, zero)) * x0
+                                           + np.float32(line_value(q, s, b, r, 2 * n + 1, nibbles, high_bits, zero)) * x1)
+                    for g in range(scales):
+                        for n in range(16):
+                            acc[n] += part[g, n] * block_factor(q, factors, s, b, 16 * g + n, sub_scales, signed, ints_at)
+                    if minima:
+                        for n in range(16):
+                            acc[n] += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, signed, ints_at) * x_sum
                 for n in range(16):
-                    acc[n] += part[n] * scale[s, b, n]
-            for n in range(16):
-                out[t, s * 16 + n] = acc[n]
+                    out[t, s * 16 + n] = acc[n]
+    return compiled(float_gemv, "void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])", weights)
+
+
+_FLOAT_GEMV = {weights: _float_gemv_kernel(weights) for weights in SCHEMES.values()}

@@ -1,20 +1,32 @@
 """The packed weight schemes of the CPU backend, one class each: its kind, its constants, and its
-strips read back as float32. Packing is pack.py's, multiplying matmul.py's.
+strips read back as float32. Packing is pack.py's and kblocks.py's, multiplying matmul.py's.
 
 Q8_0 is llama.cpp's: 32 int8 values and one float32 scale per block along each weight row (9
-bits a weight; float32 is 32). A weight that is exactly Q4_1 (each block a minimum plus a scale
-times 0..15, as a GGUF's Q4_1 tensors come: the default model's projections do) is kept so
-instead, two values a byte (6 bits a weight with its float32 scale and minimum): nothing
-rounded again, and fewer bytes to read.
+bits a weight; float32 is 32). The others keep a GGUF's 4-, 5- and 6-bit values as they come,
+nothing rounded again: each value's low four bits two to a byte (a nibble plane), its fifth and
+sixth bits in bit planes, and float32 factors exact for the file's (float16 d times a small
+integer scale is exact in float32), so that they read back bit for bit as gguf-py dequantizes.
 
 A strip is 16 weight rows; each (strip, block) holds its 16 x 32 values as 16 lines of 32, line
 r holding weights 2r and 2r+1 of the block for each of the 16 rows in turn. That is the order a
 vector unit wants: one line times a broadcast pair of activations gives the 16 rows' partial
 sums in 16 lanes (vpmaddwd), with no reduction across lanes, and it is the layout of an AMX
 bfloat16 tile of the weights. Rows past the last are zero.
+
+In a nibble scheme a (strip, block) is 256 bytes of nibbles (byte pair p: line 2p in the low
+nibbles, line 2p + 1 in the high ones), then HIGH_BITS planes of 64 bytes, plane k holding bit
+4 + k of every value (line r's 32 values in the little-endian uint32 at byte 4r). A weight is
+scale x (value - ZERO), plus the row's minimum where the scheme has MINIMA; with SCALES = 2,
+lines 0-7 (weights 0-15 of the block) and lines 8-15 have a scale each (Q6_K's sub-blocks of
+16). Factors per (strip, block): the 16 rows' scales (twice with SCALES = 2), then their minima.
+
+With SUB_SCALES (the K-quants' compact form) those factors are the file's integers, a byte
+each (int8 where SIGNED, Q6_K's), at the end of q's (strip, block), and the float32 factors are
+per (strip, 256 weights): Q4_K's and Q5_K's d, then -dmin, Q6_K's d twice (once per scale). The
+kernels multiply them by the block's integers to the float32 factors gguf-py computes: 4.75
+bits a weight for Q4_K (the file's 4.5), 5.75 for Q5_K (5.5), 6.75 for Q6_K (6.5625).
 """
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,27 +34,42 @@ import numpy as np
 
 BLOCK = 32
 STRIP = 16  # weight rows a strip holds: an AMX tile's width in float32 outputs
+NIBBLE_BYTES = STRIP * BLOCK // 2  # the nibble plane of a (strip, block)
+PLANE_BYTES = STRIP * BLOCK // 8  # one bit plane of a (strip, block)
+SUPER_BLOCKS = 8  # blocks under one float32 factor with SUB_SCALES: a K-quant super-block
 
 
 @dataclass
-class Strips(ABC):
+class Strips:
     """A weight's values (q) and float32 factors per (strip, block), in strip order."""
 
     q: np.ndarray  # (strips, blocks, BLOCK_BYTES) int8
-    factors: np.ndarray  # (strips, blocks, FACTORS) float32
+    factors: np.ndarray  # (strips, blocks, FACTORS) float32; with SUB_SCALES, per super-block
     rows: int  # the weight's rows; the strips may hold up to 15 more, zero
 
     kind: ClassVar[str]  # the scheme's name, as GGUF spells it
+    NIBBLES: ClassVar[bool]  # low four bits two a byte (else one int8 value a byte)
+    HIGH_BITS: ClassVar[int] = 0  # bit planes above the nibbles
+    ZERO: ClassVar[int] = 0  # subtracted from every value
+    SCALES: ClassVar[int] = 1  # scales per (row, block): 2 for a scale per 16 weights
+    MINIMA: ClassVar[bool] = False  # a float32 minimum per (row, block) added
+    SUB_SCALES: ClassVar[bool] = False  # factors as 8-bit integers in q under float32 per 256 weights
+    SIGNED: ClassVar[bool] = False  # those integers int8 (else uint8)
     BLOCK_BYTES: ClassVar[int]  # bytes of q per (strip, block)
     FACTORS: ClassVar[int]  # float32 factors per (strip, block)
-    NIBBLES: ClassVar[bool]  # two values a byte: the literal the kernels are compiled for
+
+    def __init_subclass__(cls):
+        cls.FACTORS = STRIP * (cls.SCALES + cls.MINIMA)
+        cls.BLOCK_BYTES = ((NIBBLE_BYTES + cls.HIGH_BITS * PLANE_BYTES if cls.NIBBLES else STRIP * BLOCK)
+                           + cls.SUB_SCALES * cls.FACTORS)
 
     @classmethod
     def zeros(cls, rows: int, columns: int) -> "Strips":
         """Zeroed strips for a (rows, columns) weight, so that the rows past its last stay zero."""
         strips, blocks = -(-rows // STRIP), columns // BLOCK
         return cls(np.zeros((strips, blocks, cls.BLOCK_BYTES), dtype=np.int8),
-                   np.zeros((strips, blocks, cls.FACTORS), dtype=np.float32), rows)
+                   np.zeros((strips, -(-blocks // SUPER_BLOCKS) if cls.SUB_SCALES else blocks, cls.FACTORS),
+                            dtype=np.float32), rows)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -53,51 +80,92 @@ class Strips(ABC):
         return self.q.nbytes + self.factors.nbytes
 
     def dequantize(self, rows=slice(None)) -> np.ndarray:
-        """The float32 rows (all, or those an index picks: the embedding's lookup)."""
+        """The float32 rows (all, or those an index picks: the embedding's lookup), each weight
+        computed as gguf-py does: one product, plus the minimum."""
         index = np.arange(self.rows)[rows]
         strips, blocks = self.q.shape[:2]
-        lines = self._lines().reshape(strips, blocks, BLOCK // 2, STRIP, 2)
-        values = lines[index // STRIP, :, :, index % STRIP, :]  # (rows, blocks, pair, 2)
-        scale = self.factors[index // STRIP, :, index % STRIP]  # (rows, blocks)
-        out = self._offset(values.reshape(len(index), blocks, BLOCK) * scale[..., None], index)
+        lines = self._values().reshape(strips, blocks, STRIP, STRIP, 2)
+        values = lines[index // STRIP, :, :, index % STRIP, :]  # (rows, blocks, line, pair)
+        factors = self.block_factors().reshape(strips, blocks, -1, STRIP)[index // STRIP, :, :, index % STRIP]
+        scales = factors[..., np.arange(STRIP) * self.SCALES // STRIP]  # (rows, blocks, line)
+        out = values * scales[..., None]
+        if self.MINIMA:
+            out = out + factors[..., self.SCALES][..., None, None]
         return out.reshape(len(index), blocks * BLOCK).astype(np.float32)
 
-    @abstractmethod
-    def _lines(self) -> np.ndarray:
-        """The values, one per byte, in strip order."""
+    def block_factors(self) -> np.ndarray:
+        """The float32 factors per (strip, block): SUB_SCALES's integers times their float32."""
+        if not self.SUB_SCALES:
+            return self.factors
+        ints = self.q.view(np.int8 if self.SIGNED else np.uint8)[..., self.BLOCK_BYTES - self.FACTORS:]
+        return np.repeat(self.factors, SUPER_BLOCKS, axis=1)[:, :ints.shape[1]] * ints.astype(np.float32)
 
-    @abstractmethod
-    def _offset(self, scaled: np.ndarray, index: np.ndarray) -> np.ndarray:
-        """The scaled values of rows index plus what the scheme adds to each block."""
+    def _values(self) -> np.ndarray:
+        """The values less ZERO, one per element, in strip order: (strips, blocks, 16 x 32)."""
+        if not self.NIBBLES:
+            return self.q
+        strips, blocks = self.q.shape[:2]
+        packed = self.q.view(np.uint8)
+        nibbles = packed[..., :NIBBLE_BYTES].reshape(strips, blocks, STRIP // 2, 1, BLOCK)
+        values = np.concatenate([nibbles & 15, nibbles >> 4], axis=3).reshape(strips, blocks, -1)
+        for k in range(self.HIGH_BITS):
+            plane = packed[..., NIBBLE_BYTES + k * PLANE_BYTES:NIBBLE_BYTES + (k + 1) * PLANE_BYTES]
+            values |= np.unpackbits(plane, axis=-1, bitorder="little") << np.uint8(4 + k)
+        return values.astype(np.int16) - np.int16(self.ZERO)
 
 
 class Q8_0Strips(Strips):
     """Q8_0: q holds each line's 32 int8 values; factors are the 16 rows' scales."""
 
-    kind, BLOCK_BYTES, FACTORS, NIBBLES = "q8_0", STRIP * BLOCK, STRIP, False
-
-    def _lines(self) -> np.ndarray:
-        return self.q
-
-    def _offset(self, scaled: np.ndarray, index: np.ndarray) -> np.ndarray:
-        return scaled
+    kind, NIBBLES = "q8_0", False
 
 
 class Q4_1Strips(Strips):
-    """Q4_1 (a weight is scale x q + minimum, q in 0..15): each byte two lines' values, line 2p in
-    its low nibble, line 2p + 1 in its high one; factors are the 16 rows' scales, then minima."""
+    """Q4_1 (a weight is scale x q + minimum, q in 0..15): the nibble plane; factors
+    the 16 rows' scales, then minima (6 bits a weight)."""
 
-    kind, BLOCK_BYTES, FACTORS, NIBBLES = "q4_1", STRIP * BLOCK // 2, 2 * STRIP, True
+    kind, NIBBLES, MINIMA = "q4_1", True, True
 
-    def _lines(self) -> np.ndarray:
-        strips, blocks = self.q.shape[:2]
-        packed = self.q.view(np.uint8).reshape(strips, blocks, BLOCK // 4, 1, STRIP * 2)
-        return np.concatenate([packed & 15, packed >> 4], axis=3)
 
-    def _offset(self, scaled: np.ndarray, index: np.ndarray) -> np.ndarray:
-        return scaled + self.factors[index // STRIP, :, STRIP + index % STRIP][..., None]
+class Q4_KStrips(Strips):
+    """Q4_K as Q4_1Strips, its scales and minima 6-bit integers under d and -dmin per 256 weights."""
+
+    kind, NIBBLES, MINIMA, SUB_SCALES = "q4_k", True, True, True
+
+
+class Q5_0Strips(Strips):
+    """Q5_0 (scale x (q - 16), q in 0..31): nibbles and one bit plane; factors the scales
+    (6 bits a weight, as the file's 5.5 with float16 scales)."""
+
+    kind, NIBBLES, HIGH_BITS, ZERO = "q5_0", True, 1, 16
+
+
+class Q5_1Strips(Strips):
+    """Q5_1 (scale x q + minimum, q in 0..31): nibbles, one bit plane, scales and
+    minima (7 bits a weight)."""
+
+    kind, NIBBLES, HIGH_BITS, MINIMA = "q5_1", True, 1, True
+
+
+class Q5_KStrips(Strips):
+    """Q5_K as Q5_1Strips, its scales and minima 6-bit integers under d and -dmin per 256 weights."""
+
+    kind, NIBBLES, HIGH_BITS, MINIMA, SUB_SCALES = "q5_k", True, 1, True, True
+
+
+class Q6_KStrips(Strips):
+    """Q6_K (d x sc x (q - 32), q in 0..63, one int8 sc per 16 weights): nibbles and two bit
+    planes, two scales per (row, block), each sc under d. 6.75 bits a weight against the file's
+    6.56, where int8 lines (as Q8_0's) would read 10: a GEMV is bound by the bytes it reads, and
+    widening the bit planes is the same work as Q5's."""
+
+    kind, NIBBLES, HIGH_BITS, ZERO, SCALES, SUB_SCALES, SIGNED = "q6_k", True, 2, 32, 2, True, True
+
+
+SCHEMES = {weights.kind: weights for weights in (Q8_0Strips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
+                                                 Q6_KStrips)}
 
 
 def scheme(nibbles: bool) -> type[Strips]:
-    """The scheme a kernel compiled for the literal nibbles multiplies."""
+    """The scheme an AMX kernel compiled for the literal nibbles multiplies."""
     return Q4_1Strips if nibbles else Q8_0Strips

@@ -1,0 +1,165 @@
+"""GGUF's K-quant and 5-bit tensors into strips as they are, nothing rounded again: Q4_K into
+Q4_KStrips, Q5_0 into Q5_0Strips, Q5_1 into Q5_1Strips, Q5_K into Q5_KStrips, Q6_K into
+Q6_KStrips.
+
+Each packer reads the tensor's bytes (rows, row_bytes), row r being weight row r, as gguf-py's
+dequantizers lay them out, and keeps each factor as they compute it: the float16 d (and dmin)
+to float32 times the sub-block's integer scale (and minimum), a product exact in float32 (the
+K-quants keep the integers and d, -dmin, for the kernels to multiply), so that the strips read
+back bit for bit. One numba pass over the strips on all cores.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from model.errors import ModelError
+from model.quant.strips import (BLOCK, NIBBLE_BYTES, PLANE_BYTES, STRIP, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
+                                 Q6_KStrips, Strips)
+
+QK_K = 256  # weights per K-quant super-block
+SUB_BLOCKS = QK_K // BLOCK
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _half(lo, hi):
+    """The float16 in bytes lo, hi (little-endian) as float32, exactly."""
+    bits = np.int64(lo) | (np.int64(hi) << 8)
+    exponent, mantissa = (bits >> 10) & 31, bits & 1023
+    if exponent == 31:
+        magnitude = np.inf if mantissa == 0 else np.nan
+    elif exponent == 0:
+        magnitude = math.ldexp(float(mantissa), -24)
+    else:
+        magnitude = math.ldexp(float(mantissa | 1024), exponent - 25)
+    return np.float32(-magnitude if bits >> 15 else magnitude)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put(q, s, b, r, k, value, high_bits):
+    """Value (its low 4 + high_bits bits) of row r, weight k of block b into strip s (uint8):
+    line k // 2, byte 2r + k % 2 of the line, its nibble and its bits in the planes."""
+    line, byte = k // 2, 2 * r + k % 2
+    q[s, b, 32 * (line // 2) + byte] |= np.uint8((value & 15) << (4 * (line % 2)))
+    for plane in range(high_bits):  # no branch on the bit: it is as good as random
+        q[s, b, NIBBLE_BYTES + plane * PLANE_BYTES + 4 * line + byte // 8] |= np.uint8(
+            ((value >> (4 + plane)) & 1) << (byte % 8))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scale_min(data, at, j):
+    """Sub-block j's 6-bit scale and minimum from the 12 bytes at data[at:] (get_scale_min_k4)."""
+    if j < 4:
+        return data[at + j] & 63, data[at + j + 4] & 63
+    return ((data[at + j + 4] & 15) | ((data[at + j - 4] >> 6) << 4),
+            (data[at + j + 4] >> 4) | ((data[at + j] >> 6) << 4))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pack_affine_k(blocks, q, factors, rows, block_bytes, high_bits, ints_at):
+    """Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176 bytes: d, dmin, scales[12],
+    qh[32], qs[128]): d and -dmin per super-block, sub-block j's sc_j and m_j at ints_at in its
+    block of q; its weight i the nibble of qs[32 (j // 2) + i] (low for even j), Q5_K's fifth
+    bit bit j of qh[i]."""
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            data = blocks[s * STRIP + r]
+            for sb in range(q.shape[1] // SUB_BLOCKS):
+                at = sb * block_bytes
+                factors[s, sb, r] = _half(data[at], data[at + 1])
+                factors[s, sb, STRIP + r] = -_half(data[at + 2], data[at + 3])
+                qs = at + 16 + 32 * high_bits
+                for j in range(SUB_BLOCKS):
+                    sc, m = _scale_min(data, at + 4, j)
+                    b = sb * SUB_BLOCKS + j
+                    q[s, b, ints_at + r], q[s, b, ints_at + STRIP + r] = sc, m
+                    for i in range(BLOCK):
+                        value = (data[qs + 32 * (j // 2) + i] >> (4 * (j % 2))) & 15
+                        if high_bits:
+                            value |= ((data[at + 16 + i] >> j) & 1) << 4
+                        _put(q, s, b, r, i, value, high_bits)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pack_q5(blocks, q, factors, rows, minima):
+    """Q5_0 (22 bytes: d, qh[4], qs[16]) and Q5_1 (24 bytes: d, m, qh[4], qs[16]): weight i the
+    nibble of qs[i % 16] (low for i < 16) and bit i of the little-endian uint32 qh."""
+    block_bytes = 24 if minima else 22
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            data = blocks[s * STRIP + r]
+            for b in range(q.shape[1]):
+                at = b * block_bytes
+                factors[s, b, r] = _half(data[at], data[at + 1])
+                if minima:
+                    factors[s, b, STRIP + r] = _half(data[at + 2], data[at + 3])
+                qh, qs = at + 2 + 2 * minima, at + 6 + 2 * minima
+                for i in range(BLOCK):
+                    value = ((data[qs + i % 16] >> (4 * (i // 16))) & 15) | (((data[qh + i // 8] >> (i % 8)) & 1) << 4)
+                    _put(q, s, b, r, i, value, 1)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pack_q6_k(blocks, q, factors, rows, ints_at):
+    """Q6_K (210 bytes: ql[128], qh[64], scales[16] int8, d): value v = 32j + i of a super-block
+    (h = j // 4, c = j % 4) has low bits the nibble of ql[64h + 32 (c % 2) + i] (high for c >= 2)
+    and high bits bits 2c, 2c + 1 of qh[32h + i]; block j's scales[2j], scales[2j + 1] at ints_at
+    in its block of q, d once for each."""
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            data = blocks[s * STRIP + r]
+            for sb in range(q.shape[1] // SUB_BLOCKS):
+                at = sb * 210
+                factors[s, sb, r] = factors[s, sb, STRIP + r] = _half(data[at + 208], data[at + 209])
+                for j in range(SUB_BLOCKS):
+                    h, c, b = j // 4, j % 4, sb * SUB_BLOCKS + j
+                    for half in range(2):
+                        q[s, b, ints_at + half * STRIP + r] = data[at + 192 + 2 * j + half]
+                    for i in range(BLOCK):
+                        low = (data[at + 64 * h + 32 * (c % 2) + i] >> (4 * (c // 2))) & 15
+                        high = (data[at + 128 + 32 * h + i] >> (2 * c)) & 3
+                        _put(q, s, b, r, i, low | (high << 4), 2)
+
+
+def _strips(weights: type[Strips], name: str, blocks: np.ndarray, columns: int, per: int, size: int) -> Strips:
+    """Zeroed strips for blocks, once they are a (rows, columns / per x size) uint8 array."""
+    if columns <= 0 or columns % per:
+        raise ModelError(f"a {name} tensor's rows must be a multiple of {per} weights, not {columns}")
+    if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] != columns // per * size:
+        raise ModelError(f"{name} data of shape {blocks.shape} ({blocks.dtype}) is not rows of {columns} weights"
+                         f" ({columns // per * size} bytes); the file is inconsistent")
+    return weights.zeros(blocks.shape[0], columns)
+
+
+def pack_q4_k(blocks: np.ndarray, columns: int) -> Q4_KStrips:
+    strips = _strips(Q4_KStrips, "Q4_K", blocks, columns, QK_K, 144)
+    _pack_affine_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, 144, 0,
+                   Q4_KStrips.BLOCK_BYTES - Q4_KStrips.FACTORS)
+    return strips
+
+
+def pack_q5_k(blocks: np.ndarray, columns: int) -> Q5_KStrips:
+    strips = _strips(Q5_KStrips, "Q5_K", blocks, columns, QK_K, 176)
+    _pack_affine_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, 176, 1,
+                   Q5_KStrips.BLOCK_BYTES - Q5_KStrips.FACTORS)
+    return strips
+
+
+def pack_q5_0(blocks: np.ndarray, columns: int) -> Q5_0Strips:
+    strips = _strips(Q5_0Strips, "Q5_0", blocks, columns, BLOCK, 22)
+    _pack_q5(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, False)
+    return strips
+
+
+def pack_q5_1(blocks: np.ndarray, columns: int) -> Q5_1Strips:
+    strips = _strips(Q5_1Strips, "Q5_1", blocks, columns, BLOCK, 24)
+    _pack_q5(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, True)
+    return strips
+
+
+def pack_q6_k(blocks: np.ndarray, columns: int) -> Q6_KStrips:
+    strips = _strips(Q6_KStrips, "Q6_K", blocks, columns, QK_K, 210)
+    _pack_q6_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows,
+               Q6_KStrips.BLOCK_BYTES - Q6_KStrips.FACTORS)
+    return strips

@@ -1,0 +1,167 @@
+"""GGUF's K-quant and 5-bit tensors packed as they are (model/quant/kblocks.py): read back bit
+for bit as gguf-py dequantizes them, and multiplied by the kernels as by NumPy."""
+
+import gguf
+import numpy as np
+import pytest
+
+from model.errors import ModelError
+from model.quant import kblocks
+from model.quant.blas import blas_matmul
+from model.quant.cpu import PMADDWD
+from model.quant.gemv import float_gemv
+from model.quant.kquants import quantize
+from model.quant.matmul import GEMV_ROWS, matmul
+from model.quant.strips import Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips, Q6_KStrips
+
+T = gguf.GGMLQuantizationType
+PACKERS = {T.Q4_K: (kblocks.pack_q4_k, Q4_KStrips), T.Q5_0: (kblocks.pack_q5_0, Q5_0Strips),
+           T.Q5_1: (kblocks.pack_q5_1, Q5_1Strips), T.Q5_K: (kblocks.pack_q5_k, Q5_KStrips),
+           T.Q6_K: (kblocks.pack_q6_k, Q6_KStrips)}
+
+
+def gguf_weight(qtype, rows: int, columns: int, seed: int = 0) -> np.ndarray:
+    """Gaussian weights as qtype's bytes (Spool's K-quantizers, gguf-py's for Q5_0 and Q5_1),
+    rows of very different magnitudes and, from three rows, a zero row among them."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, columns), dtype=np.float32) * rng.choice([1e-3, 0.05, 3], rows)[:, None]
+    if rows >= 3:
+        w[rows // 2] = 0
+    return quantize(w.astype(np.float32), qtype)
+
+
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows, columns", [(1, 256), (17, 768), (100, 512)])
+def test_packed_blocks_read_back_bit_for_bit(qtype, rows, columns):
+    data = gguf_weight(qtype, rows, columns)
+    data.setflags(write=False)  # as a memory-mapped file hands it over
+    pack, scheme = PACKERS[qtype]
+    strips = pack(data, columns)
+    assert type(strips) is scheme and strips.shape == (rows, columns)
+    want = gguf.quants.dequantize(data, qtype)
+    np.testing.assert_array_equal(strips.dequantize().view(np.uint32), want.view(np.uint32))
+    picked = np.array([rows - 1, 0, rows // 2])
+    np.testing.assert_array_equal(strips.dequantize(picked).view(np.uint32), want[picked].view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype, bits", [(T.Q4_K, 4.75), (T.Q5_0, 6), (T.Q5_1, 7), (T.Q5_K, 5.75), (T.Q6_K, 6.75)],
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_bits_a_weight_the_kernels_read(qtype, bits):
+    """Values and factors, against the file's 4.5, 5.5, 6, 5.5 and 6.5625 (float16 factors)."""
+    assert 8 * packed(qtype, 32, 512).nbytes / (32 * 512) == bits
+
+
+def test_bad_tensor_data_is_one_clear_error():
+    data = gguf_weight(T.Q4_K, 3, 512)
+    with pytest.raises(ModelError, match="multiple of 256"):
+        kblocks.pack_q4_k(data, 320)
+    with pytest.raises(ModelError, match="inconsistent"):
+        kblocks.pack_q4_k(data[:, :-1].copy(), 512)
+    with pytest.raises(ModelError, match="inconsistent"):
+        kblocks.pack_q5_0(data.view(np.int8), 512)
+
+
+def packed(qtype, rows: int, columns: int):
+    pack, _ = PACKERS[qtype]
+    return pack(gguf_weight(qtype, rows, columns, seed=rows + columns), columns)
+
+
+# Measured: int16 activations (the vpmaddwd GEMV) within 3e-5 of the largest output, float32 (the
+# portable GEMV, OpenBLAS over widened slabs) within 1e-6.
+INT16_TOLERANCE = 1e-4 if PMADDWD else 1e-5
+
+
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows, columns", [(1, 256), (17, 768), (100, 512)])
+def test_the_matmul_is_the_dequantized_one(qtype, rows, columns):
+    """The GEMV up to GEMV_ROWS activation rows, then the GEMM, on the weights as gguf-py reads them."""
+    strips = packed(qtype, rows, columns)
+    weights = strips.dequantize()
+    rng = np.random.default_rng(rows)
+    for tokens in (1, 3, GEMV_ROWS, 33, 100):
+        x = rng.standard_normal((tokens, columns), dtype=np.float32)
+        want = x @ weights.T
+        got = matmul(x, strips)
+        assert got.shape == want.shape and got.flags.c_contiguous
+        tolerance = INT16_TOLERANCE if tokens <= GEMV_ROWS else 1e-5
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+def test_a_row_is_the_same_whatever_rows_share_its_gemv(qtype):
+    strips = packed(qtype, 40, 512)
+    x = np.random.default_rng(1).standard_normal((GEMV_ROWS, 512), dtype=np.float32)
+    together = matmul(x, strips)
+    for t in (0, 5, GEMV_ROWS - 1):
+        np.testing.assert_array_equal(matmul(x[t:t + 1], strips)[0], together[t])
+
+
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+def test_the_portable_kernels_match_too(qtype):
+    """The float32 GEMV and slabs, which machines without AVX-512 run (this one may run others)."""
+    strips = packed(qtype, 17, 768)
+    x = np.random.default_rng(2).standard_normal((40, 768), dtype=np.float32)
+    want = x @ strips.dequantize().T
+    for got in (float_gemv(x[:3], strips)[:, :17], blas_matmul(x, strips)[:, :17]):
+        np.testing.assert_allclose(got, want[:len(got)], rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)
+def test_the_widened_slabs_are_the_dequantized_weights(qtype):
+    """OpenBLAS's slabs hold each weight as dequantize computes it: times the identity, exact."""
+    strips = packed(qtype, 20, 256)
+    got = blas_matmul(np.eye(256, dtype=np.float32), strips)[:, :20].T
+    np.testing.assert_array_equal(got, strips.dequantize())
+
+
+@pytest.mark.parametrize("qtype, per_block", [(T.Q4_K, Q4_1Strips), (T.Q5_K, Q5_1Strips)], ids=["Q4_K", "Q5_K"])
+def test_compact_k_factors_multiply_as_float32_ones(qtype, per_block):
+    """Q4_K's and Q5_K's 8-bit sub-block factors under float32 d and -dmin give every kernel
+    the same numbers, bit for bit, as the same weights with a float32 scale and minimum per
+    block, in fewer bytes (4.75 bits a weight to 6, 5.75 to 7)."""
+    strips = packed(qtype, 17, 768)
+    plain = per_block(np.ascontiguousarray(strips.q[..., :per_block.BLOCK_BYTES]), strips.block_factors(), 17)
+    np.testing.assert_array_equal(plain.dequantize(), strips.dequantize())
+    x = np.random.default_rng(4).standard_normal((40, 768), dtype=np.float32)
+    for multiply in (matmul, float_gemv, blas_matmul):
+        for rows in (x[:1], x[:GEMV_ROWS], x):
+            np.testing.assert_array_equal(multiply(rows, strips), multiply(rows, plain))
+
+
+PORTABLE = """
+import sys
+import numpy as np
+sys.path.insert(0, "tests")
+from test_kblocks import PACKERS, packed
+from model.quant import cpu
+from model.quant.matmul import matmul
+assert cpu.PATH == "portable", cpu.PATH
+x = np.random.default_rng(3).standard_normal((33, 768), dtype=np.float32)
+np.save(sys.argv[1], np.stack([np.concatenate([matmul(x[:1], s), matmul(x, s)]) for s in
+                               (packed(qtype, 17, 768) for qtype in PACKERS)]))
+"""
+
+
+def test_the_portable_path_gives_the_same_numbers(tmp_path):
+    """SPOOL_CPU_PATH=portable, read at import: a process of its own."""
+    from test_cpu_paths import run
+
+    done = run(["-c", PORTABLE, str(tmp_path / "out.npy")], None, timeout=900, SPOOL_CPU_PATH="portable")
+    assert done.returncode == 0, done.stderr
+    portable = np.load(tmp_path / "out.npy")
+    x = np.random.default_rng(3).standard_normal((33, 768), dtype=np.float32)
+    for qtype, got in zip(PACKERS, portable):
+        strips = packed(qtype, 17, 768)
+        want = np.concatenate([x[:1], x]) @ strips.dequantize().T
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        here = np.concatenate([matmul(x[:1], strips), matmul(x, strips)])
+        np.testing.assert_allclose(got, here, rtol=INT16_TOLERANCE, atol=INT16_TOLERANCE * np.abs(want).max())
+
+
+def test_the_embedding_reads_rows_as_gguf_py_does():
+    from model.ops.numba_ops import NumbaOps
+
+    data = gguf_weight(T.Q6_K, 50, 256)
+    ids = np.array([3, 3, 49, 0])
+    got = NumbaOps(q8_weights=True).embedding(kblocks.pack_q6_k(data, 256), ids)
+    np.testing.assert_array_equal(got, gguf.quants.dequantize(data, T.Q6_K)[ids])
