@@ -1,0 +1,174 @@
+"""A GGUF's quantized tensors as they come from the file, and their packing into strips.
+
+A QuantizedTensor is the file's block rows untouched (a row of a quantized tensor is a fixed
+number of bytes, so rows are permuted and stacked as bytes). The CPU backend packs it straight
+into strips with PACKERS, which read the blocks themselves: nothing passes through float32, and
+each kept value is the file's own, bit for bit (Strips.dequantize equals gguf's dequantize).
+Every other backend, and every kind without a packer here, dequantizes it with the gguf package.
+
+A Fused weight is the parts of one GEMM (q, k and v; gate and up) whose kinds differ, as a
+Q4_K_M file's Q4_K attn_q and Q6_K attn_v do: each part stays in its own kind, and linear
+multiplies part by part into one output.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from numba import njit, prange
+
+from model.quant.cpu import AMX, PMADDWD
+from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A 2-D weight in one of GGUF's block formats, rows in Hugging Face's order."""
+
+    kind: str  # the GGUF type, lower case: q8_0, q4_k...
+    blocks: np.ndarray  # (rows, row_bytes) uint8: each row its blocks, as the file holds them
+    shape: tuple[int, int]  # (rows, columns) of the values
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Weights stacked along their rows that stay apart: parts of different kinds."""
+
+    parts: tuple  # each a QuantizedTensor, a float32 array, or what ops.weight made of one
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def fuse(parts: list) -> "QuantizedTensor | Fused":
+    """Parts of one GEMM, at least one quantized: their block rows stacked into one tensor where
+    they share a kind (as they usually do), else a Fused of them."""
+    kinds = {p.kind if isinstance(p, QuantizedTensor) else None for p in parts}
+    if len(kinds) == 1:
+        return QuantizedTensor(parts[0].kind, np.concatenate([p.blocks for p in parts]),
+                               (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+    return Fused(tuple(parts))
+
+
+def dequantize(t: QuantizedTensor) -> np.ndarray:
+    """The float32 values, as the gguf package computes them."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[t.kind.upper()]
+    return np.asarray(gguf.quants.dequantize(t.blocks, kind), dtype=np.float32).reshape(t.shape)
+
+
+def float32(w) -> np.ndarray:
+    """Any weight the loader makes as one float32 array: for backends that keep no blocks."""
+    if isinstance(w, QuantizedTensor):
+        return dequantize(w)
+    if isinstance(w, Fused):
+        return np.concatenate([float32(p) for p in w.parts])
+    return w
+
+
+def from_gguf(t: QuantizedTensor) -> Strips | None:
+    """t's blocks packed into strips the CPU here multiplies, or None where its kind has no
+    packer, or packs into a scheme whose kernels this CPU lacks (Q4_1 needs AVX-512 and AMX)."""
+    packer = PACKERS.get(t.kind)
+    if packer is None:
+        return None
+    strips = packer(t.blocks, t.shape[1])
+    return strips if multiplied_here(type(strips)) else None
+
+
+def multiplied_here(scheme: type[Strips]) -> bool:
+    """Whether model/quant/matmul.py multiplies this scheme at every batch size on this CPU:
+    Q8_0 everywhere; the 4-bit schemes through the vpmaddwd GEMV and the AMX GEMM only."""
+    return scheme is Q8_0Strips or (PMADDWD and AMX)
+
+
+# --- packers: (blocks (rows, row_bytes) uint8, columns) -> strips ---------------------------------
+
+_Q8_0_BYTES = 2 + BLOCK  # float16 scale, 32 int8 values
+_Q4_0_BYTES = 2 + BLOCK // 2  # float16 scale, 32 nibbles: value k low in byte k, k + 16 high
+_Q4_1_BYTES = 4 + BLOCK // 2  # float16 scale and minimum, the same nibbles
+
+
+def _blocks(blocks: np.ndarray, columns: int, block_bytes: int) -> np.ndarray:
+    rows = blocks.shape[0]
+    return np.ascontiguousarray(blocks, dtype=np.uint8).reshape(rows, columns // BLOCK, block_bytes)
+
+
+def _halves(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 each block holds at byte offset at, as float32 (rows, blocks): exact."""
+    return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
+
+
+def pack_q8_0(blocks: np.ndarray, columns: int) -> Q8_0Strips:
+    """Q8_0 blocks into Q8_0 strips: the same int8 values and scales."""
+    src = _blocks(blocks, columns, _Q8_0_BYTES)
+    strips = Q8_0Strips.zeros(blocks.shape[0], columns)
+    _pack_q8_0(src, _halves(src, 0), strips.q, strips.factors)
+    return strips
+
+
+def pack_q4_0(blocks: np.ndarray, columns: int) -> Q4_1Strips:
+    """Q4_0 blocks (d x (q - 8)) into Q4_1 strips: scale d, minimum -8d, the same nibbles. Exact:
+    q x d - 8d has at most 15 significant bits, as (q - 8) x d has."""
+    src = _blocks(blocks, columns, _Q4_0_BYTES)
+    d = _halves(src, 0)
+    strips = Q4_1Strips.zeros(blocks.shape[0], columns)
+    _pack_q4(src, 2, d, np.float32(-8) * d, strips.q.view(np.uint8), strips.factors)
+    return strips
+
+
+def pack_q4_1(blocks: np.ndarray, columns: int) -> Q4_1Strips:
+    """Q4_1 blocks (d x q + m) into Q4_1 strips: the same scales, minima and nibbles."""
+    src = _blocks(blocks, columns, _Q4_1_BYTES)
+    strips = Q4_1Strips.zeros(blocks.shape[0], columns)
+    _pack_q4(src, 4, _halves(src, 0), _halves(src, 2), strips.q.view(np.uint8), strips.factors)
+    return strips
+
+
+@njit("void(uint8[:, :, ::1], float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1])", parallel=True,
+      cache=True, nogil=True)
+def _pack_q8_0(src, d, q, scale):
+    """Row r, value k of a block to line k // 2, byte 2r + k % 2 (strips.py's order)."""
+    rows, blocks = src.shape[0], src.shape[1]
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            row = s * STRIP + r
+            for b in range(blocks):
+                scale[s, b, r] = d[row, b]
+                for k in range(BLOCK):
+                    q[s, b, (k // 2) * 2 * STRIP + 2 * r + k % 2] = np.int8(src[row, b, 2 + k])
+
+
+@njit("void(uint8[:, :, ::1], int64, float32[:, ::1], float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1])",
+      parallel=True, cache=True, nogil=True)
+def _pack_q4(src, start, d, minimum, q, factors):
+    """Blocks of 32 nibbles from byte start (value k low in byte k, k + 16 high in byte k) into
+    Q4_1 strips: value k to nibble (k // 2) % 2 of byte 2r + k % 2 of line pair k // 4, as
+    pack.py's Q4_1; factors the 16 rows' scales, then minima."""
+    rows, blocks = src.shape[0], src.shape[1]
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            row = s * STRIP + r
+            for b in range(blocks):
+                factors[s, b, r], factors[s, b, STRIP + r] = d[row, b], minimum[row, b]
+                for k in range(BLOCK):
+                    byte = src[row, b, start + k % 16]
+                    level = byte & np.uint8(15) if k < 16 else byte >> np.uint8(4)
+                    q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= level << np.uint8(4 * (k // 2 % 2))
+
+
+PACKERS: dict[str, Callable[[np.ndarray, int], Strips]] = {
+    "q8_0": pack_q8_0,
+    "q4_0": pack_q4_0,
+    "q4_1": pack_q4_1,
+}
