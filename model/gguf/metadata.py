@@ -99,12 +99,7 @@ def read_gguf(path: Path) -> GGUFModel:
     """The metadata of the GGUF at path, every part checked; ModelError, in one line, for
     anything the user can fix."""
     reader = _open_gguf(path)
-    arch = _field(reader, "general.architecture")
-    if arch not in HF_NAMES:
-        raise ModelError(
-            f"GGUF architecture {arch!r} in {path.name} is not supported"
-            f" (supported: {', '.join(HF_NAMES)}); use a Hugging Face model directory instead"
-        )
+    arch = _architecture(reader, path)
     k = lambda name: f"{arch}.{name}"  # noqa: E731
 
     if (_field(reader, k("expert_count")) or 0) > 0:
@@ -167,6 +162,27 @@ def read_gguf(path: Path) -> GGUFModel:
         architectures=(hf_arch,),
     )
     return GGUFModel(architecture=arch, config=config, tensors=tuple(entries), vocab=v)
+
+
+def read_gguf_tensors(path: Path) -> tuple[GGUFTensor, ...]:
+    """The tensors alone, as read_gguf's (loading checks their shapes against config.json):
+    what serving the file in place needs, without reading its vocabulary again."""
+    reader = _open_gguf(path)
+    arch = _architecture(reader, path)
+    k = lambda name: f"{arch}.{name}"  # noqa: E731
+    heads = int(_require(reader, k("attention.head_count"), path))
+    kv_heads = int(_field(reader, k("attention.head_count_kv"), heads))
+    return tuple(_entries(reader, arch, int(_require(reader, k("block_count"), path)), heads, kv_heads, path))
+
+
+def _architecture(reader, path: Path) -> str:
+    arch = _field(reader, "general.architecture")
+    if arch not in HF_NAMES:
+        raise ModelError(
+            f"GGUF architecture {arch!r} in {path.name} is not supported"
+            f" (supported: {', '.join(HF_NAMES)}); use a Hugging Face model directory instead"
+        )
+    return arch
 
 
 def _open_gguf(path: Path):

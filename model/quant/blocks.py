@@ -1,79 +1,17 @@
-"""A GGUF's quantized tensors as they come from the file, and their packing into strips.
-
-A QuantizedTensor is the file's block rows untouched (a row of a quantized tensor is a fixed
-number of bytes, so rows are permuted and stacked as bytes). The CPU backend packs it straight
-into strips with PACKERS, which read the blocks themselves: nothing passes through float32, and
+"""A GGUF's quantized tensors (model/quant/quantized.py) packed straight into the CPU backend's
+strips: PACKERS, by GGUF type, read the blocks themselves, so nothing passes through float32 and
 each kept value is the file's own, bit for bit (Strips.dequantize equals gguf's dequantize).
-Every other backend, and every kind without a packer here, dequantizes it with the gguf package.
-
-A Fused weight is the parts of one GEMM (q, k and v; gate and up) whose kinds differ, as a
-Q4_K_M file's Q4_K attn_q and Q6_K attn_v do: each part stays in its own kind, and linear
-multiplies part by part into one output.
+A kind without a packer here is dequantized and rounded to Q8_0 by ops.weight instead.
 """
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 from numba import njit, prange
 
 from model.quant.cpu import AMX, PMADDWD
+from model.quant.quantized import QuantizedTensor
 from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
-
-
-@dataclass(frozen=True)
-class QuantizedTensor:
-    """A 2-D weight in one of GGUF's block formats, rows in Hugging Face's order."""
-
-    kind: str  # the GGUF type, lower case: q8_0, q4_k...
-    blocks: np.ndarray  # (rows, row_bytes) uint8: each row its blocks, as the file holds them
-    shape: tuple[int, int]  # (rows, columns) of the values
-
-    @property
-    def nbytes(self) -> int:
-        return self.blocks.nbytes
-
-
-@dataclass(frozen=True)
-class Fused:
-    """Weights stacked along their rows that stay apart: parts of different kinds."""
-
-    parts: tuple  # each a QuantizedTensor, a float32 array, or what ops.weight made of one
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-
-def fuse(parts: list) -> "QuantizedTensor | Fused":
-    """Parts of one GEMM, at least one quantized: their block rows stacked into one tensor where
-    they share a kind (as they usually do), else a Fused of them."""
-    kinds = {p.kind if isinstance(p, QuantizedTensor) else None for p in parts}
-    if len(kinds) == 1:
-        return QuantizedTensor(parts[0].kind, np.concatenate([p.blocks for p in parts]),
-                               (sum(p.shape[0] for p in parts), parts[0].shape[1]))
-    return Fused(tuple(parts))
-
-
-def dequantize(t: QuantizedTensor) -> np.ndarray:
-    """The float32 values, as the gguf package computes them."""
-    import gguf
-
-    kind = gguf.GGMLQuantizationType[t.kind.upper()]
-    return np.asarray(gguf.quants.dequantize(t.blocks, kind), dtype=np.float32).reshape(t.shape)
-
-
-def float32(w) -> np.ndarray:
-    """Any weight the loader makes as one float32 array: for backends that keep no blocks."""
-    if isinstance(w, QuantizedTensor):
-        return dequantize(w)
-    if isinstance(w, Fused):
-        return np.concatenate([float32(p) for p in w.parts])
-    return w
 
 
 def from_gguf(t: QuantizedTensor) -> Strips | None:
