@@ -230,8 +230,12 @@ def _converted_gguf(path: Path) -> Path:
             _remove_leftovers(parent, out.name)
         old = None
         if out.exists():  # an earlier Spool's copy of the weights: set aside, deleted once replaced
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-            os.rename(out, old / out.name)
+            try:
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+                os.rename(out, old / out.name)
+            except OSError as exc:
+                raise ModelError(f"cannot replace the earlier copy in {out} ({one_line(exc)});"
+                                 " delete that directory and run again") from None
             print(f"Replacing {out}, which holds a copy of the weights, by files that read {path} in place ...",
                   file=sys.stderr, flush=True)
         else:

@@ -127,6 +127,7 @@ class ModelTensors:
             m.madvise(mmap.MADV_DONTNEED, start, e.end - start)
 
     def quantized(self, name: str) -> bool:
+        """Never: safetensors hold float tensors only."""
         return False
 
     def read(self, name: str) -> np.ndarray:
