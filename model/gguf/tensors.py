@@ -33,10 +33,15 @@ class GGUFTensors:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.entries: dict[str, GGUFTensor] = {e.hf_name: e for e in read_gguf_tensors(self.path)}
+        checked = set()
         for e in self.entries.values():
-            if e.tensor.tensor_type.name not in _FLOATS and len(e.shape) != 2:
-                raise ModelError(f"tensor {e.tensor.name} in {self.path.name} is {e.tensor.tensor_type.name} but not"
-                                 " a matrix; the file is inconsistent")
+            kind = e.tensor.tensor_type
+            if kind.name not in _FLOATS and len(e.shape) != 2:
+                raise ModelError(f"tensor {e.tensor.name} in {self.path.name} is {kind.name} but not a matrix;"
+                                 " the file is inconsistent")
+            if kind not in checked:  # every backend may need the float32 values: gguf must know the type
+                checked.add(kind)
+                self._dequantizable(e)
         self.map: mmap.mmap | None = None
 
     def __enter__(self) -> "GGUFTensors":
@@ -72,6 +77,17 @@ class GGUFTensors:
 
     def read_into(self, name: str, out: np.ndarray) -> None:
         out[...] = self.read(name)
+
+    def _dequantizable(self, e: GGUFTensor) -> None:
+        import gguf
+
+        try:
+            gguf.quants.dequantize(np.asarray(e.tensor.data)[:1], e.tensor.tensor_type)
+        except NotImplementedError:
+            raise ModelError(
+                f"tensor {e.tensor.name} in {self.path.name} uses the quantization {e.tensor.tensor_type.name}, which"
+                " the gguf package cannot dequantize; use a GGUF with another quantization (Q8_0, Q4_K, F16...)"
+            ) from None
 
     def _float32(self, raw: np.ndarray, e: GGUFTensor) -> np.ndarray:
         import gguf
