@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from model.config import ModelConfig
+from model.errors import ModelError
 from model.gguf.convert import convert_gguf
 from model.ops.numba_ops import NumbaOps
 from model.ops.numpy_ops import NumpyOps
@@ -170,3 +171,13 @@ def test_the_model_computes_what_the_files_values_give(served, no_unkept_packer)
     f32 = ModelRunner.from_dir(out, num_blocks=8, ops=NumpyOps())
     kept = ModelRunner.from_dir(out, num_blocks=8, ops=NumbaOps(q8_weights=True))
     assert greedy(kept, prompt, 12) == greedy(f32, prompt, 12)
+
+
+def test_a_moved_gguf_is_one_error_line(tmp_path):
+    src, _, _ = tiny_gguf(tmp_path / "m.gguf")
+    out = convert_gguf(src, tmp_path / "out")
+    src.rename(tmp_path / "elsewhere.gguf")
+    with pytest.raises(ModelError) as e:
+        load_weights(out, ModelConfig.load(out))
+    msg = str(e.value)
+    assert "\n" not in msg and "no longer exists" in msg and "--model" in msg
