@@ -82,7 +82,7 @@ class GGUFTensors:
         import gguf
 
         try:
-            gguf.quants.dequantize(np.asarray(e.tensor.data)[:1], e.tensor.tensor_type)
+            gguf.quants.dequantize(np.zeros(e.tensor.n_bytes // e.shape[0], np.uint8), e.tensor.tensor_type)
         except NotImplementedError:
             raise ModelError(
                 f"tensor {e.tensor.name} in {self.path.name} uses the quantization {e.tensor.tensor_type.name}, which"

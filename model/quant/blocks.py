@@ -4,7 +4,7 @@ each kept value is the file's own, bit for bit (Strips.dequantize equals gguf's 
 A kind without a packer here is dequantized and rounded to Q8_0 by ops.weight instead.
 """
 
-from typing import Callable
+from typing import Callable, get_type_hints
 
 import numpy as np
 from numba import njit, prange
@@ -16,12 +16,12 @@ from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
 
 def from_gguf(t: QuantizedTensor) -> Strips | None:
     """t's blocks packed into strips the CPU here multiplies, or None where its kind has no
-    packer, or packs into a scheme whose kernels this CPU lacks (Q4_1 needs AVX-512 and AMX)."""
+    packer, or packs into a scheme whose kernels this CPU lacks (Q4_1 needs AVX-512 and AMX).
+    A packer's return annotation names its scheme, so that nothing is packed in vain."""
     packer = PACKERS.get(t.kind)
-    if packer is None:
+    if packer is None or not multiplied_here(get_type_hints(packer)["return"]):
         return None
-    strips = packer(t.blocks, t.shape[1])
-    return strips if multiplied_here(type(strips)) else None
+    return packer(t.blocks, t.shape[1])
 
 
 def multiplied_here(scheme: type[Strips]) -> bool:
@@ -105,6 +105,7 @@ def _pack_q4(src, start, d, minimum, q, factors):
                     q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= level << np.uint8(4 * (k // 2 % 2))
 
 
+# GGUF type -> its packer, annotated with the scheme it returns
 PACKERS: dict[str, Callable[[np.ndarray, int], Strips]] = {
     "q8_0": pack_q8_0,
     "q4_0": pack_q4_0,
