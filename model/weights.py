@@ -148,7 +148,7 @@ def open_tensors(model_dir: Path):
     if gguf_file.exists():
         from model.gguf.tensors import GGUFTensors
 
-        return GGUFTensors(gguf_file)
+        return GGUFTensors(gguf_file.resolve())  # errors name the file the user gave
     return ModelTensors(model_dir)
 
 

@@ -11,6 +11,7 @@ import pytest
 from model.config import ModelConfig
 from model.errors import ModelError
 from model.gguf.convert import convert_gguf
+from model.gguf.index import read_index
 from model.ops.numba_ops import NumbaOps
 from model.ops.numpy_ops import NumpyOps
 from model.quant import blocks, pack
@@ -181,3 +182,23 @@ def test_a_moved_gguf_is_one_error_line(tmp_path):
         load_weights(out, ModelConfig.load(out))
     msg = str(e.value)
     assert "\n" not in msg and "no longer exists" in msg and "--model" in msg
+
+
+def test_the_header_index_is_what_gguf_reads(served):
+    src, _ = served
+    fields, infos = read_index(src)
+    want = [(t.name, t.tensor_type, t.shape.tolist(), t.data_offset, t.n_bytes) for t in gguf.GGUFReader(src).tensors]
+    assert [(t.name, t.tensor_type, t.shape.tolist(), t.data_offset, t.n_bytes) for t in infos] == want
+    assert (fields["general.architecture"], fields["llama.block_count"], fields["llama.attention.head_count"]) == (
+        "llama", 2, HEADS)
+
+
+@pytest.mark.parametrize("keep", [0, 30, 0.5, 0.99])
+def test_a_gguf_truncated_after_conversion_is_one_error_line(tmp_path, keep):
+    src, _, _ = tiny_gguf(tmp_path / "m.gguf")
+    out = convert_gguf(src, tmp_path / "out")
+    data = src.read_bytes()
+    src.write_bytes(data[:keep if isinstance(keep, int) else int(len(data) * keep)])
+    with pytest.raises(ModelError) as e:
+        load_weights(out, ModelConfig.load(out))
+    assert "\n" not in str(e.value) and "m.gguf" in str(e.value)
