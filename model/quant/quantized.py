@@ -45,7 +45,7 @@ def fuse(parts: list) -> "QuantizedTensor | Fused":
     """Parts of one GEMM, at least one quantized: their block rows stacked into one tensor where
     they share a kind (as they usually do), else a Fused of them."""
     kinds = {p.kind if isinstance(p, QuantizedTensor) else None for p in parts}
-    if len(kinds) == 1:
+    if len(kinds) == 1 and None not in kinds:
         return QuantizedTensor(parts[0].kind, np.concatenate([p.blocks for p in parts]),
                                (sum(p.shape[0] for p in parts), parts[0].shape[1]))
     return Fused(tuple(parts))
