@@ -79,7 +79,7 @@ def test_the_packers_keep_the_files_values(kind, rows):
     np.testing.assert_array_equal(strips.dequantize(), dequantize(t))
 
 
-def test_parts_of_one_kind_stack_as_block_rows_and_others_stay_apart():
+def test_parts_of_one_kind_stack_as_block_rows_and_others_stay_apart(no_unkept_packer):
     """Rows that are not a multiple of a strip's 16 stay aligned: the blocks stack before packing."""
     rng = np.random.default_rng(0)
     a, b, c = quantized(rng, 24, 64, Q.Q8_0), quantized(rng, 40, 64, Q.Q8_0), quantized(rng, 8, 64, Q.Q4_1)
@@ -95,6 +95,13 @@ def test_parts_of_one_kind_stack_as_block_rows_and_others_stay_apart():
     want = x @ np.concatenate([p.dequantize() for p in w.parts]).T
     np.testing.assert_allclose(ops.linear(x, w), want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
     np.testing.assert_array_equal(NumpyOps().weight(mixed), np.concatenate([dequantize(p) for p in (a, b, c)]))
+    # Parts that come out in one scheme become one weight where the first fills whole strips.
+    d, e = quantized(rng, 16, 64, Q.Q8_0), quantized(rng, 8, 64, UNKEPT)
+    one = ops.weight(Fused((d, e)))
+    assert isinstance(one, Q8_0Strips) and one.rows == 24
+    rounded = pack.quantize(dequantize(e)).dequantize()
+    np.testing.assert_array_equal(one.dequantize(), np.concatenate([dequantize(d), rounded]))
+    assert isinstance(ops.weight(Fused((a, b))), Fused)  # 24 rows first: b's would straddle a strip
 
 
 def test_the_cache_directory_holds_no_weights(served):

@@ -50,7 +50,8 @@ class NumbaOps(NumpyOps):
         if not self.q8_weights:
             return super().weight(x)
         if isinstance(x, Fused):
-            return Fused(tuple(self.weight(part) for part in x.parts))
+            parts = tuple(self.weight(part) for part in x.parts)
+            return blocks.stacked(parts) or Fused(parts)
         if isinstance(x, QuantizedTensor):
             kept = blocks.from_gguf(x)
             if kept is not None:

@@ -24,6 +24,18 @@ def from_gguf(t: QuantizedTensor) -> Strips | None:
     return packer(t.blocks, t.shape[1])
 
 
+def stacked(parts: tuple) -> Strips | None:
+    """Packed parts of one GEMM as one weight, where they came out in one scheme (as parts of
+    different GGUF types rounded to Q8_0 do) and every part but the last fills whole strips;
+    None otherwise (their rows would straddle a strip)."""
+    scheme = type(parts[0])
+    if scheme not in (Q8_0Strips, Q4_1Strips) or any(type(p) is not scheme for p in parts) \
+            or any(p.rows % STRIP for p in parts[:-1]):
+        return None
+    return scheme(np.concatenate([p.q for p in parts]), np.concatenate([p.factors for p in parts]),
+                  sum(p.rows for p in parts))
+
+
 def multiplied_here(scheme: type[Strips]) -> bool:
     """Whether model/quant/matmul.py multiplies this scheme at every batch size on this CPU:
     Q8_0 everywhere; the 4-bit schemes through the vpmaddwd GEMV and the AMX GEMM only."""
