@@ -63,9 +63,9 @@ class GGUFTensors:
         raw = np.frombuffer(self.map, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
         try:
             if self.quantized(name):
-                blocks = raw.reshape(e.shape[0], -1)
-                order = hf_row_order(e.shape[0], e.permute_heads) if e.permute_heads else slice(None)
-                out = QuantizedTensor(t.tensor_type.name.lower(), blocks[order].copy(), e.shape)
+                rows = raw.reshape(e.shape[0], -1)
+                rows = rows[hf_row_order(e.shape[0], e.permute_heads)] if e.permute_heads else rows.copy()
+                out = QuantizedTensor(t.tensor_type.name.lower(), rows, e.shape)
             else:
                 out = self._float32(raw, e)
         finally:
