@@ -209,3 +209,15 @@ def test_a_gguf_truncated_after_conversion_is_one_error_line(tmp_path, keep):
     with pytest.raises(ModelError) as e:
         load_weights(out, ModelConfig.load(out))
     assert "\n" not in str(e.value) and "m.gguf" in str(e.value)
+
+
+def test_slab_by_slab_is_the_whole_tensor_at_once(monkeypatch):
+    """dequantize and to_q8_0 go a few rows at a time (16 here) and get what one pass gets."""
+    from model.quant import quantized as qmod
+
+    t = quantized(np.random.default_rng(3), 40, 64, UNKEPT)
+    whole = np.asarray(gguf.quants.dequantize(t.blocks, UNKEPT), dtype=np.float32)
+    monkeypatch.setattr(qmod, "SLAB_VALUES", 16 * 64)
+    assert qmod.slab_rows(64) == 16
+    np.testing.assert_array_equal(dequantize(t), whole)
+    np.testing.assert_array_equal(blocks.to_q8_0(t).dequantize(), pack.quantize(whole).dequantize())

@@ -18,7 +18,7 @@ from model.ops.numpy_ops import NumpyOps
 from model.ops.protocol import SampleBatch, SampleResult
 from model.quant import blocks, pack
 from model.quant.matmul import matmul
-from model.quant.quantized import Fused, QuantizedTensor, dequantize
+from model.quant.quantized import Fused, QuantizedTensor
 from model.quant.strips import Strips
 
 log = logging.getLogger("spool.model")
@@ -57,7 +57,7 @@ class NumbaOps(NumpyOps):
             if kept is not None:
                 return kept
             self.converted.add(x.kind)
-            return pack.quantize(dequantize(x))
+            return blocks.to_q8_0(x)
         return pack.compress(x) if pack.quantizable(x) else super().weight(x)
 
     def loaded(self) -> None:

@@ -1,7 +1,7 @@
 """A GGUF's quantized tensors (model/quant/quantized.py) packed straight into the CPU backend's
 strips: PACKERS, by GGUF type, read the blocks themselves, so nothing passes through float32 and
 each kept value is the file's own, bit for bit (Strips.dequantize equals gguf's dequantize).
-A kind without a packer here is dequantized and rounded to Q8_0 by ops.weight instead.
+A kind without a packer here is dequantized and rounded to Q8_0 instead (to_q8_0).
 """
 
 from typing import Callable, get_type_hints
@@ -10,7 +10,8 @@ import numpy as np
 from numba import njit, prange
 
 from model.quant.cpu import AMX, PMADDWD
-from model.quant.quantized import QuantizedTensor
+from model.quant import pack
+from model.quant.quantized import QuantizedTensor, dequantize, slab_rows
 from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
 
 
@@ -22,6 +23,21 @@ def from_gguf(t: QuantizedTensor) -> Strips | None:
     if packer is None or not multiplied_here(get_type_hints(packer)["return"]):
         return None
     return packer(t.blocks, t.shape[1])
+
+
+def to_q8_0(t: QuantizedTensor) -> Q8_0Strips:
+    """For a kind with no packer here: t's values rounded to Q8_0 (pack.quantize) a slab of
+    rows at a time, so that no float32 copy of a large tensor exists (a 128k-token embedding's
+    is 1 GB)."""
+    strips = Q8_0Strips.zeros(*t.shape)
+    step = slab_rows(t.shape[1])
+    for first in range(0, t.shape[0], step):
+        part = t.blocks[first:first + step]
+        packed = pack.quantize(dequantize(QuantizedTensor(t.kind, part, (part.shape[0], t.shape[1]))))
+        at = first // STRIP
+        strips.q[at:at + packed.q.shape[0]] = packed.q
+        strips.factors[at:at + packed.q.shape[0]] = packed.factors
+    return strips
 
 
 def stacked(parts: tuple) -> Strips | None:

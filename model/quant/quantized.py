@@ -51,12 +51,26 @@ def fuse(parts: list) -> "QuantizedTensor | Fused":
     return Fused(tuple(parts))
 
 
+SLAB_VALUES = 1 << 22  # values dequantized at a time: gguf's temporaries are several times these
+
+
+def slab_rows(columns: int) -> int:
+    """Rows of about SLAB_VALUES values, a multiple of 16 (a strip of packed rows)."""
+    return max(16, SLAB_VALUES // columns // 16 * 16)
+
+
 def dequantize(t: QuantizedTensor) -> np.ndarray:
-    """The float32 values, as the gguf package computes them."""
+    """The float32 values, as the gguf package computes them, a slab of rows at a time: its
+    temporaries for a whole 128k-token embedding would be gigabytes."""
     import gguf
 
     kind = gguf.GGMLQuantizationType[t.kind.upper()]
-    return np.asarray(gguf.quants.dequantize(t.blocks, kind), dtype=np.float32).reshape(t.shape)
+    out = np.empty(t.shape, dtype=np.float32)
+    step = slab_rows(t.shape[1])
+    for first in range(0, t.shape[0], step):
+        part = t.blocks[first:first + step]
+        out[first:first + part.shape[0]] = gguf.quants.dequantize(part, kind).reshape(part.shape[0], t.shape[1])
+    return out
 
 
 def float32(w) -> np.ndarray:
