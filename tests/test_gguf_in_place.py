@@ -15,6 +15,8 @@ from model.gguf.index import read_index
 from model.ops.numba_ops import NumbaOps
 from model.ops.numpy_ops import NumpyOps
 from model.quant import blocks, pack
+from model.quant.cpu import PMADDWD
+from model.quant.matmul import matmul
 from model.quant.quantized import Fused, QuantizedTensor, dequantize, fuse
 from model.quant.strips import Q4_1Strips, Q8_0Strips
 from model.runner import GREEDY, ModelRunner, Row, StepPlan, load_model
@@ -221,3 +223,15 @@ def test_slab_by_slab_is_the_whole_tensor_at_once(monkeypatch):
     assert qmod.slab_rows(64) == 16
     np.testing.assert_array_equal(dequantize(t), whole)
     np.testing.assert_array_equal(blocks.to_q8_0(t).dequantize(), pack.quantize(whole).dequantize())
+
+
+@pytest.mark.skipif(not PMADDWD, reason="the 4-bit GEMV needs AVX-512")
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1])
+def test_the_gemv_multiplies_packed_4bit_blocks(kind):
+    """The kernels read the packers' strips as they read pack.py's (a decode step's GEMV)."""
+    rng = np.random.default_rng(4)
+    t = quantized(rng, 40, 96, kind)
+    strips = blocks.PACKERS[t.kind](t.blocks, 96)
+    x = rng.standard_normal((3, 96), dtype=np.float32)
+    want = x @ dequantize(t).T
+    np.testing.assert_allclose(matmul(x, strips), want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
