@@ -9,8 +9,8 @@ from typing import Callable, get_type_hints
 import numpy as np
 from numba import njit, prange
 
-from model.quant.cpu import AMX, PMADDWD
 from model.quant import pack
+from model.quant.cpu import AMX, PMADDWD
 from model.quant.quantized import QuantizedTensor, dequantize, slab_rows
 from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
 
