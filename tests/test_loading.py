@@ -124,3 +124,54 @@ def test_peak_memory_is_the_packed_weights_plus_one_layer(tmp_path):
     got = json.loads(proc.stdout)
     bound = got["weights"] + layer_bytes + (150 << 20)
     assert got["grew"] < bound < file_bytes, (got, layer_bytes, file_bytes)
+
+
+def make_gguf_checkpoint(d: Path) -> int:
+    """SHAPE as a Q8_0 GGUF of random blocks, in place in d (config.json beside it, as the cache
+    holds it); returns the bytes of its largest unit's blocks (a layer, or the embedding)."""
+    import gguf
+
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(SHAPE))
+    c = ModelConfig.load(d)
+    H, I = c.hidden_size, c.intermediate_size
+    rng = np.random.default_rng(0)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def blocks(rows, cols):
+        b = rng.integers(-127, 128, (rows, cols // 32, 34), dtype=np.int8).view(np.uint8)
+        b[:, :, :2] = np.full((rows, cols // 32, 1), cols ** -0.5 / 127, np.float16).view(np.uint8)
+        return b.reshape(rows, -1)
+
+    w = gguf.GGUFWriter(str(d / "model.gguf"), "llama")
+    w.add_block_count(c.num_layers)
+    w.add_head_count(c.num_heads)
+    w.add_head_count_kv(c.num_kv_heads)
+    layer = {"attn_q": (c.q_size, H), "attn_k": (c.kv_size, H), "attn_v": (c.kv_size, H), "attn_output": (H, c.q_size),
+             "ffn_gate": (I, H), "ffn_up": (I, H), "ffn_down": (H, I)}
+    w.add_tensor("token_embd.weight", blocks(c.vocab_size, H), raw_dtype=q8)
+    w.add_tensor("output.weight", blocks(c.vocab_size, H), raw_dtype=q8)
+    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+    for i in range(c.num_layers):
+        for name, shape in layer.items():
+            w.add_tensor(f"blk.{i}.{name}.weight", blocks(*shape), raw_dtype=q8)
+        for name in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{i}.{name}.weight", np.ones(H, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return 34 * max(sum(rows * cols for rows, cols in layer.values()), c.vocab_size * H) // 32
+
+
+def test_a_gguf_in_place_peaks_at_the_packed_weights_plus_one_layer(tmp_path):
+    """The file's pages go back to the page cache once read: without that the growth would be
+    the packed weights plus the whole file."""
+    unit_bytes = make_gguf_checkpoint(tmp_path / "model")
+    file_bytes = (tmp_path / "model" / "model.gguf").stat().st_size
+    measure = MEASURE.replace("model = backend.load", "import model.gguf.tensors, gguf\nmodel = backend.load")
+    proc = subprocess.run([sys.executable, "-c", measure, str(tmp_path / "model")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["grew"] < got["weights"] + 2 * unit_bytes + (48 << 20) < got["weights"] + file_bytes, (got, file_bytes)

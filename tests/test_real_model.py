@@ -1,4 +1,4 @@
-"""The real default model, SmolLM2-135M-Instruct, converted from the GGUF on first use."""
+"""The real default model, SmolLM2-135M-Instruct, served from its GGUF in place."""
 
 import importlib.util
 
@@ -44,7 +44,8 @@ def test_logits_match_transformers(smol):
     path, runner, tok = smol
     prompt = tok.encode_chat(QUESTION)
     ours = runner.logits(StepPlan([Row("t", prompt, 0, list(range(runner.num_blocks)), sample=True)]))[0]
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    in_place = {"gguf_file": "model.gguf"} if (path / "model.gguf").exists() else {}  # else an earlier copy
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **in_place)
     with torch.no_grad():
         theirs = model(torch.tensor([prompt])).logits[0, -1].numpy()
     assert np.abs(ours - theirs).max() / np.abs(theirs).max() < 1e-3

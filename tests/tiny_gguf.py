@@ -119,11 +119,12 @@ def write_gguf(
     eos: int = 2,
     add_bos: bool = False,
     chat_template: str | None = CHAT_TEMPLATE,
-    quant: gguf.GGMLQuantizationType | None = None,
+    quant: gguf.GGMLQuantizationType | dict[str, gguf.GGMLQuantizationType] | None = None,
     extra_kv=None,
     extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """Write `weights` (Hugging Face names and layout) as a GGUF file like llama.cpp would."""
+    """Write `weights` (Hugging Face names and layout) as a GGUF file like llama.cpp would.
+    quant: the type of every matrix, or a type per Hugging Face name (float32 for the others)."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
     w.add_context_length(256)
@@ -156,8 +157,9 @@ def write_gguf(
         arr = arr.astype(np.float32)
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             arr = permute_for_gguf(arr, HEADS if ".q_proj." in name else KV_HEADS)
-        if quant is not None and arr.ndim == 2:
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(arr, quant), raw_dtype=quant)
+        kind = quant.get(name) if isinstance(quant, dict) else quant
+        if kind is not None and arr.ndim == 2:
+            w.add_tensor(gguf_name(name), gguf.quants.quantize(arr, kind), raw_dtype=kind)
         else:
             w.add_tensor(gguf_name(name), arr)
     for name, arr in (extra_tensors or {}).items():

@@ -1,15 +1,14 @@
-"""Convert a Llama-family GGUF file into a Hugging Face model directory.
+"""Derive a Hugging Face model directory from a Llama-family GGUF file, whose weights stay in
+the GGUF: Spool reads them from it in place (model/gguf/tensors.py), never writing them again.
 
-`convert_gguf(path, out_dir)` reads the GGUF's metadata (metadata.py), dequantizes every tensor
-to float32, undoes llama.cpp's q/k row permutation (architecture `llama` only), and writes:
+`convert_gguf(path, out_dir)` reads the GGUF's metadata (metadata.py) and writes:
 
     config.json              the model's shape, as transformers would write it
-    model.safetensors        float16 weights under Hugging Face names (float32 for Q8_0 and
-                             Q4_1 tensors, so that the CPU backend gets the file's own
-                             blocks back exactly)
     tokenizer.json           a `tokenizers` tokenizer rebuilt from the GGUF vocabulary
     tokenizer_config.json    special tokens, add_bos_token and the chat template
     generation_config.json   bos/eos ids
+    model.gguf               a link to the GGUF (its absolute path), or the file itself, moved
+                             in (move=True: the default model's file, extracted for it)
 
 The output appears atomically: everything is written into a hidden temporary sibling of
 `out_dir`, which is renamed into place only when complete.
@@ -18,23 +17,21 @@ The output appears atomically: everything is written into a hidden temporary sib
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from model.errors import ModelError, one_line
-from model.gguf.metadata import GGUFModel, GGUFTensor, read_gguf
+from model.gguf.metadata import GGUFModel, read_gguf
 from model.gguf.tokenizer import build_tokenizer, tokenizer_config
+from model.weights import GGUF_NAME
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
-    """Convert the GGUF at `gguf_path` into a Hugging Face directory at `out_dir`; return it.
+def convert_gguf(gguf_path: Path, out_dir: Path, *, move: bool = False) -> Path:
+    """Derive the Hugging Face directory of the GGUF at `gguf_path` at `out_dir`; return it.
+    move: the GGUF itself goes into the directory (else a link to it does).
 
     `out_dir` must not exist yet. If another process creates it while this one converts (two
     first runs racing), the other's complete copy is kept and this one's is discarded.
@@ -63,11 +60,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pa
         ) from None
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the result is an ordinary directory
-        _write_weights(model.tensors, tmp / "model.safetensors", gguf_path, progress)
         for name, content in json_files.items():
             _write_json(tmp / name, content)
         tokenizer.save(str(tmp / "tokenizer.json"))
         _fsync_path(tmp / "tokenizer.json")
+        if move:
+            os.replace(gguf_path, tmp / GGUF_NAME)
+        else:
+            os.symlink(gguf_path.resolve(), tmp / GGUF_NAME)
         try:
             os.rename(tmp, out_dir)
         except OSError:
@@ -129,69 +129,6 @@ def _generation_config(m: GGUFModel) -> dict[str, Any]:
     if m.vocab.pad_id is not None:
         generation_config["pad_token_id"] = m.vocab.pad_id
     return generation_config
-
-
-def _dequantized(t, permute: int, shape: tuple[int, ...], path: Path) -> np.ndarray:
-    import gguf
-
-    try:
-        w = gguf.quants.dequantize(t.data, t.tensor_type)
-    except NotImplementedError:
-        raise ModelError(
-            f"tensor {t.name} in {path.name} uses the quantization {t.tensor_type.name}, which the gguf"
-            " package cannot dequantize; use a GGUF with another quantization (Q8_0, Q4_K, F16...)"
-        ) from None
-    except Exception as exc:
-        raise ModelError(f"tensor {t.name} in {path.name} is unreadable ({one_line(exc)}); re-download the file") from None
-    w = np.asarray(w, dtype=np.float32).reshape(shape)
-    if permute:
-        # Undo llama.cpp's rope layout: rows go from (head, pair, 2) back to (head, 2, pair).
-        w = w.reshape(permute, w.shape[0] // permute // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-    out = w.astype(_stored_dtype(t))
-    if not np.isfinite(out).all():
-        raise ModelError(
-            f"tensor {t.name} in {path.name} has values outside float16's range (or NaN);"
-            " this converter writes float16 and cannot represent it"
-        )
-    return out
-
-
-def _stored_dtype(t) -> np.dtype:
-    """float16, except for Q8_0 and Q4_1 tensors: their values (a float16 scale times an int8;
-    a float16 scale times 0..15 plus a float16 minimum) are exact in float32, so the CPU
-    backend gets the file's blocks back bit for bit at load (model/quant/pack.py), where float16
-    would round them."""
-    import gguf
-
-    exact = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1)
-    return np.dtype(np.float32 if t.tensor_type in exact else np.float16)
-
-
-def _write_weights(tensors: tuple[GGUFTensor, ...], dest: Path, gguf_path: Path, progress: bool) -> None:
-    """Stream a safetensors file: header first, then one tensor at a time (memory: one tensor)."""
-    from tqdm import tqdm
-
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for e in tensors:
-        dtype = _stored_dtype(e.tensor)
-        nbytes = dtype.itemsize * math.prod(e.shape)
-        header[e.hf_name] = {"dtype": f"F{8 * dtype.itemsize}", "shape": list(e.shape),
-                             "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(dest, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        bar = tqdm(tensors, desc=f"Converting {gguf_path.name}", unit="tensor",
-                   disable=not progress, file=sys.stderr, leave=False)
-        for e in bar:
-            arr = _dequantized(e.tensor, e.permute_heads, e.shape, gguf_path)
-            f.write(np.ascontiguousarray(arr, dtype=_stored_dtype(e.tensor).newbyteorder("<")).tobytes())
-        bar.close()
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _write_json(dest: Path, content: dict) -> None:

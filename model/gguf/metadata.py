@@ -17,6 +17,7 @@ import numpy as np
 
 from model.config import ARCHITECTURES, ModelConfig
 from model.errors import ModelError, one_line
+from model.gguf.index import read_index
 from model.gguf.rope import rope_scaling
 
 # general.architecture -> (HF model_type, HF architectures entry)
@@ -63,7 +64,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
 @dataclass(frozen=True)
 class GGUFTensor:
     hf_name: str
-    tensor: Any  # the gguf reader's tensor: name, tensor_type, data (mapped from the file)
+    tensor: Any  # the gguf reader's tensor (name, tensor_type, data mapped from the file), or index.TensorInfo
     permute_heads: int  # llama.cpp's rope row order over this many heads, to undo; 0 for none
     shape: tuple[int, ...]  # Hugging Face's
 
@@ -99,12 +100,7 @@ def read_gguf(path: Path) -> GGUFModel:
     """The metadata of the GGUF at path, every part checked; ModelError, in one line, for
     anything the user can fix."""
     reader = _open_gguf(path)
-    arch = _field(reader, "general.architecture")
-    if arch not in HF_NAMES:
-        raise ModelError(
-            f"GGUF architecture {arch!r} in {path.name} is not supported"
-            f" (supported: {', '.join(HF_NAMES)}); use a Hugging Face model directory instead"
-        )
+    arch = _architecture(reader, path)
     k = lambda name: f"{arch}.{name}"  # noqa: E731
 
     if (_field(reader, k("expert_count")) or 0) > 0:
@@ -139,7 +135,7 @@ def read_gguf(path: Path) -> GGUFModel:
 
     tensors = {t.name: t for t in reader.tensors}
     scaling = rope_scaling(lambda name: _field(reader, k(f"rope.{name}")), tensors, head_dim, theta, path)
-    entries = _entries(reader, arch, layers, heads, kv_heads, path)
+    entries = _entries(reader.tensors, arch, layers, heads, kv_heads, path)
     have = {e.tensor.name for e in entries}
     _check_complete(have, arch, layers, path)
     biases = {f"blk.{i}.attn_{x}.bias" for i in range(layers) for x in "qkv"}
@@ -167,6 +163,34 @@ def read_gguf(path: Path) -> GGUFModel:
         architectures=(hf_arch,),
     )
     return GGUFModel(architecture=arch, config=config, tensors=tuple(entries), vocab=v)
+
+
+def read_gguf_tensors(path: Path) -> tuple[GGUFTensor, ...]:
+    """The tensors alone, as read_gguf's (loading checks their shapes against config.json),
+    each GGUFTensor.tensor an index.TensorInfo: what serving the file in place needs, read from
+    its header without its vocabulary (index.py)."""
+    fields, infos = read_index(path)
+    arch = _supported(fields.get("general.architecture"), path)
+    need = {name: fields.get(f"{arch}.{name}") for name in ("block_count", "attention.head_count")}
+    missing = [name for name, value in need.items() if value is None]
+    if missing:
+        raise ModelError(f"{path} lacks the GGUF metadata key {arch}.{missing[0]}; it is not a complete Llama-family GGUF")
+    heads = int(need["attention.head_count"])
+    kv_heads = int(fields.get(f"{arch}.attention.head_count_kv", heads))
+    return tuple(_entries(infos, arch, int(need["block_count"]), heads, kv_heads, path))
+
+
+def _architecture(reader, path: Path) -> str:
+    return _supported(_field(reader, "general.architecture"), path)
+
+
+def _supported(arch, path: Path) -> str:
+    if arch not in HF_NAMES:
+        raise ModelError(
+            f"GGUF architecture {arch!r} in {path.name} is not supported"
+            f" (supported: {', '.join(HF_NAMES)}); use a Hugging Face model directory instead"
+        )
+    return arch
 
 
 def _open_gguf(path: Path):
@@ -200,10 +224,11 @@ def _require(reader, key: str, path: Path) -> Any:
     return value
 
 
-def _entries(reader, arch: str, layers: int, heads: int, kv_heads: int, path: Path) -> list[GGUFTensor]:
-    """Every tensor under its Hugging Face name; an unknown one means a model Spool would get wrong."""
+def _entries(tensors, arch: str, layers: int, heads: int, kv_heads: int, path: Path) -> list[GGUFTensor]:
+    """Every tensor (gguf's ReaderTensor or index.TensorInfo) under its Hugging Face name; an
+    unknown one means a model Spool would get wrong."""
     entries = []
-    for t in reader.tensors:
+    for t in tensors:
         name = t.name
         if name in _CONSUMED or name.endswith(".attn_rot_embd"):
             continue

@@ -22,6 +22,7 @@ from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
 from model.ops.kernels import name_expression
 from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult
+from model.quant.quantized import float32
 
 THREADS = 128
 DECODE_SPLIT = 512  # context tokens per decode block; longer contexts are split and reduced
@@ -67,8 +68,12 @@ class CudaOps:
         return self.xp.zeros(shape, dtype=dtype)
 
     def weight(self, x):
-        """A host float32 weight on the device in the storage type (rounded there, on a GPU)."""
-        return to_storage(self.xp.asarray(x, dtype=np.float32), self.dtype, self.xp)
+        """A host weight on the device in the storage type (rounded there, on a GPU); a GGUF's
+        blocks dequantized to float32 on the host first, one tensor at a time."""
+        return to_storage(self.xp.asarray(float32(x), dtype=np.float32), self.dtype, self.xp)
+
+    def loaded(self) -> None:
+        pass
 
     def linear(self, x, w, bias=None):
         """x @ w.T (+ bias) in the storage type, accumulated in fp32: cuBLAS on a GPU."""

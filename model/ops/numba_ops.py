@@ -8,23 +8,30 @@ model/ops/numba_kernels.py. OpenBLAS's worker threads spin for a while after eac
 do numba's: model/__init__.py shortens both before NumPy loads.
 """
 
+import logging
+
 import numpy as np
 
 from model.ops import numba_attention, numba_rowwise, numba_sampler
 from model.ops.numba_kernels import QUANTIZED_KV
 from model.ops.numpy_ops import NumpyOps
 from model.ops.protocol import SampleBatch, SampleResult
-from model.quant import pack
+from model.quant import blocks, pack
 from model.quant.matmul import matmul
+from model.quant.quantized import Fused, QuantizedTensor
 from model.quant.strips import Strips
+
+log = logging.getLogger("spool.model")
 
 
 class NumbaOps(NumpyOps):
     """q8_weights: every 2-D weight whose rows split into blocks of 32 kept in Q8_0
     (model/quant/): the projections, the embedding and the LM head; Q4_1 instead where a
-    weight is exactly that (a GGUF's Q4_1 tensors); and K/V in float16 (float32 on a CPU
-    without F16C: model/ops/numba_kernels.QUANTIZED_KV). Without it (--dtype
-    float32), float32 weights and K/V: the exact path."""
+    weight is exactly that; a GGUF's quantized tensors packed from their own blocks where
+    model/quant/blocks.py has a packer for the kind (and this CPU the kernels), else
+    dequantized and rounded to Q8_0; and K/V in float16 (float32 on a CPU without F16C:
+    model/ops/numba_kernels.QUANTIZED_KV). Without it (--dtype float32), float32 weights and
+    K/V: the exact path."""
 
     name = "numba"
     write_kv = staticmethod(numba_rowwise.write_kv)
@@ -37,9 +44,28 @@ class NumbaOps(NumpyOps):
         super().__init__()
         self.q8_weights = q8_weights
         self.storage_dtype = QUANTIZED_KV if q8_weights else np.dtype(np.float32)
+        self.converted: set[str] = set()  # GGUF types rounded to Q8_0 since the last loaded()
 
     def weight(self, x):
-        return pack.compress(x) if self.q8_weights and pack.quantizable(x) else super().weight(x)
+        if not self.q8_weights:
+            return super().weight(x)
+        if isinstance(x, Fused):
+            parts = tuple(self.weight(part) for part in x.parts)
+            return blocks.stacked(parts) or Fused(parts)
+        if isinstance(x, QuantizedTensor):
+            kept = blocks.from_gguf(x)
+            if kept is not None:
+                return kept
+            self.converted.add(x.kind)
+            return blocks.to_q8_0(x)
+        return pack.compress(x) if pack.quantizable(x) else super().weight(x)
+
+    def loaded(self) -> None:
+        """One line for the whole model naming the GGUF types that lost their own blocks."""
+        if self.converted:
+            log.info(f"GGUF types {', '.join(sorted(self.converted))} have no kept kernels here;"
+                     " converted to q8_0")
+            self.converted.clear()
 
     def embedding(self, table, token_ids: np.ndarray) -> np.ndarray:
         if isinstance(table, Strips):
@@ -47,9 +73,12 @@ class NumbaOps(NumpyOps):
         return super().embedding(table, token_ids)
 
     def linear(self, x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
-        if not isinstance(w, Strips):
+        if isinstance(w, Fused):
+            out = np.concatenate([self.linear(x, part) for part in w.parts], axis=1)
+        elif not isinstance(w, Strips):
             return super().linear(x, w, bias)
-        out = matmul(x, w)
+        else:
+            out = matmul(x, w)
         if bias is not None:
             out += bias
         return out

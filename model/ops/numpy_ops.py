@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.ops.protocol import Download, SampleBatch, SampleResult
+from model.quant.quantized import float32
 from model.sampling import SamplingParams, allowed_tokens
 
 # Attention chunks: at most this many rows, and padding to at most this share of the chunk.
@@ -108,7 +109,11 @@ class NumpyOps:
         return np.zeros(shape, dtype=dtype)
 
     def weight(self, x) -> np.ndarray:
-        return self.asarray(x)
+        """float32, a GGUF's blocks dequantized (per tensor)."""
+        return self.asarray(float32(x))
+
+    def loaded(self) -> None:
+        pass
 
     def embedding(self, table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
         return table[token_ids]

@@ -1,0 +1,141 @@
+"""A GGUF's quantized tensors (model/quant/quantized.py) packed straight into the CPU backend's
+strips: PACKERS, by GGUF type, read the blocks themselves, so nothing passes through float32 and
+each kept value is the file's own, bit for bit (Strips.dequantize equals gguf's dequantize).
+A kind without a packer here is dequantized and rounded to Q8_0 instead (to_q8_0).
+"""
+
+from typing import Callable, get_type_hints
+
+import numpy as np
+from numba import njit, prange
+
+from model.quant import pack
+from model.quant.cpu import AMX, PMADDWD
+from model.quant.quantized import QuantizedTensor, dequantize, slab_rows
+from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
+
+
+def from_gguf(t: QuantizedTensor) -> Strips | None:
+    """t's blocks packed into strips the CPU here multiplies, or None where its kind has no
+    packer, or packs into a scheme whose kernels this CPU lacks (Q4_1 needs AVX-512 and AMX).
+    A packer's return annotation names its scheme, so that nothing is packed in vain."""
+    packer = PACKERS.get(t.kind)
+    if packer is None or not multiplied_here(get_type_hints(packer)["return"]):
+        return None
+    return packer(t.blocks, t.shape[1])
+
+
+def to_q8_0(t: QuantizedTensor) -> Q8_0Strips:
+    """For a kind with no packer here: t's values rounded to Q8_0 (pack.quantize) a slab of
+    rows at a time, so that no float32 copy of a large tensor exists (a 128k-token embedding's
+    is 1 GB)."""
+    strips = Q8_0Strips.zeros(*t.shape)
+    step = slab_rows(t.shape[1])
+    for first in range(0, t.shape[0], step):
+        part = t.blocks[first:first + step]
+        packed = pack.quantize(dequantize(QuantizedTensor(t.kind, part, (part.shape[0], t.shape[1]))))
+        at = first // STRIP
+        strips.q[at:at + packed.q.shape[0]] = packed.q
+        strips.factors[at:at + packed.q.shape[0]] = packed.factors
+    return strips
+
+
+def stacked(parts: tuple) -> Strips | None:
+    """Packed parts of one GEMM as one weight, where they came out in one scheme (as parts of
+    different GGUF types rounded to Q8_0 do) and every part but the last fills whole strips;
+    None otherwise (their rows would straddle a strip)."""
+    scheme = type(parts[0])
+    if scheme not in (Q8_0Strips, Q4_1Strips) or any(type(p) is not scheme for p in parts) \
+            or any(p.rows % STRIP for p in parts[:-1]):
+        return None
+    return scheme(np.concatenate([p.q for p in parts]), np.concatenate([p.factors for p in parts]),
+                  sum(p.rows for p in parts))
+
+
+def multiplied_here(scheme: type[Strips]) -> bool:
+    """Whether model/quant/matmul.py multiplies this scheme at every batch size on this CPU:
+    Q8_0 everywhere; the 4-bit schemes through the vpmaddwd GEMV and the AMX GEMM only."""
+    return scheme is Q8_0Strips or (PMADDWD and AMX)
+
+
+# --- packers: (blocks (rows, row_bytes) uint8, columns) -> strips ---------------------------------
+
+_Q8_0_BYTES = 2 + BLOCK  # float16 scale, 32 int8 values
+_Q4_0_BYTES = 2 + BLOCK // 2  # float16 scale, 32 nibbles: value k low in byte k, k + 16 high
+_Q4_1_BYTES = 4 + BLOCK // 2  # float16 scale and minimum, the same nibbles
+
+
+def _blocks(blocks: np.ndarray, columns: int, block_bytes: int) -> np.ndarray:
+    rows = blocks.shape[0]
+    return np.ascontiguousarray(blocks, dtype=np.uint8).reshape(rows, columns // BLOCK, block_bytes)
+
+
+def _halves(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 each block holds at byte offset at, as float32 (rows, blocks): exact."""
+    return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
+
+
+def pack_q8_0(blocks: np.ndarray, columns: int) -> Q8_0Strips:
+    """Q8_0 blocks into Q8_0 strips: the same int8 values and scales."""
+    src = _blocks(blocks, columns, _Q8_0_BYTES)
+    strips = Q8_0Strips.zeros(blocks.shape[0], columns)
+    _pack_q8_0(src, _halves(src, 0), strips.q, strips.factors)
+    return strips
+
+
+def pack_q4_0(blocks: np.ndarray, columns: int) -> Q4_1Strips:
+    """Q4_0 blocks (d x (q - 8)) into Q4_1 strips: scale d, minimum -8d, the same nibbles. Exact:
+    q x d - 8d has at most 15 significant bits, as (q - 8) x d has."""
+    src = _blocks(blocks, columns, _Q4_0_BYTES)
+    d = _halves(src, 0)
+    strips = Q4_1Strips.zeros(blocks.shape[0], columns)
+    _pack_q4(src, 2, d, np.float32(-8) * d, strips.q.view(np.uint8), strips.factors)
+    return strips
+
+
+def pack_q4_1(blocks: np.ndarray, columns: int) -> Q4_1Strips:
+    """Q4_1 blocks (d x q + m) into Q4_1 strips: the same scales, minima and nibbles."""
+    src = _blocks(blocks, columns, _Q4_1_BYTES)
+    strips = Q4_1Strips.zeros(blocks.shape[0], columns)
+    _pack_q4(src, 4, _halves(src, 0), _halves(src, 2), strips.q.view(np.uint8), strips.factors)
+    return strips
+
+
+@njit("void(uint8[:, :, ::1], float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1])", parallel=True,
+      cache=True, nogil=True)
+def _pack_q8_0(src, d, q, scale):
+    """Row r, value k of a block to line k // 2, byte 2r + k % 2 (strips.py's order)."""
+    rows, blocks = src.shape[0], src.shape[1]
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            row = s * STRIP + r
+            for b in range(blocks):
+                scale[s, b, r] = d[row, b]
+                for k in range(BLOCK):
+                    q[s, b, (k // 2) * 2 * STRIP + 2 * r + k % 2] = np.int8(src[row, b, 2 + k])
+
+
+@njit("void(uint8[:, :, ::1], int64, float32[:, ::1], float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1])",
+      parallel=True, cache=True, nogil=True)
+def _pack_q4(src, start, d, minimum, q, factors):
+    """Blocks of 32 nibbles from byte start (value k low in byte k, k + 16 high in byte k) into
+    Q4_1 strips: value k to nibble (k // 2) % 2 of byte 2r + k % 2 of line pair k // 4, as
+    pack.py's Q4_1; factors the 16 rows' scales, then minima."""
+    rows, blocks = src.shape[0], src.shape[1]
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            row = s * STRIP + r
+            for b in range(blocks):
+                factors[s, b, r], factors[s, b, STRIP + r] = d[row, b], minimum[row, b]
+                for k in range(BLOCK):
+                    byte = src[row, b, start + k % 16]
+                    level = byte & np.uint8(15) if k < 16 else byte >> np.uint8(4)
+                    q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= level << np.uint8(4 * (k // 2 % 2))
+
+
+# GGUF type -> its packer, annotated with the scheme it returns
+PACKERS: dict[str, Callable[[np.ndarray, int], Strips]] = {
+    "q8_0": pack_q8_0,
+    "q4_0": pack_q4_0,
+    "q4_1": pack_q4_1,
+}

@@ -1,0 +1,82 @@
+"""A GGUF's quantized tensors as the loader hands them to ops.weight: the file's block rows
+untouched (a row of a quantized tensor is a fixed number of bytes, so rows are permuted and
+stacked as bytes), and the float32 values for backends that keep no blocks, as the gguf package
+computes them. The CPU backend packs the blocks into strips instead (blocks.py).
+
+A Fused weight is the parts of one GEMM (q, k and v; gate and up) whose kinds differ, as a
+Q4_K_M file's Q4_K attn_q and Q6_K attn_v do: each part stays in its own kind, and linear
+multiplies part by part into one output.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A 2-D weight in one of GGUF's block formats, rows in Hugging Face's order."""
+
+    kind: str  # the GGUF type, lower case: q8_0, q4_k...
+    blocks: np.ndarray  # (rows, row_bytes) uint8: each row its blocks, as the file holds them
+    shape: tuple[int, int]  # (rows, columns) of the values
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Weights stacked along their rows that stay apart: parts of different kinds."""
+
+    parts: tuple  # each a QuantizedTensor, a float32 array, or what ops.weight made of one
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def fuse(parts: list) -> "QuantizedTensor | Fused":
+    """Parts of one GEMM, at least one quantized: their block rows stacked into one tensor where
+    they share a kind (as they usually do), else a Fused of them."""
+    kinds = {p.kind if isinstance(p, QuantizedTensor) else None for p in parts}
+    if len(kinds) == 1 and None not in kinds:
+        return QuantizedTensor(parts[0].kind, np.concatenate([p.blocks for p in parts]),
+                               (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+    return Fused(tuple(parts))
+
+
+SLAB_VALUES = 1 << 22  # values dequantized at a time: gguf's temporaries are several times these
+
+
+def slab_rows(columns: int) -> int:
+    """Rows of about SLAB_VALUES values, a multiple of 16 (a strip of packed rows)."""
+    return max(16, SLAB_VALUES // columns // 16 * 16)
+
+
+def dequantize(t: QuantizedTensor) -> np.ndarray:
+    """The float32 values, as the gguf package computes them, a slab of rows at a time: its
+    temporaries for a whole 128k-token embedding would be gigabytes."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[t.kind.upper()]
+    out = np.empty(t.shape, dtype=np.float32)
+    step = slab_rows(t.shape[1])
+    for first in range(0, t.shape[0], step):
+        part = t.blocks[first:first + step]
+        out[first:first + part.shape[0]] = gguf.quants.dequantize(part, kind).reshape(part.shape[0], t.shape[1])
+    return out
+
+
+def float32(w) -> np.ndarray:
+    """Any weight the loader makes as one float32 array: for backends that keep no blocks."""
+    if isinstance(w, QuantizedTensor):
+        return dequantize(w)
+    if isinstance(w, Fused):
+        return np.concatenate([float32(p) for p in w.parts])
+    return w
