@@ -4,7 +4,7 @@ that, and the choice between them (compress) by what the CPU runs."""
 import numpy as np
 from numba import njit, prange
 
-from model.quant.cpu import AMX, PMADDWD
+from model.quant.cpu import PMADDWD
 from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
 
 
@@ -31,9 +31,9 @@ def exact_q4_1(w: np.ndarray) -> Q4_1Strips | None:
 
 
 def compress(w: np.ndarray) -> Strips:
-    """Q4_1 where w is exactly that and the CPU has the kernels for it (AVX-512 and AMX);
-    else Q8_0."""
-    return (PMADDWD and AMX and exact_q4_1(w)) or quantize(w)
+    """Q4_1 where w is exactly that and the CPU has the kernel for it (AVX-512's GEMV); else
+    Q8_0 (the portable path's slabs widen Q8_0 only)."""
+    return (PMADDWD and exact_q4_1(w)) or quantize(w)
 
 
 # Start-up runs these on every weight (135M numbers for the default model), once each: one pass
