@@ -11,6 +11,7 @@ import pytest
 from engine_harness import Harness
 from model.ops.numba_kernels import PARALLEL_WORK
 from model.ops.numba_ops import NumbaOps
+from model.ops.protocol import SampleBatch
 from model.runner import ModelRunner, Row, StepPlan
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
@@ -112,6 +113,24 @@ def test_a_prompts_logits_are_the_same_bits_however_it_is_chunked(requests, chun
     chunked = run(chunks, requests.table(spare[1]), 3)
     np.testing.assert_array_equal(chunked[0], whole[0])
     np.testing.assert_array_equal(chunked[1], whole[1])
+
+
+def test_a_seeded_rows_draw_is_the_same_alone_and_among_others():
+    """The sampler, on the same logits: a seeded row's token alone and among 199 others, through
+    the batch kernel (its serial twin alone, the parallel one in the batch) and through NumPy's
+    (a filtered row, its logprobs too)."""
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal((200, 397), dtype=np.float32) * 3
+    params = [SamplingParams(temperature=1.0, seed=r) if r % 2 else
+              SamplingParams(temperature=0.9, top_k=40, seed=r, logprobs=3) for r in range(200)]
+    history = [[1, 2, 3]] * 200
+    ops = NumbaOps(q8_weights=True)
+    together = ops.sample(logits, SampleBatch(params, history, history, np.random.default_rng(0)))
+    for r in (0, 1, 76, 77, 199):
+        alone = ops.sample(logits[r:r + 1], SampleBatch(params[r:r + 1], history[:1], history[:1],
+                                                        np.random.default_rng(0)))
+        assert alone.token_ids[0] == together.token_ids[r]
+        assert alone.logprobs[0] == together.logprobs[r] and alone.top_logprobs[0] == together.top_logprobs[r]
 
 
 def test_a_seeded_request_writes_the_same_text_alone_and_among_16_others(wide_dir):
