@@ -2,9 +2,9 @@
 model/llama.py.
 
 cpu: numba kernels (NumbaOps, model/ops/numba_ops.py), with Q8_0 8-bit weights (model/quant/; a
-quarter of the memory, and faster at every batch size where the CPU has AVX-512 and AMX; a
-GGUF's tensors packed from their own blocks where model/quant/blocks.py can, its Q4_0/Q4_1
-ones kept in 4 bits there) unless --dtype float32 asks for float32 ones, multiplied by
+quarter of the memory, and one integer GEMV for every batch size where the CPU has AVX-512, so
+that a row's logits do not depend on its batch; a GGUF's tensors packed from their own blocks
+(model/quant/blocks.py), every kept type exact) unless --dtype float32 asks for float32 ones, multiplied by
 OpenBLAS; by default q8_0 where the CPU path (model/quant/cpu.py) has the AVX-512 GEMV, else
 float32. numpy: NumPy alone in float32, the
 reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when
@@ -96,7 +96,7 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
 
 def quantized_is_faster() -> bool:
     """Whether the default --dtype on the CPU is q8_0: where the vpmaddwd GEMV runs it
-    (model/quant/cpu.py's avx512 and amx paths); the portable path's float32 walk of the same
+    (model/quant/cpu.py's avx512 path); the portable path's float32 walk of the same
     weights is slower than float32 weights through OpenBLAS."""
     from model.quant.cpu import PMADDWD
 

@@ -19,7 +19,7 @@ from model.quant import cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ("SPOOL_CPU_PATH", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
-CHOICE = "import json; from model.quant import cpu; print(json.dumps([cpu.PATH, cpu.F16C, cpu.PMADDWD, cpu.AMX]))"
+CHOICE = "import json; from model.quant import cpu; print(json.dumps([cpu.PATH, cpu.F16C, cpu.PMADDWD]))"
 
 
 def run(args: list[str], cache: Path | None, timeout: float = 300, **settings) -> subprocess.CompletedProcess:
@@ -47,8 +47,8 @@ def choice(tmp_path: Path, **settings) -> list:
 ])
 def test_the_path_is_what_numbas_target_has(tmp_path, name, features, want):
     settings = {"NUMBA_CPU_NAME": name} | ({} if features is None else {"NUMBA_CPU_FEATURES": features})
-    path, f16c, pmaddwd, amx = choice(tmp_path, **settings)
-    assert [path, f16c] == want and pmaddwd == (path != "portable") and not amx
+    path, f16c, pmaddwd = choice(tmp_path, **settings)
+    assert [path, f16c] == want and pmaddwd == (path != "portable")
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 CPU names and features")
@@ -67,8 +67,8 @@ def test_the_path_is_logged_once_and_can_be_forced_down_not_up(tmp_path):
     assert len(logged) == 1 and logged[0].startswith(f"INFO:spool.model:CPU path {allowed}: numba's target"
                                                      f" {llvm.get_host_cpu_name()} ")
     for asked in cpu.PATHS[:cpu.PATHS.index(allowed) + 1]:
-        path, _, pmaddwd, amx = choice(tmp_path, SPOOL_CPU_PATH=asked)
-        assert path == asked and pmaddwd == (asked != "portable") and amx == (asked == "amx")
+        path, _, pmaddwd = choice(tmp_path, SPOOL_CPU_PATH=asked)
+        assert path == asked and pmaddwd == (asked != "portable")
     for asked in list(cpu.PATHS[cpu.PATHS.index(allowed) + 1:]) + ["turbo"]:  # more than the CPU has, or no path
         done = run(["-c", CHOICE], tmp_path, SPOOL_CPU_PATH=asked)
         assert done.returncode == 0 and json.loads(done.stdout)[0] == allowed
@@ -94,13 +94,16 @@ for out_dim, in_dim in [(1, 32), (7, 64), (1030, 576)]:
     scale = rng.uniform(1e-3, 0.05, (out_dim, in_dim // 32, 1)).astype(np.float16).astype(np.float32)
     low = rng.uniform(-0.4, 0.0, (out_dim, in_dim // 32, 1)).astype(np.float16).astype(np.float32)
     exact = (levels * scale + low).reshape(out_dim, in_dim)
-    for strips in [pack.quantize(w)] + ([pack.exact_q4_1(exact)] if cpu.AMX else []):
+    for strips in [pack.quantize(w), pack.exact_q4_1(exact)]:
         dense = strips.dequantize()
         for tokens in [1, 2, 17, 32, 33, 64, 100]:
             x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
             want, got = x @ dense.T, matmul(x, strips)
             assert got.shape == want.shape and got.flags.c_contiguous
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+            # int16 activations err by a share of the products' magnitudes, which a sum that
+            # cancels (one output of exactly-Q4_1 weights, all near one sign) can hide
+            magnitude = (np.abs(x) @ np.abs(dense).T).max()
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * magnitude)
 print(cpu.PATH)
 """
 
@@ -108,8 +111,8 @@ print(cpu.PATH)
 @pytest.mark.slow
 @pytest.mark.parametrize("path", cpu.PATHS)
 def test_the_packed_matmul_is_the_dequantized_one_on_every_path(path):
-    """The GEMV up to 32 rows and the GEMM above against dequantize-then-matmul at ragged
-    shapes, 1 to 100 rows, with the path forced (Q4_1 too where the path keeps it)."""
+    """The packed matmul (the portable path's slabs above 32 rows) against dequantize-then-matmul
+    at ragged shapes, 1 to 100 rows, with the path forced (Q4_1 too where the path keeps it)."""
     if cpu.PATHS.index(path) > cpu.PATHS.index(cpu.PATH):
         pytest.skip(f"this CPU does not run the {path} path")
     done = run(["-c", PARITY], None, SPOOL_CPU_PATH=path)

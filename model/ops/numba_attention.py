@@ -1,13 +1,18 @@
-"""Paged attention in numba: decode rows read K/V in place through the block table; prefill
-chunks attend in causal tiles. The LLVM intrinsics that read K/V rows live here too.
+"""Paged attention in numba, one kernel for every query token: a decode row's, and each of a
+prefill chunk's, which reads the K/V of the positions up to its own as a decode row there would.
+The LLVM intrinsics that read K/V rows live here too.
 
-- decode attention reads K/V one block at a time, with an online softmax; the query heads of a
-  KV head share each K/V load; (row, KV head) pairs run in parallel, and each prefetches its
-  next block. NumPy must gather every row's blocks into a padded copy first. K/V rows go through
-  two LLVM intrinsics that read float32 or widen float16 bits eight values at a time (the q8_0
-  ops keep K/V in float16 where the target has F16C, see model/ops/numba_kernels.QUANTIZED_KV);
-- prefill chunks attend in causal tiles: one GEMM per KV head for a tile's queries against only
-  the keys its last token sees, then a fused causal softmax.
+Each token reads K/V in place through its row's block table, one block at a time, with an
+online softmax; the query heads of a KV head share each K/V load; (token, KV head) pairs run in
+parallel, and each prefetches its next block. A token's arithmetic depends only on its own query,
+context and K/V, so its output is the same bits whatever shares the step, however its prompt was
+chunked, and whether it came as a decode row or in a prefill chunk (tests/test_batch_invariance.py).
+Causal tiles of OpenBLAS GEMMs, which prefill chunks took before, depend on the tile's shape.
+Per layer at SmolLM2-135M's shapes on a loaded 2-core EPYC, chunks of 256 and 512 tokens up to
+position 512 took 3-18 ms here against the tiles' 16-350 ms (their OpenBLAS threads meet
+numba's), but 256 tokens at position 1792 took 30 ms against 20: long prompts pay. K/V rows go
+through two LLVM intrinsics that read float32 or widen float16 bits eight values at a time (the
+q8_0 ops keep K/V in float16 where the target has F16C, see model/ops/numba_kernels.QUANTIZED_KV).
 """
 
 import numpy as np
@@ -18,82 +23,23 @@ from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import byte_address, element, splat
-from model.ops.numba_kernels import F2, F3, F4, H4, HALF, I1, I2, exp_shifted, kernel
-
-
-def _blocks_as_float32(cache: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """(kv_heads, len(blocks) * block_size, head_dim) float32, gathered."""
-    out = np.take(cache, blocks, axis=1)
-    if cache.dtype == HALF:
-        out = out.view(np.float16).astype(np.float32)
-    return out.reshape(cache.shape[0], -1, cache.shape[3])
+from model.ops.numba_kernels import F2, F3, F4, H4, I1, I2, exp_shifted, kernel
 
 
 class AttentionPlan:
-    """A step's attention, planned once for every layer: decode rows (one query token) for the
-    kernel, the others (prefill chunks) one by one in causal tiles."""
+    """A step's attention, planned once for every layer: for each query token on the step's axis,
+    its context (the positions up to and including its own) and its row's block table."""
 
     def __init__(self, query_lens, context_lens, block_tables, block_size):
-        starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)
-        decode = [r for r, n in enumerate(query_lens) if n == 1]
-        self.token = starts[decode]
-        self.context = np.array([context_lens[r] for r in decode], dtype=np.int64)
-        width = max((-(-int(c) // block_size) for c in self.context), default=0)
-        self.tables = np.zeros((len(decode), width), dtype=np.int64)
-        for i, r in enumerate(decode):
-            used = -(-context_lens[r] // block_size)
-            self.tables[i, :used] = block_tables[r][:used]
-        # (first token on the step's axis, query tokens, context, the blocks it uses)
-        self.prefill = [(int(starts[r]), n, context_lens[r],
-                         np.asarray(block_tables[r][:-(-context_lens[r] // block_size)], dtype=np.int64))
-                        for r, n in enumerate(query_lens) if n != 1]
-
-
-# Query tokens a prefill tile holds: tile i attends only to the keys its last token sees, so a
-# long prompt computes about half the score matrix instead of all of it.
-PREFILL_TILE = 128
-
-
-@kernel(f"void({F3}, int64, int64, int32[:, ::1])")
-def _causal_softmax(scores, group, first, powers):
-    """Each row of scores[h], for query token i // group of a tile whose first token is at
-    position first: softmax over keys 0..first + i // group, zero after."""
-    heads, rows, keys = scores.shape
-    for job in prange(heads * rows):
-        h, i = job // rows, job % rows
-        seen = min(keys, first + i // group + 1)
-        row = scores[h, i]
-        top = row[0]
-        for k in range(1, seen):
-            top = max(top, row[k])
-        inv = np.float32(1.0) / exp_shifted(row, top, seen, powers[job])
-        for k in range(seen):
-            row[k] *= inv
-        for k in range(seen, keys):
-            row[k] = 0
-
-
-def _prefill_attention(q, cache_k, cache_v, first, count, context, blocks, scale, out, scratch):
-    """out[first:first + count] for one row's query tokens, the last count of its context:
-    per tile, scores = Q K^T for every query head of a KV head in one GEMM, the causal softmax,
-    then P V. scratch(name, shape) lends reused float32 buffers (NumpyOps.scratch)."""
-    kv_heads, _, block_size, dim = cache_k.shape
-    group = q.shape[1] // kv_heads
-    k, v = _blocks_as_float32(cache_k, blocks), _blocks_as_float32(cache_v, blocks)
-    # (kv head, token, query head of the group, dim): a tile of tokens is one matrix per KV head
-    queries = (q[first:first + count] * np.float32(scale)).reshape(count, kv_heads, group, dim).transpose(1, 0, 2, 3)
-    queries = np.ascontiguousarray(queries)
-    for t0 in range(0, count, PREFILL_TILE):
-        tokens = min(PREFILL_TILE, count - t0)
-        position = context - count + t0  # of the tile's first query token
-        seen = position + tokens
-        tile = queries[:, t0:t0 + tokens].reshape(kv_heads, tokens * group, dim)
-        scores = np.matmul(tile, k[:, :seen].transpose(0, 2, 1),
-                           out=scratch("prefill scores", (kv_heads, tokens * group, seen)))
-        powers = scratch("prefill powers", (kv_heads * tokens * group, seen)).view(np.int32)
-        _causal_softmax(scores.size, scores, group, position, powers)
-        o = np.matmul(scores, v[:, :seen]).reshape(kv_heads, tokens, group, dim)
-        out[first + t0:first + t0 + tokens] = o.transpose(1, 0, 2, 3).reshape(tokens, -1)
+        query_lens, context_lens = np.asarray(query_lens, dtype=np.int64), np.asarray(context_lens, dtype=np.int64)
+        rows = np.repeat(np.arange(len(query_lens)), query_lens)  # each token's row
+        first = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)  # each row's first token
+        self.context = context_lens[rows] - query_lens[rows] + 1 + np.arange(len(rows)) - first[rows]
+        tables = np.zeros((len(query_lens), -(-int(context_lens.max(initial=0)) // block_size)), dtype=np.int64)
+        for r, c in enumerate(context_lens):
+            used = -(-int(c) // block_size)
+            tables[r, :used] = block_tables[r][:used]
+        self.tables = tables[rows]
 
 
 @intrinsic
@@ -166,19 +112,19 @@ def _add_row(typingctx, acc, acc_at, p, row, at, dim):
     return nbtypes.void(acc, acc_at, p, row, at, dim), codegen
 
 
-@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I1}, {I2}, float32, {F2})",
-        f"void({F3}, {H4}, {H4}, {I1}, {I1}, {I2}, float32, {F2})")
-def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
-    """One query token per row: out[token[r]] = softmax(q K^T * scale) V over the row's
-    context[r] cached positions, block by block with a running max and sum per query head.
+@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, float32, {F2})",
+        f"void({F3}, {H4}, {H4}, {I1}, {I2}, float32, {F2})")
+def _attention(q, cache_k, cache_v, context, tables, scale, out):
+    """For each query token t: out[t] = softmax(q K^T * scale) V over its context[t]
+    cached positions, block by block with a running max and sum per query head.
     K/V rows are float32 or float16 bits, read through _dot_row and _add_row."""
-    rows = token.shape[0]
+    tokens = context.shape[0]
     heads, dim = q.shape[1], q.shape[2]
     kv_heads, cache_blocks, block_size = cache_k.shape[0], cache_k.shape[1], cache_k.shape[2]
     group = heads // kv_heads
-    for job in prange(rows * kv_heads):
-        r, kh = job // kv_heads, job % kv_heads
-        t, n = token[r], context[r]
+    for job in prange(tokens * kv_heads):
+        t, kh = job // kv_heads, job % kv_heads
+        n = context[t]
         qs = np.empty(group * dim, dtype=np.float32)  # query head g at g * dim
         acc = np.zeros(group * dim, dtype=np.float32)
         m = np.full(group, -np.inf, dtype=np.float32)
@@ -191,9 +137,9 @@ def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
         blocks = -(-n // block_size)
         for b in range(blocks):
             keys = min(block_size, n - b * block_size)
-            first = (kh * cache_blocks + tables[r, b]) * block_size * dim  # the block's flat offset
+            first = (kh * cache_blocks + tables[t, b]) * block_size * dim  # the block's flat offset
             if b + 1 < blocks:  # the next block's K and V, while this one computes
-                following = (kh * cache_blocks + tables[r, b + 1]) * block_size * dim
+                following = (kh * cache_blocks + tables[t, b + 1]) * block_size * dim
                 for line in range(0, block_size * dim, 64 // cache_k.itemsize):
                     _prefetch(cache_k, following + line)
                     _prefetch(cache_v, following + line)
@@ -218,14 +164,11 @@ def _decode_attention(q, cache_k, cache_v, token, context, tables, scale, out):
                 out[t, (kh * group + g) * dim + d] = acc[g * dim + d] * inv
 
 
-def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, plan: AttentionPlan, scale: float,
-                    scratch) -> np.ndarray:
+def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, plan: AttentionPlan,
+                    scale: float) -> np.ndarray:
     tokens, heads, dim = q.shape
     out = np.empty((tokens, heads * dim), dtype=np.float32)
-    if len(plan.token):
+    if tokens:
         work = int(plan.context.sum()) * heads * dim
-        _decode_attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.token, plan.context, plan.tables,
-                          np.float32(scale), out)
-    for first, count, context, blocks in plan.prefill:
-        _prefill_attention(q, cache_k, cache_v, first, count, context, blocks, scale, out, scratch)
+        _attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.context, plan.tables, np.float32(scale), out)
     return out

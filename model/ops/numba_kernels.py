@@ -26,12 +26,16 @@ QUANTIZED_KV = HALF if F16C else np.dtype(np.float32)
 
 # Below this many elements of work an op runs on one core: waking the other costs more.
 PARALLEL_WORK = 1 << 15
+# fastmath without arcp: with it LLVM divides by an approximate reciprocal in one twin and not
+# the other (SiLU's division, measured), so a row's result would depend on how much work shares
+# its step.
+FASTMATH = {"nnan", "ninf", "nsz", "contract", "reassoc", "afn"}
 
 
 def kernel(*signatures: str):
     """The function compiled twice when the module loads, for C-contiguous arrays: on every
-    core (prange splits) and on one (prange is range). The serial twin is a copy under
-    another name: numba's cache keys on the name, not the flags. Signatures of float16 K/V
+    core (prange splits) and on one (prange is range), to the same bits. The serial twin is a
+    copy under another name: numba's cache keys on the name, not the flags. Signatures of float16 K/V
     (H4) are compiled only where the target converts float16 (F16C)."""
     signatures = [signature for signature in signatures if F16C or H4 not in signature]
 
@@ -39,8 +43,8 @@ def kernel(*signatures: str):
         twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__,
                                   fn.__closure__)
         twin.__qualname__ = fn.__qualname__ + "_serial"
-        serial = njit(list(signatures), fastmath=True, cache=True, nogil=True)(twin)
-        parallel = njit(list(signatures), parallel=True, fastmath=True, cache=True, nogil=True)(fn)
+        serial = njit(list(signatures), fastmath=FASTMATH, cache=True, nogil=True)(twin)
+        parallel = njit(list(signatures), parallel=True, fastmath=FASTMATH, cache=True, nogil=True)(fn)
 
         def run(work: int, *args):
             return (parallel if work >= PARALLEL_WORK else serial)(*args)
@@ -56,7 +60,7 @@ LOG2E, LN2_HIGH, LN2_LOW = np.float32(1.4426950408889634), np.float32(0.69314575
     np.float32(1.428606765330187e-06)
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FASTMATH)
 def exp_shifted(x, top, count, powers):
     """x[k] = exp(x[k] - top) for k < count, returning their sum; powers (int32, count or more)
     is scratch. Plain arithmetic that vectorises, as numba's np.exp does not without Intel's

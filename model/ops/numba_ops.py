@@ -93,7 +93,7 @@ class NumbaOps(NumpyOps):
         return numba_attention.AttentionPlan(list(query_lens), list(context_lens), block_tables, block_size)
 
     def paged_attention(self, q, cache_k, cache_v, meta: numba_attention.AttentionPlan, scale: float) -> np.ndarray:
-        return numba_attention.paged_attention(q, cache_k, cache_v, meta, scale, self.scratch)
+        return numba_attention.paged_attention(q, cache_k, cache_v, meta, scale)
 
     def sample(self, logits: np.ndarray, batch: SampleBatch) -> SampleResult:
         """NumpyOps.sample's contract; the plain rows drawn in one kernel (model/ops/numba_sampler.py)."""

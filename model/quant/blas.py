@@ -1,5 +1,6 @@
-"""x @ w.T for many activation rows on a CPU without AMX: strips widened to float32 a slab at a
-time (each weight as dequantize computes it), each slab one OpenBLAS GEMM."""
+"""x @ w.T for many activation rows on the portable path (no AVX-512): strips widened to
+float32 a slab at a time (each weight as dequantize computes it), each slab one OpenBLAS GEMM.
+Its bits depend on the row count, as OpenBLAS's do."""
 
 import numpy as np
 from numba import prange

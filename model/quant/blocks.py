@@ -4,25 +4,20 @@ each kept value is the file's own, bit for bit (Strips.dequantize equals gguf's 
 A kind without a packer here is dequantized and rounded to Q8_0 instead (to_q8_0).
 """
 
-from typing import Callable, get_type_hints
+from typing import Callable
 
 import numpy as np
 from numba import njit, prange
 
-from model.quant import pack
-from model.quant.cpu import AMX, PMADDWD
+from model.quant import kblocks, pack
 from model.quant.quantized import QuantizedTensor, dequantize, slab_rows
 from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
 
 
 def from_gguf(t: QuantizedTensor) -> Strips | None:
-    """t's blocks packed into strips the CPU here multiplies, or None where its kind has no
-    packer, or packs into a scheme whose kernels this CPU lacks (Q4_1 needs AVX-512 and AMX).
-    A packer's return annotation names its scheme, so that nothing is packed in vain."""
+    """t's blocks packed into strips, or None where its kind has no packer."""
     packer = PACKERS.get(t.kind)
-    if packer is None or not multiplied_here(get_type_hints(packer)["return"]):
-        return None
-    return packer(t.blocks, t.shape[1])
+    return None if packer is None else packer(t.blocks, t.shape[1])
 
 
 def to_q8_0(t: QuantizedTensor) -> Q8_0Strips:
@@ -45,17 +40,10 @@ def stacked(parts: tuple) -> Strips | None:
     different GGUF types rounded to Q8_0 do) and every part but the last fills whole strips;
     None otherwise (their rows would straddle a strip)."""
     scheme = type(parts[0])
-    if scheme not in (Q8_0Strips, Q4_1Strips) or any(type(p) is not scheme for p in parts) \
-            or any(p.rows % STRIP for p in parts[:-1]):
+    if any(type(p) is not scheme for p in parts) or any(p.rows % STRIP for p in parts[:-1]):
         return None
     return scheme(np.concatenate([p.q for p in parts]), np.concatenate([p.factors for p in parts]),
                   sum(p.rows for p in parts))
-
-
-def multiplied_here(scheme: type[Strips]) -> bool:
-    """Whether model/quant/matmul.py multiplies this scheme at every batch size on this CPU:
-    Q8_0 everywhere; the 4-bit schemes through the vpmaddwd GEMV and the AMX GEMM only."""
-    return scheme is Q8_0Strips or (PMADDWD and AMX)
 
 
 # --- packers: (blocks (rows, row_bytes) uint8, columns) -> strips ---------------------------------
@@ -133,9 +121,14 @@ def _pack_q4(src, start, d, minimum, q, factors):
                     q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= level << np.uint8(4 * (k // 2 % 2))
 
 
-# GGUF type -> its packer, annotated with the scheme it returns
+# GGUF type -> its packer
 PACKERS: dict[str, Callable[[np.ndarray, int], Strips]] = {
     "q8_0": pack_q8_0,
     "q4_0": pack_q4_0,
     "q4_1": pack_q4_1,
+    "q5_0": kblocks.pack_q5_0,
+    "q5_1": kblocks.pack_q5_1,
+    "q4_k": kblocks.pack_q4_k,
+    "q5_k": kblocks.pack_q5_k,
+    "q6_k": kblocks.pack_q6_k,
 }

@@ -1,4 +1,4 @@
-"""Which CPU path the packed-weight kernels take (amx, avx512 or portable), and whether float16
+"""Which CPU path the packed-weight kernels take (avx512 or portable), and whether float16
 K/V can be converted in hardware (F16C): decided once at import, every kernel module asks here.
 
 The target is what numba compiles for, not the host: numba.config.CPU_NAME and CPU_FEATURES
@@ -8,20 +8,18 @@ features string names is as it says; the others are what LLVM gives the CPU name
 assembly LLVM writes for two tiny probes, so that a kernel is compiled only where the target
 lowers it and the process never aborts on a CPU Spool does not know.
 
-- amx: the AMX GEMM above GEMV_ROWS rows (model/quant/amx.py) and the vpmaddwd GEMV below; Q4_1
-  weights kept as they are. Needs AMX-BF16 in the target, on the host, and Linux's permission.
-- avx512: the vpmaddwd GEMV (AVX-512BW, model/quant/gemv.py) and OpenBLAS over widened slabs.
-- portable: the same walks in float32, for any CPU; the default --dtype there is float32, which
-  is faster than them. An integer path for AVX2 CPUs is later work.
+- avx512: the vpmaddwd GEMV (AVX-512BW, model/quant/gemv.py) for every row count, so that a
+  row's output does not depend on its batch; Q4_1 weights kept as they are.
+- portable: the GEMV's walk in float32 up to GEMV_ROWS rows, OpenBLAS over widened slabs above
+  (model/quant/matmul.py), for any CPU; the default --dtype there is float32, which is faster
+  than them. An integer path for AVX2 CPUs is later work.
 
-SPOOL_CPU_PATH (amx, avx512, portable) forces a path no higher than the target allows; asking for
-more logs one warning and takes the highest allowed.
+SPOOL_CPU_PATH (avx512, portable) forces a path no higher than the target allows; asking for more
+logs one warning and takes the highest allowed.
 """
 
-import ctypes
 import logging
 import os
-import platform
 
 import llvmlite.binding as llvm
 from numba.core import config
@@ -29,9 +27,7 @@ from numba.core.codegen import get_host_cpu_features
 
 log = logging.getLogger("spool.model")
 
-PATHS = ("portable", "avx512", "amx")
-# LLVM's CPU names that imply AMX-BF16 (a features string may add it to any other)
-_AMX_CPUS = {"sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "diamondrapids"}
+PATHS = ("portable", "avx512")
 
 CPU_NAME = config.CPU_NAME or llvm.get_host_cpu_name()
 CPU_FEATURES = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
@@ -58,34 +54,19 @@ def _assembly(probe: str) -> str:
     return machine.emit_assembly(module)
 
 
-def _target_has(feature: str, probe: str | None) -> bool:
-    """Whether numba's target has feature: as the features string says, else as LLVM lowers
-    probe (no probe: as the CPU name implies, for AMX)."""
+def _target_has(feature: str, probe: str) -> bool:
+    """Whether numba's target has feature: as the features string says, else as LLVM lowers probe."""
     if feature in _FLAGS:
         return _FLAGS[feature]
-    if probe is None:
-        return CPU_NAME in _AMX_CPUS
     assembly = _assembly(probe)
     return "zmm" in assembly if feature == "avx512bw" else not ("sfhf2" in assembly or "hfsf2" in assembly)
 
 
-def _amx_permitted() -> bool:
-    """The host has AMX-BF16 and Linux hands its tile state to this process (arch_prctl)."""
-    host = set(llvm.get_host_cpu_features().flatten().split(","))
-    if not {"+amx-tile", "+amx-bf16"} <= host or platform.system() != "Linux" or platform.machine() != "x86_64":
-        return False
-    sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
-    return ctypes.CDLL(None).syscall(sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
-
-
 def _choose() -> tuple[str, str]:
     """The path and why, from the target and SPOOL_CPU_PATH."""
-    bw = _target_has("avx512bw", _AVX512BW_PROBE)
-    amx = bw and _target_has("amx-tile", None) and _target_has("amx-bf16", None) and _amx_permitted()
-    allowed = "amx" if amx else "avx512" if bw else "portable"
+    allowed = "avx512" if _target_has("avx512bw", _AVX512BW_PROBE) else "portable"
     why = (f"numba's target {CPU_NAME}" + (" with NUMBA_CPU_FEATURES" if config.CPU_FEATURES else "")
-           + {"amx": " has AMX-BF16 (permitted) and AVX-512BW", "avx512": " has AVX-512BW, not AMX",
-              "portable": " has no AVX-512BW"}[allowed])
+           + {"avx512": " has AVX-512BW", "portable": " has no AVX-512BW"}[allowed])
     asked = os.environ.get("SPOOL_CPU_PATH", "").strip().lower()
     if not asked:
         return allowed, why
@@ -102,6 +83,5 @@ PATH, WHY = _choose()
 F16C = _target_has("f16c", _F16C_PROBE)
 # int16 activations lose nothing measurable; int8 ones, as llama.cpp's Q8_0 dot uses, cut the
 # top-1 agreement with float32 on the default model from 98.25% to 96.35%.
-PMADDWD = PATH in ("avx512", "amx")
-AMX = PATH == "amx"
+PMADDWD = PATH == "avx512"
 log.info(f"CPU path {PATH}: {WHY}; float16 K/V {'through F16C' if F16C else 'unavailable (no F16C): float32 K/V'}")

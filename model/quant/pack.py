@@ -4,7 +4,6 @@ that, and the choice between them (compress) by what the CPU runs."""
 import numpy as np
 from numba import njit, prange
 
-from model.quant.cpu import AMX, PMADDWD
 from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
 
 
@@ -31,9 +30,8 @@ def exact_q4_1(w: np.ndarray) -> Q4_1Strips | None:
 
 
 def compress(w: np.ndarray) -> Strips:
-    """Q4_1 where w is exactly that and the CPU has the kernels for it (AVX-512 and AMX);
-    else Q8_0."""
-    return (PMADDWD and AMX and exact_q4_1(w)) or quantize(w)
+    """Q4_1 where w is exactly that (fewer bytes, nothing rounded again); else Q8_0."""
+    return exact_q4_1(w) or quantize(w)
 
 
 # Start-up runs these on every weight (135M numbers for the default model), once each: one pass
