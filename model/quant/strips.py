@@ -10,8 +10,8 @@ integer scale is exact in float32), so that they read back bit for bit as gguf-p
 A strip is 16 weight rows; each (strip, block) holds its 16 x 32 values as 16 lines of 32, line
 r holding weights 2r and 2r+1 of the block for each of the 16 rows in turn. That is the order a
 vector unit wants: one line times a broadcast pair of activations gives the 16 rows' partial
-sums in 16 lanes (vpmaddwd), with no reduction across lanes, and it is the layout of an AMX
-bfloat16 tile of the weights. Rows past the last are zero.
+sums in 16 lanes (vpmaddwd), with no reduction across lanes.
+Rows past the last are zero.
 
 In a nibble scheme a (strip, block) is 256 bytes of nibbles (byte pair p: line 2p in the low
 nibbles, line 2p + 1 in the high ones), then HIGH_BITS planes of 64 bytes, plane k holding bit
@@ -33,7 +33,7 @@ from typing import ClassVar
 import numpy as np
 
 BLOCK = 32
-STRIP = 16  # weight rows a strip holds: an AMX tile's width in float32 outputs
+STRIP = 16  # weight rows a strip holds: 16 float32 lanes of one AVX-512 register
 NIBBLE_BYTES = STRIP * BLOCK // 2  # the nibble plane of a (strip, block)
 PLANE_BYTES = STRIP * BLOCK // 8  # one bit plane of a (strip, block)
 SUPER_BLOCKS = 8  # blocks under one float32 factor with SUB_SCALES: a K-quant super-block
@@ -165,7 +165,3 @@ class Q6_KStrips(Strips):
 SCHEMES = {weights.kind: weights for weights in (Q8_0Strips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
                                                  Q6_KStrips)}
 
-
-def scheme(nibbles: bool) -> type[Strips]:
-    """The scheme an AMX kernel compiled for the literal nibbles multiplies."""
-    return Q4_1Strips if nibbles else Q8_0Strips
