@@ -2,10 +2,10 @@
 model/llama.py.
 
 cpu: numba kernels (NumbaOps, model/ops/numba_ops.py), with Q8_0 8-bit weights (model/quant/; a
-quarter of the memory, and one integer GEMV for every batch size where the CPU has AVX-512, so
-that a row's logits do not depend on its batch; a GGUF's tensors packed from their own blocks
+quarter of the memory, and one integer GEMV for every batch size on every CPU, so that a row's
+logits do not depend on its batch; a GGUF's tensors packed from their own blocks
 (model/quant/blocks.py), every kept type exact) unless --dtype float32 asks for float32 ones, multiplied by
-OpenBLAS; by default q8_0 where the CPU path (model/quant/cpu.py) has the AVX-512 GEMV, else
+OpenBLAS; by default q8_0 where the CPU path (model/quant/cpu.py) is avx2 or avx512, else
 float32. numpy: NumPy alone in float32, the
 reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when
 the checkpoint says it was trained in float16, else bfloat16, unless --dtype says otherwise.
@@ -95,12 +95,12 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
 
 
 def quantized_is_faster() -> bool:
-    """Whether the default --dtype on the CPU is q8_0: where the vpmaddwd GEMV runs it
-    (model/quant/cpu.py's avx512 path); the portable path's float32 walk of the same
-    weights is slower than float32 weights through OpenBLAS."""
-    from model.quant.cpu import PMADDWD
+    """Whether the default --dtype on the CPU is q8_0: where numba's target has 256-bit integer
+    vectors or wider (model/quant/cpu.py's avx2 and avx512 paths); on narrower ones the integer
+    GEMV is slower than float32 weights through OpenBLAS."""
+    from model.quant.cpu import QUANTIZED_DEFAULT
 
-    return PMADDWD
+    return QUANTIZED_DEFAULT
 
 
 def cpu_kernels() -> type:

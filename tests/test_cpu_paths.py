@@ -1,9 +1,9 @@
-"""The CPU path dispatch (model/quant/cpu.py): it follows numba's target settings, never aborts
-on a CPU it does not know, and every path this machine can run computes what it should.
+"""The CPU path (model/quant/cpu.py): it follows numba's target settings, never aborts on a CPU
+it does not know, and every target this machine can compile for runs the same integer kernels
+to the same bits.
 
-Each target setting runs in a subprocess with a numba cache of its own (under tmp_path), so that
-code compiled for one CPU never serves another; a path forced on this CPU's own target shares
-the repository's cache (numba keys it on the CPU, and the path picks kernels, not their code)."""
+Each target runs in a subprocess with a numba cache of its own (under tmp_path), so that code
+compiled for one CPU never serves another here whatever numba's cache keys hold."""
 
 import json
 import os
@@ -13,13 +13,20 @@ import sys
 from pathlib import Path
 
 import llvmlite.binding as llvm
+import numpy as np
 import pytest
 
 from model.quant import cpu
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ("SPOOL_CPU_PATH", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
-CHOICE = "import json; from model.quant import cpu; print(json.dumps([cpu.PATH, cpu.F16C, cpu.PMADDWD]))"
+SETTINGS = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
+CHOICE = "import json; from model.quant import cpu; print(json.dumps([cpu.PATH, cpu.F16C, cpu.QUANTIZED_DEFAULT]))"
+# numba's settings that compile for each path's CPU on this one (an empty features string: the
+# name's own features, not the host's)
+TARGETS = {"avx512": {"NUMBA_CPU_NAME": "x86-64-v4", "NUMBA_CPU_FEATURES": ""},
+           "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""},
+           "portable": {"NUMBA_CPU_NAME": "generic"}}
+x86 = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 CPU names and features")
 
 
 def run(args: list[str], cache: Path | None, timeout: float = 300, **settings) -> subprocess.CompletedProcess:
@@ -37,100 +44,124 @@ def choice(tmp_path: Path, **settings) -> list:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 CPU names")
+@x86
 @pytest.mark.parametrize("name, features, want", [
     ("generic", None, ["portable", False]),  # numba adds no features to generic
     ("x86-64-v2", "", ["portable", False]),  # as QEMU's kvm64 guests: no F16C
-    ("haswell", "", ["portable", True]),  # AVX2 and F16C, no AVX-512
+    ("haswell", "", ["avx2", True]),  # AVX2 and F16C, no AVX-512
     ("skylake-avx512", "", ["avx512", True]),
     ("x86-64-v4", "", ["avx512", True]),
 ])
 def test_the_path_is_what_numbas_target_has(tmp_path, name, features, want):
     settings = {"NUMBA_CPU_NAME": name} | ({} if features is None else {"NUMBA_CPU_FEATURES": features})
-    path, f16c, pmaddwd = choice(tmp_path, **settings)
-    assert [path, f16c] == want and pmaddwd == (path != "portable")
+    path, f16c, quantized_default = choice(tmp_path, **settings)
+    assert [path, f16c] == want and quantized_default == (path != "portable")
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 CPU names and features")
+@x86
 def test_the_features_string_decides_what_it_names(tmp_path):
     """Without NUMBA_CPU_FEATURES numba compiles for the host's features, whatever the name; a
     feature it turns off is off (AVX-512 needs F16C, so -f16c takes both)."""
     assert choice(tmp_path, NUMBA_CPU_NAME="haswell") == choice(tmp_path)
-    assert choice(tmp_path, NUMBA_CPU_FEATURES="-f16c")[:2] == ["portable", False]
+    path, f16c, _ = choice(tmp_path, NUMBA_CPU_FEATURES="-f16c")
+    assert path != "avx512" and not f16c
 
 
-def test_the_path_is_logged_once_and_can_be_forced_down_not_up(tmp_path):
-    """On this machine's own target, nothing forced (the suite itself may run with a path forced)."""
-    allowed = choice(tmp_path)[0]
+def test_the_path_is_logged_once(tmp_path):
     done = run(["-c", "import logging; logging.basicConfig(level='INFO'); import model.quant.cpu"], tmp_path)
     logged = [line for line in done.stderr.splitlines() if "CPU path" in line]
-    assert len(logged) == 1 and logged[0].startswith(f"INFO:spool.model:CPU path {allowed}: numba's target"
-                                                     f" {llvm.get_host_cpu_name()} ")
-    for asked in cpu.PATHS[:cpu.PATHS.index(allowed) + 1]:
-        path, _, pmaddwd = choice(tmp_path, SPOOL_CPU_PATH=asked)
-        assert path == asked and pmaddwd == (asked != "portable")
-    for asked in list(cpu.PATHS[cpu.PATHS.index(allowed) + 1:]) + ["turbo"]:  # more than the CPU has, or no path
-        done = run(["-c", CHOICE], tmp_path, SPOOL_CPU_PATH=asked)
-        assert done.returncode == 0 and json.loads(done.stdout)[0] == allowed
-        assert len([line for line in done.stderr.splitlines() if f"SPOOL_CPU_PATH={asked}" in line]) == 1
+    assert len(logged) == 1 and logged[0].startswith(f"INFO:spool.model:CPU path {choice(tmp_path)[0]}: numba's"
+                                                     f" target {llvm.get_host_cpu_name()} ")
 
 
-def test_the_default_dtype_is_q8_0_only_where_the_path_has_its_gemv():
+def test_the_default_dtype_is_q8_0_where_the_path_has_wide_integer_vectors():
     from model.backend import resolve
 
-    assert resolve("cpu").dtype == ("q8_0" if cpu.PMADDWD else "float32")
+    assert resolve("cpu").dtype == ("q8_0" if cpu.QUANTIZED_DEFAULT else "float32")
     assert resolve("cpu", "q8_0").dtype == "q8_0"
 
 
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory) -> dict[str, Path]:
+    """A numba cache per forced target, shared by this module's tests."""
+    return {path: tmp_path_factory.mktemp(f"numba-{path}") for path in TARGETS}
+
+
+def host_can_run(path: str) -> bool:
+    return platform.machine() == "x86_64" and cpu.PATHS.index(path) <= cpu.PATHS.index(cpu.PATH)
+
+
+# Every kept type (tests/test_kblocks.py's K-quant and 5-bit packers, Q4_0 through blocks.py, and
+# pack.py's Q8_0 and Q4_1) at ragged shapes, times 1 to 100 activation rows.
 PARITY = """
+import sys
 import numpy as np
-from model.quant import cpu, pack
+sys.path.insert(0, "tests")
+from test_cpu_paths import kept_weights
+from model.quant import cpu
 from model.quant.matmul import matmul
-rng = np.random.default_rng(0)
-for out_dim, in_dim in [(1, 32), (7, 64), (1030, 576)]:
-    w = rng.standard_normal((out_dim, in_dim), dtype=np.float32)
-    levels = rng.integers(0, 16, (out_dim, in_dim // 32, 32)).astype(np.float32)
-    levels[..., 0], levels[..., 1] = 0, 15  # as tests/test_q8.py's q4_1: exactly Q4_1, both ends used
-    scale = rng.uniform(1e-3, 0.05, (out_dim, in_dim // 32, 1)).astype(np.float16).astype(np.float32)
-    low = rng.uniform(-0.4, 0.0, (out_dim, in_dim // 32, 1)).astype(np.float16).astype(np.float32)
-    exact = (levels * scale + low).reshape(out_dim, in_dim)
-    for strips in [pack.quantize(w), pack.exact_q4_1(exact)]:
-        dense = strips.dequantize()
-        for tokens in [1, 2, 17, 32, 33, 64, 100]:
-            x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
-            want, got = x @ dense.T, matmul(x, strips)
-            assert got.shape == want.shape and got.flags.c_contiguous
-            # int16 activations err by a share of the products' magnitudes, which a sum that
-            # cancels (one output of exactly-Q4_1 weights, all near one sign) can hide
-            magnitude = (np.abs(x) @ np.abs(dense).T).max()
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * magnitude)
+x = np.random.default_rng(5).standard_normal((100, 768), dtype=np.float32)
+outs = {f"{kind}-{tokens}": matmul(x[:tokens, :strips.shape[1]], strips)
+        for kind, strips in kept_weights() for tokens in (1, 2, 17, 32, 33, 64, 100)}
+np.savez(sys.argv[1], **outs)
 print(cpu.PATH)
 """
 
 
+def kept_weights():
+    """(kind, strips) of every kept type, at ragged shapes."""
+    import gguf
+
+    from model.quant import blocks, pack
+    from model.quant.quantized import QuantizedTensor
+    from test_kblocks import PACKERS, packed
+    from test_q8 import q4_1
+
+    rng = np.random.default_rng(0)
+    yield "q8_0", pack.quantize(rng.standard_normal((1030, 576), dtype=np.float32))
+    yield "q4_1", pack.exact_q4_1(q4_1(rng, 7, 64))
+    w = rng.standard_normal((33, 96), dtype=np.float32)
+    q4_0 = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    yield "q4_0", blocks.from_gguf(QuantizedTensor("q4_0", q4_0.view(np.uint8), w.shape))
+    for qtype in PACKERS:
+        yield qtype.name.lower(), packed(qtype, 17, 768)
+
+
+@x86
 @pytest.mark.slow
-@pytest.mark.parametrize("path", cpu.PATHS)
-def test_the_packed_matmul_is_the_dequantized_one_on_every_path(path):
-    """The packed matmul (the portable path's slabs above 32 rows) against dequantize-then-matmul
-    at ragged shapes, 1 to 100 rows, with the path forced (Q4_1 too where the path keeps it)."""
-    if cpu.PATHS.index(path) > cpu.PATHS.index(cpu.PATH):
-        pytest.skip(f"this CPU does not run the {path} path")
-    done = run(["-c", PARITY], None, SPOOL_CPU_PATH=path)
-    assert done.returncode == 0, done.stderr
+@pytest.mark.parametrize("path", list(TARGETS))
+def test_every_kept_type_multiplies_the_same_bits_on_every_path(tmp_path, caches, path):
+    """Against gguf-py's dequantize times the activations, and bit for bit what this process
+    computes (the integer sums are exact and the float work the same order on every target)."""
+    if not host_can_run(path):
+        pytest.skip(f"this CPU cannot run the {path} path's code")
+    done = run(["-c", PARITY, str(tmp_path / "out.npz")], caches[path], timeout=900, **TARGETS[path])
+    assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [path]
+    there = np.load(tmp_path / "out.npz")
+    from model.quant.matmul import matmul
+
+    x = np.random.default_rng(5).standard_normal((100, 768), dtype=np.float32)
+    for kind, strips in kept_weights():
+        weights = strips.dequantize()
+        for tokens in (1, 2, 17, 32, 33, 64, 100):
+            rows = x[:tokens, :strips.shape[1]]
+            got, want = there[f"{kind}-{tokens}"], rows @ weights.T
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=kind)
+            np.testing.assert_array_equal(got, matmul(rows, strips), err_msg=kind)
 
 
-@pytest.fixture(scope="module")
-def generic_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("numba-generic")
-
-
+@x86
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["auto", "q8_0"])
-def test_a_cpu_without_avx_or_f16c_generates(generic_cache, dtype):
-    """numba's generic target (SSE2 only, no F16C) compiles every kernel it uses and generates:
-    float32 by default there, and q8_0 weights with float32 K/V when asked."""
-    args = ["-m", "app", "generate", "--max-tokens", "4", "--dtype", dtype, "Say hi"]
-    done = run(args, generic_cache, timeout=400, NUMBA_CPU_NAME="generic")
+@pytest.mark.parametrize("path, dtype", [("avx2", "auto"), ("portable", "auto"), ("portable", "q8_0")])
+def test_the_default_model_generates_on_every_path(caches, path, dtype):
+    """numba's haswell target (AVX2, no AVX-512) and its generic one (SSE2 only, no F16C) compile
+    every kernel they use and generate: q8_0 by default on AVX2, float32 by default on generic,
+    and q8_0 weights with float32 K/V there when asked."""
+    args = ["-c", "import logging, runpy, sys; logging.basicConfig(level='INFO'); sys.argv = sys.argv[1:];"
+            " runpy.run_module('app', run_name='__main__')",
+            "app", "generate", "--max-tokens", "4", "--dtype", dtype, "Say hi"]
+    done = run(args, caches[path], timeout=600, **TARGETS[path])
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip()
+    assert f"CPU path {path}:" in done.stderr

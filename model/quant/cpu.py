@@ -1,25 +1,23 @@
-"""Which CPU path the packed-weight kernels take (avx512 or portable), and whether float16
-K/V can be converted in hardware (F16C): decided once at import, every kernel module asks here.
+"""What numba's target gives the packed-weight kernels: the widest integer vectors (avx512,
+avx2 or portable) and whether float16 K/V can be converted in hardware (F16C): decided once at
+import, every kernel module asks here.
 
 The target is what numba compiles for, not the host: numba.config.CPU_NAME and CPU_FEATURES
 (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES; the host's name and features where unset, and no extra
 features for `generic`, numba's setting for caches shared across machines). A feature the
 features string names is as it says; the others are what LLVM gives the CPU name, read from the
-assembly LLVM writes for two tiny probes, so that a kernel is compiled only where the target
-lowers it and the process never aborts on a CPU Spool does not know.
+assembly LLVM writes for tiny probes, so that nothing is compiled that the target cannot lower
+and the process never aborts on a CPU Spool does not know.
 
-- avx512: the vpmaddwd GEMV (AVX-512BW, model/quant/gemv.py) for every row count, so that a
-  row's output does not depend on its batch; Q4_1 weights kept as they are.
-- portable: the GEMV's walk in float32 up to GEMV_ROWS rows, OpenBLAS over widened slabs above
-  (model/quant/matmul.py), for any CPU; the default --dtype there is float32, which is faster
-  than them. An integer path for AVX2 CPUs is later work.
-
-SPOOL_CPU_PATH (avx512, portable) forces a path no higher than the target allows; asking for more
-logs one warning and takes the highest allowed.
+The kernels are the same on every path (model/quant/gemv.py is plain vector IR that LLVM lowers
+at the target's width) and so are their bits; the path decides only the default --dtype: q8_0
+where the target has 256-bit integer vectors or wider (avx2, avx512), float32 through OpenBLAS
+elsewhere (portable: SSE2, or a CPU not measured here), where the integer GEMV is slower. To run
+another CPU's code here, set numba's own variables, e.g. NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=
+for AVX2, NUMBA_CPU_NAME=generic for SSE2 (tests/test_cpu_paths.py does so).
 """
 
 import logging
-import os
 
 import llvmlite.binding as llvm
 from numba.core import config
@@ -27,7 +25,7 @@ from numba.core.codegen import get_host_cpu_features
 
 log = logging.getLogger("spool.model")
 
-PATHS = ("portable", "avx512")
+PATHS = ("portable", "avx2", "avx512")
 
 CPU_NAME = config.CPU_NAME or llvm.get_host_cpu_name()
 CPU_FEATURES = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
@@ -37,9 +35,11 @@ _FLAGS = {flag[1:]: flag[0] == "+" for flag in CPU_FEATURES.split(",") if flag[:
 # (__truncsfhf2, __extendhfsf2) that numba cannot link.
 _F16C_PROBE = "define float @probe(float %x) {\n  %h = fptrunc float %x to half\n  %y = fpext half %h to float\n" \
               "  ret float %y\n}\n"
-# 32 x i16 is one zmm register only with AVX-512BW (the width vpmaddwd's intrinsic needs).
-_AVX512BW_PROBE = "define <32 x i16> @probe(<32 x i16> %a, <32 x i16> %b) #0 {\n  %c = mul <32 x i16> %a, %b\n" \
-                  "  ret <32 x i16> %c\n}\nattributes #0 = { \"min-legal-vector-width\"=\"512\" }\n"
+# 32 x i16 is one zmm register only with AVX-512BW, 16 x i16 one ymm register only with AVX2.
+_VECTOR_PROBE = "define <{n} x i16> @probe(<{n} x i16> %a, <{n} x i16> %b) #0 {{\n  %c = mul <{n} x i16> %a, %b\n" \
+                "  ret <{n} x i16> %c\n}}\nattributes #0 = {{ \"min-legal-vector-width\"=\"{bits}\" }}\n"
+_PROBES = {"avx512bw": ("zmm", _VECTOR_PROBE.format(n=32, bits=512)),
+           "avx2": ("ymm", _VECTOR_PROBE.format(n=16, bits=256))}
 
 
 def _assembly(probe: str) -> str:
@@ -54,34 +54,28 @@ def _assembly(probe: str) -> str:
     return machine.emit_assembly(module)
 
 
-def _target_has(feature: str, probe: str) -> bool:
-    """Whether numba's target has feature: as the features string says, else as LLVM lowers probe."""
+def _target_has(feature: str) -> bool:
+    """Whether numba's target has feature: as the features string says, else as LLVM lowers its probe."""
     if feature in _FLAGS:
         return _FLAGS[feature]
-    assembly = _assembly(probe)
-    return "zmm" in assembly if feature == "avx512bw" else not ("sfhf2" in assembly or "hfsf2" in assembly)
+    if feature == "f16c":
+        assembly = _assembly(_F16C_PROBE)
+        return not ("sfhf2" in assembly or "hfsf2" in assembly)
+    register, probe = _PROBES[feature]
+    return register in _assembly(probe)
 
 
 def _choose() -> tuple[str, str]:
-    """The path and why, from the target and SPOOL_CPU_PATH."""
-    allowed = "avx512" if _target_has("avx512bw", _AVX512BW_PROBE) else "portable"
-    why = (f"numba's target {CPU_NAME}" + (" with NUMBA_CPU_FEATURES" if config.CPU_FEATURES else "")
-           + {"avx512": " has AVX-512BW", "portable": " has no AVX-512BW"}[allowed])
-    asked = os.environ.get("SPOOL_CPU_PATH", "").strip().lower()
-    if not asked:
-        return allowed, why
-    if asked not in PATHS:
-        log.warning(f"SPOOL_CPU_PATH={asked} is not one of {', '.join(PATHS)}; ignored")
-        return allowed, why
-    if PATHS.index(asked) > PATHS.index(allowed):
-        log.warning(f"SPOOL_CPU_PATH={asked} asks for more than this CPU has ({why}); using {allowed}")
-        return allowed, why
-    return asked, f"SPOOL_CPU_PATH={asked}" + ("" if asked == allowed else f" (the target allows {allowed})")
+    """The path and why."""
+    named = " with NUMBA_CPU_FEATURES" if config.CPU_FEATURES else ""
+    for path, feature, name in (("avx512", "avx512bw", "AVX-512BW"), ("avx2", "avx2", "AVX2")):
+        if _target_has(feature):
+            return path, f"numba's target {CPU_NAME}{named} has {name}"
+    return "portable", f"numba's target {CPU_NAME}{named} has neither AVX-512BW nor AVX2"
 
 
 PATH, WHY = _choose()
-F16C = _target_has("f16c", _F16C_PROBE)
-# int16 activations lose nothing measurable; int8 ones, as llama.cpp's Q8_0 dot uses, cut the
-# top-1 agreement with float32 on the default model from 98.25% to 96.35%.
-PMADDWD = PATH == "avx512"
-log.info(f"CPU path {PATH}: {WHY}; float16 K/V {'through F16C' if F16C else 'unavailable (no F16C): float32 K/V'}")
+F16C = _target_has("f16c")
+QUANTIZED_DEFAULT = PATH != "portable"  # the default --dtype on the CPU is q8_0, else float32
+log.info(f"CPU path {PATH}: {WHY}; default --dtype {'q8_0' if QUANTIZED_DEFAULT else 'float32'}; float16 K/V"
+         f" {'through F16C' if F16C else 'unavailable (no F16C): float32 K/V'}")

@@ -1,12 +1,17 @@
-"""x @ w.T for few activation rows (decode), a strip at a time: the activations scaled to int16
-through vpmaddwd (AVX-512BW), or the same walk in float32 on any other CPU.
+"""x @ w.T for packed weights, a strip at a time, in integers: the activations scaled to int16
+per block of 32, each weight widened to int16, products summed in pairs into exact int32 sums.
+The same kernel serves every row count and every CPU, so a row's output has the same bits
+alone, in any batch, and on any machine.
 
 A decode step at batch 1 reads every weight once, so it is bound by memory bandwidth: a quarter
 of the bytes makes it faster. Per block, 16 lines of 32 weights (widened to int16) times a
 broadcast pair of int16 activations give the 16 rows' int32 sums in 16 lanes, scaled into 16
-float lanes by the weight and activation scales. Each scheme's kernels are generated from its
-constants (strips.py: nibbles, bit planes, ZERO, SCALES, MINIMA, SUB_SCALES, SIGNED), compiled
-under its kind.
+float lanes by the weight and activation scales. The pair sums are plain LLVM vector IR (widen,
+multiply, add even and odd lanes), which LLVM's x86 back end turns into pmaddwd at the width
+the target has (zmm with AVX-512BW, ymm with AVX2, xmm with SSE2) and other back ends into
+their own multiply-adds: no intrinsic, so nothing that a target cannot lower. Each scheme's
+kernels are generated from its constants (strips.py: nibbles, bit planes, ZERO, SCALES,
+MINIMA, SUB_SCALES, SIGNED), compiled under its kind.
 """
 
 import numpy as np
@@ -16,9 +21,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
-from model.quant.cpu import PMADDWD
-from model.quant.strips import (BLOCK, NIBBLE_BYTES, PLANE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Q4_1Strips, Q8_0Strips,
-                                 Strips)
+from model.quant.strips import BLOCK, NIBBLE_BYTES, PLANE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Q4_1Strips, Q8_0Strips, Strips
 
 
 def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
@@ -49,11 +52,20 @@ def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
     return out
 
 
+def _pair_sums(builder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """a[2i] b[2i] + a[2i + 1] b[2i + 1] in int32 for 32 x int16 a and b: pmaddwd's
+    arithmetic, exact for Spool's operands (weights within 8 bits, so no sum overflows)."""
+    ints32 = ir.VectorType(ir.IntType(32), 32)
+    products = builder.mul(builder.sext(a, ints32), builder.sext(b, ints32))
+    even, odd = (ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(first, 32, 2))) for first in (0, 1))
+    return builder.add(builder.shuffle_vector(products, products, even), builder.shuffle_vector(products, products, odd))
+
+
 @intrinsic(prefer_literal=True)
 def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
     """out[t, 16s:16s+16] = strip s times activation row t, for the scheme named kind (a
     literal): per block, 16 lines of 32 weights (widened to int16, _line_weights) times a
-    broadcast pair of int16 activations through vpmaddwd, summed in int32 per scale's lines,
+    broadcast pair of int16 activations (_pair_sums), summed in int32 per scale's lines,
     each sum scaled by the weight and activation scales into 16 float lanes, in line order;
     with MINIMA, each row's minimum times the block's activation sum (xsum) added last."""
     if not isinstance(kind, types.StringLiteral):
@@ -70,8 +82,6 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
         width = builder.extract_value(out_arr.shape, 1)
         shorts32 = ir.VectorType(i16, 32)
         ints16, floats16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16)
-        pmaddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ints16, [shorts32, shorts32]),
-                                                 "llvm.x86.avx512.pmaddw.d.512")
         q_strip = builder.gep(q_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, block_bytes)))])
         x_row = builder.gep(xq_arr.data, [builder.mul(t, builder.mul(blocks, ir.Constant(i64, 32)))])
         factor_rows = builder.extract_value(qs_arr.shape, 1)  # blocks, or super-blocks with SUB_SCALES
@@ -105,7 +115,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
                 ints = ir.Constant(ints16, None)
                 for r in range(group * STRIP // scales, (group + 1) * STRIP // scales):
                     pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
-                    ints = builder.add(ints, builder.call(pmaddwd, [line_weights[r], builder.bitcast(pair, shorts32)]))
+                    ints = builder.add(ints, _pair_sums(builder, line_weights[r], builder.bitcast(pair, shorts32)))
                 scale = block_factors(lines, factors, STRIP * group)
                 part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(scale, x_scale))
                 block = part if block is None else builder.fadd(block, part)
@@ -152,26 +162,25 @@ def compiled(kernel, signature: str, weights: type[Strips]):
                 nogil=True)(kernel)
 
 
-def _pmaddwd_gemv_kernel(weights: type[Strips]):
+def _gemv_kernel(weights: type[Strips]):
     """The GEMV for one scheme (its kind a literal). No fastmath: numba sets its flags on every
     instruction of the module, the intrinsic's too, and reassociation there makes a block's float
     order the compiler's (Q4_K's factors computed in the kernel would then differ from the same
     factors stored)."""
     kind = weights.kind
 
-    def pmaddwd_gemv(xq, xs, xsum, q, qs, out):
+    def strip_gemv(xq, xs, xsum, q, qs, out):
         for s in prange(q.shape[0]):
             for t in range(xq.shape[0]):
                 _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind)
-    return compiled(pmaddwd_gemv, "void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1],"
+    return compiled(strip_gemv, "void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1],"
                     " float32[:, :, ::1], float32[:, ::1])", weights)
 
 
-# compiled only where the instruction exists
-_PMADDWD_GEMV = {weights: _pmaddwd_gemv_kernel(weights) for weights in SCHEMES.values()} if PMADDWD else {}
+_GEMV = {weights: _gemv_kernel(weights) for weights in SCHEMES.values()}
 
 
-def pmaddwd_gemv(x: np.ndarray, w: Strips) -> np.ndarray:
+def gemv(x: np.ndarray, w: Strips) -> np.ndarray:
     """x @ w.T over every strip (rows past w's last included), for C-ordered float32 x."""
     tokens, in_dim = x.shape
     out = np.empty((tokens, w.q.shape[0] * STRIP), dtype=np.float32)
@@ -179,74 +188,5 @@ def pmaddwd_gemv(x: np.ndarray, w: Strips) -> np.ndarray:
     xs = np.empty((tokens, in_dim // BLOCK), dtype=np.float32)
     xsum = np.empty((tokens, in_dim // BLOCK), dtype=np.float32)
     _scale_to_int16(x, xq, xs, xsum)
-    _PMADDWD_GEMV[type(w)](xq, xs, xsum, w.q, w.factors, out)
+    _GEMV[type(w)](xq, xs, xsum, w.q, w.factors, out)
     return out
-
-
-def float_gemv(x: np.ndarray, w: Strips) -> np.ndarray:
-    """The same in float32, for machines without AVX-512."""
-    out = np.empty((x.shape[0], w.q.shape[0] * STRIP), dtype=np.float32)
-    _FLOAT_GEMV[type(w)](x, w.q, w.factors, out)
-    return out
-
-
-@njit(cache=True, nogil=True, inline="always")
-def line_value(q, s, b, line, byte, nibbles, high_bits, zero):
-    """Byte `byte` of line `line` of strip s, block b, as the scheme's value less zero (the
-    scheme's constants literals, so that the branches fold)."""
-    if not nibbles:
-        return np.int64(q[s, b, 32 * line + byte])
-    value = ((np.int64(q[s, b, 32 * (line // 2) + byte]) & 255) >> (4 * (line % 2))) & 15
-    for k in range(high_bits):
-        bits = np.int64(q[s, b, NIBBLE_BYTES + k * PLANE_BYTES + 4 * line + byte // 8])
-        value |= ((bits >> (byte % 8)) & 1) << (4 + k)
-    return value - zero
-
-
-@njit(cache=True, nogil=True, inline="always")
-def block_factor(q, factors, s, b, k, sub_scales, signed, ints_at):
-    """Factor k of strip s, block b: as stored, or with sub_scales (a literal) the float32 of
-    its super-block times the byte at ints_at + k of the block (int8 if signed, else uint8)."""
-    if not sub_scales:
-        return factors[s, b, k]
-    integer = np.int64(q[s, b, ints_at + k])
-    return factors[s, b // SUPER_BLOCKS, k] * np.float32(integer if signed else integer & 255)
-
-
-def _float_gemv_kernel(weights: type[Strips]):
-    """out = x @ weight.T in float32 for one scheme, a strip at a time: per block, each scale's
-    lines summed, then scaled; with MINIMA, each row's minimum times the block's activation sum.
-    No fastmath, so that this order is the one computed."""
-    nibbles, high_bits, zero, scales, minima = (weights.NIBBLES, weights.HIGH_BITS, weights.ZERO, weights.SCALES,
-                                                weights.MINIMA)
-    sub_scales, signed, ints_at = weights.SUB_SCALES, weights.SIGNED, weights.BLOCK_BYTES - weights.FACTORS
-
-    def float_gemv(x, q, factors, out):
-        tokens = x.shape[0]
-        strips, blocks = q.shape[0], q.shape[1]
-        for s in prange(strips):
-            for t in range(tokens):
-                acc = np.zeros(16, dtype=np.float32)
-                part = np.empty((scales, 16), dtype=np.float32)
-                for b in range(blocks):
-                    part[:] = 0
-                    x_sum = np.float32(0)
-                    for r in range(16):
-                        g = r * scales // 16
-                        x0, x1 = x[t, b * 32 + 2 * r], x[t, b * 32 + 2 * r + 1]
-                        x_sum += x0 + x1
-                        for n in range(16):
-                            part[g, n] += (np.float32(line_value(q, s, b, r, 2 * n, nibbles, high_bits, zero)) * x0
-                                           + np.float32(line_value(q, s, b, r, 2 * n + 1, nibbles, high_bits, zero)) * x1)
-                    for g in range(scales):
-                        for n in range(16):
-                            acc[n] += part[g, n] * block_factor(q, factors, s, b, 16 * g + n, sub_scales, signed, ints_at)
-                    if minima:
-                        for n in range(16):
-                            acc[n] += block_factor(q, factors, s, b, 16 * scales + n, sub_scales, signed, ints_at) * x_sum
-                for n in range(16):
-                    out[t, s * 16 + n] = acc[n]
-    return compiled(float_gemv, "void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1], float32[:, ::1])", weights)
-
-
-_FLOAT_GEMV = {weights: _float_gemv_kernel(weights) for weights in SCHEMES.values()}
