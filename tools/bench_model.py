@@ -4,7 +4,10 @@ batch 1, 8, 32 and 64 (no scheduler, no HTTP).
     python tools/bench_model.py [--model DIR|FILE.gguf] [--backend cpu|numpy] [--dtype float32|q8_0] [--context 256] [--steps 16]
 
 Each decode row has its own prompt of --context tokens already in the cache, so attention reads
-real K/V. Times are the median over repeats after one warm-up step.
+real K/V. Times are the median over repeats after one warm-up step. The header gives the bytes a
+decode token reads (every weight but the embedding table, which only the tied LM head reads
+whole) and this machine's memory-copy bandwidth (NumPy copying 512 MiB, read plus write), so
+batch 1 can be read as a share of the speed the bandwidth allows.
 """
 
 import argparse
@@ -37,6 +40,23 @@ def blas_info() -> str:
                          for p in pools)
     except ImportError:
         return f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}"
+
+
+def copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Bytes per second np.copyto moves (each byte read once and written once), the best of repeats."""
+    src, dst = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
+
+
+def bytes_per_token(model) -> int:
+    """What one decode token reads of the weights: all of them, less an untied embedding table."""
+    w = model.w
+    return model.weight_bytes - (w.embed.nbytes if w.lm_head is not w.embed else 0)
 
 
 def bench_prefill(runner, ids, repeats):
@@ -94,13 +114,17 @@ def main() -> None:
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, {blas_info()}")
     print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), context {args.context} per decode row")
+    reads, bandwidth = bytes_per_token(runner.model), copy_bandwidth()
+    print(f"# a decode token reads {reads / 2**20:.0f} MiB of weights; memory copy {bandwidth / 1e9:.1f} GB/s,"
+          f" so batch 1 at most {bandwidth / reads:.1f} tok/s")
     print("| measurement | tok/s | ms/step |")
     print("| --- | ---: | ---: |")
     rate = bench_prefill(runner, ids[:args.prompt_tokens], repeats=3)
     print(f"| prefill {args.prompt_tokens} tokens | {rate:.0f} | {1000 * args.prompt_tokens / rate:.0f} |")
     for batch in batches:
         rate, step = bench_decode(runner, ids, batch, args.context, args.steps)
-        print(f"| decode batch {batch} | {rate:.1f} | {1000 * step:.1f} |")
+        share = f" ({rate * reads / bandwidth:.0%} of the copy bandwidth)" if batch == 1 else ""
+        print(f"| decode batch {batch}{share} | {rate:.1f} | {1000 * step:.1f} |")
 
 
 if __name__ == "__main__":
