@@ -78,8 +78,10 @@ MEASURE = """
 import json, sys
 import numpy as np
 from model.backend import resolve
-backend = resolve("cpu", "q8_0")
-backend.ops.weight(np.ones((64, 64), np.float32))  # the packing kernels loaded before the baseline
+from model.config import ModelConfig
+backend = resolve("cpu", sys.argv[2])
+backend.prepare(ModelConfig.load(sys.argv[1])).weight(np.ones((64, 256), np.float32))  # the packing kernels
+# loaded before the baseline
 status = lambda key: int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
 open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
 before = status("VmRSS")
