@@ -32,8 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="auto picks cuda when CuPy is installed and sees a GPU, else cpu (numba kernels);"
                           " numpy is the plain NumPy reference (default: auto)")
     gen.add_argument("--dtype", choices=DTYPES, default="auto",
-                     help="cuda: bfloat16 (auto), float16 or float32; cpu: q8_0 (auto with AVX-512) or float32"
-                          " (auto without) (default: auto)")
+                     help="cuda: bfloat16 (auto), float16 or float32; cpu: q8_0 (auto with AVX-512), q4_k (a"
+                          " Hugging Face checkpoint quantized to Q4_K while loading; a GGUF's quantized tensors keep"
+                          " their types, as with q8_0) or float32 (auto without) (default: auto)")
     return parser.parse_args(argv)
 
 

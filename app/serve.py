@@ -46,9 +46,11 @@ def add_arguments(parser) -> None:
            " numpy is the plain NumPy reference (default: auto)")
     a("--dtype", choices=DTYPES, default="auto",
       help="weights, activations and KV cache: cuda takes bfloat16, float16 or float32 (auto: bfloat16);"
-           " cpu takes q8_0 weights (auto with AVX-512; 8-bit blocks, a GGUF's Q4_1 tensors kept as they are:"
-           " a quarter of the memory or less, and faster; K/V in float16)"
-           " or float32 ones (the exact path; auto without AVX-512) (default: auto)")
+           " cpu takes q8_0 weights (auto with AVX-512; 8-bit blocks: a quarter of the memory or less, and faster;"
+           " K/V in float16), q4_k (a Hugging Face checkpoint's weights quantized to Q4_K while loading, 4.75 bits"
+           " a weight; those whose rows are not a multiple of 256 as q8_0), or float32 ones (the exact path; auto"
+           " without AVX-512); a GGUF's quantized tensors keep their own types whatever the dtype, so q4_k serves"
+           " one as q8_0 does (default: auto)")
     a("--max-seqs", type=int, default=64, help="most requests running at once (default: 64)")
     a("--max-model-len", type=int, default=None, help="context length, prompt plus output (default: the model's)")
     a("--kv-cache-gib", type=float, default=None,

@@ -4,9 +4,10 @@ model/llama.py.
 cpu: numba kernels (NumbaOps, model/ops/numba_ops.py), with Q8_0 8-bit weights (model/quant/; a
 quarter of the memory, and one integer GEMV for every batch size on every CPU, so that a row's
 logits do not depend on its batch; a GGUF's tensors packed from their own blocks
-(model/quant/blocks.py), every kept type exact) unless --dtype float32 asks for float32 ones, multiplied by
-OpenBLAS; by default q8_0 where the CPU path (model/quant/cpu.py) is avx2 or avx512, else
-float32. numpy: NumPy alone in float32, the
+(model/quant/blocks.py), every kept type exact), or Q4_K ones for the float weights of rows of
+256 and up (--dtype q4_k: 4.75 bits a weight; a GGUF's quantized tensors keep their own types),
+unless --dtype float32 asks for float32 ones, multiplied by OpenBLAS; by default q8_0 where the
+CPU path (model/quant/cpu.py) is avx2 or avx512, else float32. numpy: NumPy alone in float32, the
 reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when
 the checkpoint says it was trained in float16, else bfloat16, unless --dtype says otherwise.
 auto: cuda when CuPy is installed and sees a device, else cpu. Every refusal is a ValueError of one
@@ -24,11 +25,13 @@ from model.llama import Llama
 from model.ops.numpy_ops import NumpyOps
 from model.ops.protocol import Ops
 from model.runner import load_model
+from model.weights import open_tensors
 
 log = logging.getLogger("spool.model")
 
 BACKENDS = ("auto", "cpu", "numpy", "cuda")
-DTYPES = ("auto", "bfloat16", "float16", "float32", "q8_0")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "q8_0", "q4_k")
+CPU_DTYPES = ("q8_0", "q4_k")  # packed weights: the CPU backend's alone
 # What the attention kernels hold in registers (cuda/decode_attention.cu, prefill_attention.cu).
 CUDA_MAX_HEAD_DIM = 128
 CUDA_MAX_GROUP = 8
@@ -38,12 +41,15 @@ CUDA_MAX_GROUP = 8
 class Backend:
     name: str  # cpu or cuda
     dtype: str  # of weights, activations and K/V; auto until a model is loaded
-    ops: Ops | None = None  # set once the dtype is known
+    ops: Ops | None = None  # set by prepare: once the dtype is known, and the model checked
 
     def load(self, model_dir: Path, max_model_len: int | None = None, progress: bool | None = None) -> Llama:
         """The model's weights on this backend, after check_model; progress: a bar on stderr
-        (None: only when stderr is a terminal)."""
-        self.prepare(ModelConfig.load(Path(model_dir)))
+        (None: only when stderr is a terminal). A model refused by its config.json or its tensor
+        headers is refused before the CPU kernels compile (tens of seconds on a cold cache)."""
+        config = ModelConfig.load(Path(model_dir))
+        open_tensors(Path(model_dir))  # reads the headers only: FP8 or packed-integer tensors refused by name
+        self.prepare(config)
         try:
             return load_model(model_dir, self.ops, max_model_len, progress)
         except MemoryError as e:  # CuPy's OutOfMemoryError is one
@@ -53,6 +59,8 @@ class Backend:
     def prepare(self, config: ModelConfig) -> Ops:
         """check_model, then the ops for the config's dtype (CUDA decides it only now); returns them."""
         check_model(self, config)
+        if self.ops is None and self.name == "cpu":
+            self.ops = cpu_kernels()(self.dtype)
         if self.ops is None:
             from model.ops import cupy_ops
 
@@ -78,10 +86,12 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
             raise ValueError(f"the numpy backend computes in float32; --dtype {dtype} needs --backend cpu or cuda")
         return Backend(backend, "float32", NumpyOps())
     if backend == "cpu":
-        if dtype not in ("auto", "float32", "q8_0"):
-            raise ValueError(f"the CPU backend keeps weights in float32 or q8_0; --dtype {dtype} needs --backend cuda")
-        q8_weights = dtype == "q8_0" or dtype == "auto" and quantized_is_faster()
-        return Backend("cpu", "q8_0" if q8_weights else "float32", cpu_kernels()(q8_weights))
+        if dtype not in ("auto", "float32", *CPU_DTYPES):
+            raise ValueError(f"the CPU backend keeps weights in float32, q8_0 or q4_k; --dtype {dtype} needs"
+                             " --backend cuda")
+        if dtype == "auto":
+            dtype = "q8_0" if quantized_is_faster() else "float32"
+        return Backend("cpu", dtype)  # its kernels compile in prepare, once the model is checked
     try:
         from model.ops import cupy_ops
     except ImportError:
@@ -89,8 +99,8 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
                          " or use --backend cpu") from None
     if not cupy_ops.available():
         raise ValueError("--backend cuda: CuPy sees no CUDA device (or no driver); use --backend cpu")
-    if dtype == "q8_0":
-        raise ValueError("--dtype q8_0 is for --backend cpu; the CUDA kernels take bfloat16, float16 or float32")
+    if dtype in CPU_DTYPES:
+        raise ValueError(f"--dtype {dtype} is for --backend cpu; the CUDA kernels take bfloat16, float16 or float32")
     return Backend("cuda", dtype)
 
 

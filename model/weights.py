@@ -7,7 +7,9 @@ bfloat16, which most Hugging Face checkpoints use, and a truncated or corrupt fi
 one clear line rather than a deep library traceback. No float32 copy of the whole model ever
 exists: a tensor is converted only when taken, into the array that goes to the ops, and its
 mapped pages are handed back to the page cache once read. A GGUF's quantized tensors go to the
-ops as their blocks (model/quant/quantized.py), never as float32 unless the ops want that.
+ops as their blocks (model/quant/quantized.py), never as float32 unless the ops want that; a
+safetensors embedding and LM head go unread (FloatRows), for packing ops to read a slab of rows
+at a time.
 """
 
 import json
@@ -21,7 +23,7 @@ import numpy as np
 
 from model.config import ModelConfig
 from model.errors import ModelError
-from model.quant.quantized import float32, fuse
+from model.quant.quantized import FloatRows, float32, fuse
 
 GGUF_NAME = "model.gguf"  # in a model directory: the GGUF its weights are read from, in place
 
@@ -114,16 +116,19 @@ class ModelTensors:
             m.close()
         self.maps.clear()
 
-    def read_into(self, name: str, out: np.ndarray) -> None:
-        """Tensor `name`, converted to out's dtype (float32 from BF16 with no temporary), then its
-        mapped pages dropped from this process (the page cache keeps them)."""
+    def read_into(self, name: str, out: np.ndarray, first: int = 0) -> None:
+        """Tensor `name` (its rows first .. first + len(out), where out holds fewer), converted to
+        out's dtype (float32 from BF16 with no temporary), then those mapped pages dropped from
+        this process (the page cache keeps them)."""
         e = self.entries[name]
         m = self.maps.get(e.path)
         if m is None:
             with open(e.path, "rb") as f:
                 m = self.maps[e.path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         dtype = np.dtype(_DTYPES[e.dtype])
-        raw = np.frombuffer(m, dtype=dtype, count=(e.end - e.begin) // dtype.itemsize, offset=e.begin).reshape(e.shape)
+        begin = e.begin + first * int(np.prod(e.shape[1:], dtype=np.int64)) * dtype.itemsize
+        end = begin + out.size * dtype.itemsize
+        raw = np.frombuffer(m, dtype=dtype, count=out.size, offset=begin).reshape(out.shape)
         if e.dtype == "BF16":
             bits = out.view(np.uint32)
             bits[...] = raw
@@ -132,8 +137,12 @@ class ModelTensors:
             out[...] = raw
         del raw  # the buffer export, so that the map can close
         if hasattr(m, "madvise"):
-            start = e.begin - e.begin % mmap.PAGESIZE
-            m.madvise(mmap.MADV_DONTNEED, start, e.end - start)
+            start = begin - begin % mmap.PAGESIZE
+            m.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def rows(self, name: str) -> FloatRows:
+        """Tensor `name` unread, for ops.weight to take a slab of rows at a time."""
+        return FloatRows(self.entries[name].shape, lambda first, out: self.read_into(name, out, first))
 
     def quantized(self, name: str) -> bool:
         """Never: safetensors hold float tensors only."""
@@ -193,9 +202,10 @@ def prepared(layer: LayerWeights, prepare: Callable) -> LayerWeights:
     return replace(layer, **{k: prepare(v) for k, v in vars(layer).items() if v is not None})
 
 
-def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = np.asarray,
+def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = float32,
                  progress: bool | None = None) -> Weights:
-    """The model's weights through prepare (ops.weight), one layer's tensors at a time.
+    """The model's weights through prepare (ops.weight; float32 arrays by default), one layer's
+    tensors at a time.
     progress: a bar on stderr; None shows it only when stderr is a terminal."""
     from tqdm import tqdm
 
@@ -270,13 +280,19 @@ class _LayerReader:
             w_down=self.take(p + "mlp.down_proj.weight", (H, I)),
         )
 
+    def unread(self, name: str, shape: tuple):
+        """The tensor for prepare to read in slabs of rows (tensors.rows)."""
+        self.check(name, shape)
+        return self.tensors.rows(name)
+
     def outer(self, prepare: Callable) -> tuple:
-        """The embedding, final norm and LM head (the embedding itself when tied), prepared."""
+        """The embedding, final norm and LM head (the embedding itself when tied), prepared; the
+        two large ones handed over unread, so that ops that pack them never hold their float32."""
         c = self.config
         shape = (c.vocab_size, c.hidden_size)
-        embed = prepare(self.take("model.embed_tokens.weight", shape))
+        embed = prepare(self.unread("model.embed_tokens.weight", shape))
         if c.tie_word_embeddings or "lm_head.weight" not in self.tensors.entries:
             lm_head = embed
         else:
-            lm_head = prepare(self.take("lm_head.weight", shape))
+            lm_head = prepare(self.unread("lm_head.weight", shape))
         return embed, prepare(self.take("model.norm.weight", (c.hidden_size,))), lm_head

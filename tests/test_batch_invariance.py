@@ -1,5 +1,5 @@
 """A row's logits do not depend on what else is in its step (issue 26), on the default dtype
-(q8_0: NumbaOps(q8_weights=True)): a decode row's logits are the same bits alone, among 1 to 99
+(q8_0: NumbaOps("q8_0")): a decode row's logits are the same bits alone, among 1 to 99
 other decode rows of other contexts, and beside prefill chunks of any size; a prompt's logits are
 the same bits however it was chunked; and a seeded sampled request writes the same text alone and
 among 16 others. float32 (OpenBLAS GEMMs, whose bits change with the row count) agrees only to
@@ -30,8 +30,8 @@ def wide_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny-wide"), hidden=512, heads=8, kv_heads=2, intermediate=1024)
 
 
-def runner_for(path, q8: bool = True) -> ModelRunner:
-    return ModelRunner.from_dir(path, num_blocks=SPAN * (OTHERS + 8), block_size=BLOCK, ops=NumbaOps(q8_weights=q8))
+def runner_for(path, weights: str = "q8_0") -> ModelRunner:
+    return ModelRunner.from_dir(path, num_blocks=SPAN * (OTHERS + 8), block_size=BLOCK, ops=NumbaOps(weights))
 
 
 class Requests:
@@ -124,7 +124,7 @@ def test_a_seeded_rows_draw_is_the_same_alone_and_among_others():
     params = [SamplingParams(temperature=1.0, seed=r) if r % 2 else
               SamplingParams(temperature=0.9, top_k=40, seed=r, logprobs=3) for r in range(200)]
     history = [[1, 2, 3]] * 200
-    ops = NumbaOps(q8_weights=True)
+    ops = NumbaOps("q8_0")
     together = ops.sample(logits, SampleBatch(params, history, history, np.random.default_rng(0)))
     for r in (0, 1, 76, 77, 199):
         alone = ops.sample(logits[r:r + 1], SampleBatch(params[r:r + 1], history[:1], history[:1],
@@ -163,7 +163,7 @@ def test_float32_logits_agree_alone_and_in_a_batch_only_to_rounding(wide_dir):
     (FIELD-NOTES: a GEMV path at one row, kernel groups by row count with some core types), so a
     row's logits there agree alone and in a batch to float32 rounding, not bit for bit; making
     them exact would need GEMMs of fixed shapes."""
-    requests = Requests(runner_for(wide_dir, q8=False))
+    requests = Requests(runner_for(wide_dir, "float32"))
     alone = requests.logits_of([requests.decode(0)])
     for others in (1, 33):
         got = requests.logits_of([requests.decode(i) for i in range(1, others + 1)] + [requests.decode(0)])

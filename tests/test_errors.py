@@ -1,6 +1,7 @@
 """A broken model is one clear line that names the problem and the fix, never a traceback."""
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -162,6 +163,34 @@ def test_cli_refuses_a_quantized_checkpoint_in_one_line(model_copy):
     (model_copy / "config.json").write_text(json.dumps(cfg))
     line = cli_error("serve", "--model", str(model_copy), "--port", free_port())
     assert "holds AWQ weights" in line and "cannot load" in line
+
+
+# serve's CLI in a fresh process, numba's cache empty; prints whether the CPU kernels were imported
+REFUSED_SERVE = """
+import json, sys
+from app.__main__ import main
+code = main(["serve", "--model", sys.argv[1], "--backend", "cpu", "--port", sys.argv[2]])
+print(json.dumps({"code": code, "kernels": "model.ops.numba_ops" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("refusal", ["config", "tensors"])
+def test_serve_refuses_an_fp8_checkpoint_before_compiling_kernels(model_copy, tmp_path, refusal):
+    """On a cold cache the kernels take tens of seconds to compile: a refused model says so at once."""
+    if refusal == "config":
+        cfg = json.loads((model_copy / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "fp8"}
+        (model_copy / "config.json").write_text(json.dumps(cfg))
+    else:
+        tensors = {n: ("F32", t) for n, t in read_model_tensors(model_copy).items()}
+        name = "model.layers.0.mlp.down_proj.weight"
+        tensors[name] = ("F8_E4M3", np.zeros(tensors[name][1].shape, np.uint8))
+        write_safetensors(model_copy / "model.safetensors", tensors)
+    proc = subprocess.run([sys.executable, "-c", REFUSED_SERVE, str(model_copy), free_port()], capture_output=True,
+                          text=True, timeout=300, env=os.environ | {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    assert json.loads(proc.stdout) == {"code": 1, "kernels": False}, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "holds FP8 weights" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("change,shown", [({"head_dim": 256}, "256"), ({"num_kv_heads": 1}, "16")])

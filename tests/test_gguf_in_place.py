@@ -90,7 +90,7 @@ def test_parts_of_one_kind_stack_as_block_rows_and_others_stay_apart(no_unkept_p
     np.testing.assert_array_equal(packed.dequantize(), np.concatenate([dequantize(a), dequantize(b)]))
     mixed = fuse([a, b, c])
     assert isinstance(mixed, Fused) and mixed.shape == (72, 64)
-    ops = NumbaOps(q8_weights=True)
+    ops = NumbaOps("q8_0")
     w = ops.weight(mixed)
     x = rng.standard_normal((3, 64), dtype=np.float32)
     want = x @ np.concatenate([p.dequantize() for p in w.parts]).T
@@ -117,7 +117,7 @@ def test_the_loaded_blocks_are_the_files(served, no_unkept_packer):
     """Kept kinds equal gguf's dequantize exactly; the unkept kind is its values rounded to Q8_0."""
     src, out = served
     want = file_values(src)
-    w = load_weights(out, ModelConfig.load(out), NumbaOps(q8_weights=True).weight)
+    w = load_weights(out, ModelConfig.load(out), NumbaOps("q8_0").weight)
 
     def expect(names):
         values = np.concatenate([want[n] for n in names])
@@ -145,7 +145,7 @@ def test_the_loaded_blocks_are_the_files(served, no_unkept_packer):
 
 def test_one_line_names_the_types_converted(served, caplog, no_unkept_packer):
     with caplog.at_level(logging.INFO, logger="spool.model"):
-        load_model(served[1], NumbaOps(q8_weights=True))
+        load_model(served[1], NumbaOps("q8_0"))
     lines = [r.getMessage() for r in caplog.records if "converted to q8_0" in r.getMessage()]
     assert len(lines) == 1 and "q5_0" in lines[0], lines
     assert "q4_0" not in lines[0] and "q4_1" not in lines[0], lines
@@ -186,7 +186,7 @@ def test_the_model_computes_what_the_files_values_give(served, no_unkept_packer)
     np.testing.assert_allclose(f32.logits(plan)[0], want[-1], rtol=1e-4, atol=1e-4 * np.abs(want).max())
     tokens = greedy(f32, prompt, 12)
     f32 = ModelRunner.from_dir(out, num_blocks=8, ops=NumpyOps())
-    kept = ModelRunner.from_dir(out, num_blocks=8, ops=NumbaOps(q8_weights=True))
+    kept = ModelRunner.from_dir(out, num_blocks=8, ops=NumbaOps("q8_0"))
     decided = 0
     for ref, got in zip(teacher_forced(f32, prompt, tokens), teacher_forced(kept, prompt, tokens)):
         bound = 0.02 * np.ptp(ref)

@@ -109,5 +109,5 @@ def test_the_embedding_reads_rows_as_gguf_py_does():
 
     data = gguf_weight(T.Q6_K, 50, 256)
     ids = np.array([3, 3, 49, 0])
-    got = NumbaOps(q8_weights=True).embedding(kblocks.pack_q6_k(data, 256), ids)
+    got = NumbaOps("q8_0").embedding(kblocks.pack_q6_k(data, 256), ids)
     np.testing.assert_array_equal(got, gguf.quants.dequantize(data, T.Q6_K)[ids])

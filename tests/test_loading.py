@@ -70,6 +70,10 @@ SHAPE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_si
          "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
          "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
          "tie_word_embeddings": False, "torch_dtype": "float32"}
+# 4 layers, vocab 64000: 700 MB of float32, 200 MB once packed to Q8_0. The embedding and the LM
+# head are 262 MB of float32 each, more than a layer (45 MB) and the bound's slack together: made
+# float32 whole before packing, they grew the peak 437 MB past the weights and a layer (measured).
+WIDE_VOCAB = SHAPE | {"vocab_size": 64000, "num_hidden_layers": 4}
 
 # Loads the model in a fresh process; prints the resident growth at peak and what the weights hold.
 # The peak is VmHWM, reset to the present RSS just before loading: ru_maxrss would also count the
@@ -78,8 +82,10 @@ MEASURE = """
 import json, sys
 import numpy as np
 from model.backend import resolve
-backend = resolve("cpu", "q8_0")
-backend.ops.weight(np.ones((64, 64), np.float32))  # the packing kernels loaded before the baseline
+from model.config import ModelConfig
+backend = resolve("cpu", sys.argv[2])
+backend.prepare(ModelConfig.load(sys.argv[1])).weight(np.ones((64, 256), np.float32))  # the packing kernels
+# loaded before the baseline
 status = lambda key: int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
 open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
 before = status("VmRSS")
@@ -89,10 +95,11 @@ print(json.dumps({"grew": status("VmHWM") - before, "weights": model.weight_byte
 
 
 def make_checkpoint(d: Path) -> int:
-    """A random float32 checkpoint of SHAPE in d; returns the float32 bytes of its largest unit
-    that loads at once: a layer (its fused tensors together), or the embedding."""
+    """A random float32 checkpoint of WIDE_VOCAB in d; returns the float32 bytes of its largest unit
+    that loads at once: a layer (its fused tensors together). The embedding and the LM head never
+    load at once: they are packed a slab of rows at a time."""
     d.mkdir()
-    (d / "config.json").write_text(json.dumps(SHAPE))
+    (d / "config.json").write_text(json.dumps(WIDE_VOCAB))
     c = ModelConfig.load(d)
     H, I = c.hidden_size, c.intermediate_size
     rng = np.random.default_rng(0)
@@ -111,14 +118,15 @@ def make_checkpoint(d: Path) -> int:
         tensors |= {p + "input_layernorm.weight": ("F32", np.ones(H, np.float32)),
                     p + "post_attention_layernorm.weight": ("F32", np.ones(H, np.float32))}
     write_safetensors(d / "model.safetensors", tensors)
-    return 4 * max(sum(rows * cols for rows, cols in layer.values()), c.vocab_size * H)
+    return 4 * sum(rows * cols for rows, cols in layer.values())
 
 
 def test_peak_memory_is_the_packed_weights_plus_one_layer(tmp_path):
-    """Before loading went tensor by tensor, this grew by 984 MB (twice the float32 file)."""
+    """Before loading went tensor by tensor, this grew by twice the float32 file; before the
+    embedding and LM head went by slabs, by 437 MB more than the weights and a layer."""
     layer_bytes = make_checkpoint(tmp_path / "model")
     file_bytes = (tmp_path / "model" / "model.safetensors").stat().st_size
-    proc = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path / "model")],
+    proc = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path / "model"), "q8_0"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
@@ -170,7 +178,7 @@ def test_a_gguf_in_place_peaks_at_the_packed_weights_plus_one_layer(tmp_path):
     unit_bytes = make_gguf_checkpoint(tmp_path / "model")
     file_bytes = (tmp_path / "model" / "model.gguf").stat().st_size
     measure = MEASURE.replace("model = backend.load", "import model.gguf.tensors, gguf\nmodel = backend.load")
-    proc = subprocess.run([sys.executable, "-c", measure, str(tmp_path / "model")],
+    proc = subprocess.run([sys.executable, "-c", measure, str(tmp_path / "model"), "q8_0"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)

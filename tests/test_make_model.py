@@ -91,7 +91,7 @@ def test_the_q4_k_m_mix_is_served_in_place_by_the_cpu_backend(made, tmp_path):
     assert isinstance(read[1].wqkv, Fused) and [p.kind for p in read[1].wqkv.parts] == ["q4_k", "q4_k", "q6_k"]
     ids = Tokenizer(model_dir).encode(TEXT)[:12]
     plan = StepPlan([Row("a", ids, 0, [0], sample=True)])
-    kept = ModelRunner.from_dir(model_dir, num_blocks=4, ops=NumbaOps(q8_weights=True))
+    kept = ModelRunner.from_dir(model_dir, num_blocks=4, ops=NumbaOps("q8_0"))
     want = np.asarray(ModelRunner.from_dir(model_dir, num_blocks=4, ops=NumpyOps()).logits(plan)[0])
     got = np.asarray(kept.logits(plan)[0])
     assert np.abs(got - want).max() <= 0.02 * np.ptp(want)

@@ -23,9 +23,9 @@ def test_every_backend_has_every_member_of_the_ops_protocol():
     from cuda_harness import CpuLauncher
     from model.ops.cuda_ops import CudaOps
 
-    for ops in (NUMPY, NUMBA, NumbaOps(q8_weights=True), CudaOps(np, CpuLauncher())):
+    for ops in (NUMPY, NUMBA, NumbaOps("q8_0"), CudaOps(np, CpuLauncher())):
         assert isinstance(ops, Ops), type(ops)
-    assert NUMBA.storage_dtype == np.float32 and NumbaOps(q8_weights=True).storage_dtype == HALF
+    assert NUMBA.storage_dtype == np.float32 and NumbaOps("q8_0").storage_dtype == HALF
 
 
 @pytest.mark.parametrize("tokens, hidden", [(1, 8), (3, 576), (17, 100)])

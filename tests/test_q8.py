@@ -90,13 +90,15 @@ def test_the_embedding_reads_dequantized_rows(rng):
 
     table = pack.quantize(rng.standard_normal((50, 64), dtype=np.float32))
     ids = np.array([3, 3, 49, 0])
-    np.testing.assert_array_equal(NumbaOps(q8_weights=True).embedding(table, ids), table.dequantize()[ids])
+    np.testing.assert_array_equal(NumbaOps("q8_0").embedding(table, ids), table.dequantize()[ids])
 
 
 @pytest.fixture(scope="module")
 def smol():
+    from model.ops.numba_ops import NumbaOps
+
     path = default_model_dir()
-    runners = {dtype: ModelRunner.from_dir(path, num_blocks=160, ops=resolve("cpu", dtype).ops)
+    runners = {dtype: ModelRunner.from_dir(path, num_blocks=160, ops=NumbaOps(dtype))
                for dtype in ("float32", "q8_0")}
     return runners, Tokenizer(path)
 

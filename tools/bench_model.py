@@ -110,7 +110,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     need = max(batches) * -(-(args.context + args.steps + 1) // 16) + 64
     backend = resolve(args.backend, args.dtype)
-    runner = ModelRunner.from_dir(model_dir, num_blocks=need, ops=backend.ops, seed=0)
+    model = backend.load(model_dir)
+    runner = ModelRunner(model.config, model, num_blocks=need, seed=0)
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, {blas_info()}")
     print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), context {args.context} per decode row")

@@ -1,54 +1,74 @@
 #!/usr/bin/env bash
-# Spool and llama.cpp's llama-server on the same machine, one after the other in one sitting,
-# measured by tools/loadtest.py with the same streamed chat workload (about 106 prompt tokens,
-# 128 output tokens, ignore_eos, greedy) at concurrency 1, 16 and 64. Writes OUT/NAME-cC.json
-# and OUT/side-by-side-c64.png.
+# Spool and llama.cpp on the same GGUF files, one after the other in one sitting (run it alone):
+# llama-bench's prompt PROMPT / generation GEN against tools/bench_model.py, then streamed serving
+# measured by tools/loadtest.py (128 random prompt tokens, OUTPUT_LEN output tokens, ignore_eos,
+# greedy, closed loop) at each of CLIENTS concurrent clients, Spool against llama-server. For
+# Spool also its start-up (launch to a serving /health, numba's cache and the GGUF's derived files
+# warm) and its peak RSS over loading and serving (GNU time). Writes OUT/NAME-*.{md,json,log,time}.
 #
-#   tools/side_by_side.sh path/to/llama-server q4_1.gguf f32.gguf OUT
+#   tools/side_by_side.sh LLAMA_BIN OUT FILE.gguf [FILE.gguf ...]     # LLAMA_BIN: llama.cpp's build/bin
+#   CLIENTS="1 16" OUTPUT_LEN=32 PROMPT=128 GEN=32 BATCHES=1,16 tools/side_by_side.sh ...  # an 8B file
 #
-# llama-server runs with 2 threads and 64 slots; Spool with its defaults (q8_0 weights, numba
-# kernels) and with --dtype float32, and OpenBLAS free to pick its own kernels (FIELD-NOTES: the
-# environment pins Haswell for CI).
+# llama.cpp runs with -t 2 (this machine's cores) and 64 slots; Spool with its defaults (the
+# GGUF's types kept, numba kernels). SPOOL_ENV, e.g. "NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=",
+# is set for Spool's processes only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-server=$1 q4=$2 f32=$3 out=$4
+bin=$1 out=$2
+shift 2
 mkdir -p "$out"
 port=8311
+clients=${CLIENTS:-1 16 64}
+output_len=${OUTPUT_LEN:-128}
+prompt=${PROMPT:-512} gen=${GEN:-128} batches=${BATCHES:-1,16,64}
+spool_env=${SPOOL_ENV:-}
 
 wait_up() {
-    for _ in $(seq 600); do
+    for _ in $(seq 1200); do
         curl -sf "http://127.0.0.1:$port/health" > /dev/null && return 0
-        sleep 0.5
+        sleep 0.25
     done
     echo "the server did not come up" >&2
     return 1
 }
 
-measure() {  # NAME: three loads against whatever listens on $port
-    for c in 1 16 64; do
-        n=$(( c == 1 ? 8 : 2 * c ))
-        python tools/loadtest.py --base-url "http://127.0.0.1:$port" --endpoint chat --input-len 76 \
-            --output-len 128 --ignore-eos --max-concurrency "$c" --num-requests "$n" --seed 1 --quiet \
+measure() {  # NAME: one load per client count against whatever listens on $port
+    for c in $clients; do
+        n=$(( c == 1 ? 4 : 2 * c ))
+        echo "-- $1, $c clients, $n requests"
+        python tools/loadtest.py --base-url "http://127.0.0.1:$port" --endpoint completions --input-len 128 \
+            --output-len "$output_len" --ignore-eos --max-concurrency "$c" --num-requests "$n" --seed 1 --quiet \
             --json "$out/$1-c$c.json" | grep -E "Output token throughput|Median TTFT|Median TPOT"
     done
 }
 
-for name in spool spool-float32 llama-f32 llama-q4_1; do
-    echo "== $name"
-    case $name in
-        spool) env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m app serve --port $port > "$out/$name.log" 2>&1 & ;;
-        spool-float32) env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m app serve --port $port --dtype float32 \
-            > "$out/$name.log" 2>&1 & ;;
-        llama-f32) "$server" -m "$f32" -t 2 --parallel 64 -c 65536 -ub 512 --port $port --metrics \
-            --alias SmolLM2-135M-Instruct > "$out/$name.log" 2>&1 & ;;
-        llama-q4_1) "$server" -m "$q4" -t 2 --parallel 64 -c 65536 -ub 512 --port $port --metrics \
-            --alias SmolLM2-135M-Instruct > "$out/$name.log" 2>&1 & ;;
-    esac
+for file in "$@"; do
+    name=$(basename "$file" .gguf)
+    echo "== $name: llama-bench"
+    "$bin/llama-bench" -m "$file" -t 2 -p "$prompt" -n "$gen" -r 2 -o md | tee "$out/$name-llama-bench.md"
+    echo "== $name: Spool's bench_model"
+    env $spool_env python tools/bench_model.py --model "$file" --prompt-tokens "$prompt" --batches "$batches" --steps 8 \
+        | tee "$out/$name-spool-bench.md"
+
+    echo "== $name: Spool serving"
+    env $spool_env python -m app serve --model "$file" --port $port > /dev/null 2>&1 &  # once: the derived files
+    wait_up && kill -INT $! && wait $! || true
+    started=$(date +%s.%N)
+    env $spool_env /usr/bin/time -v -o "$out/$name-spool.time" python -m app serve --model "$file" --port $port \
+        > "$out/$name-spool.log" 2>&1 &
+    wait_up
+    echo "start-up $(echo "$(date +%s.%N) - $started" | bc) s" | tee "$out/$name-spool-startup.txt"
+    measure "$name-spool"
+    pkill -INT -f "app serve --model $file --port $port"
+    wait || true
+    grep -E "Maximum resident" "$out/$name-spool.time"
+
+    echo "== $name: llama-server"
+    "$bin/llama-server" -m "$file" -t 2 --parallel 64 -c $(( 64 * (128 + output_len + 64) )) --port $port \
+        > "$out/$name-llama.log" 2>&1 &
     pid=$!
     wait_up
-    measure $name
+    measure "$name-llama"
     kill $pid
     wait $pid || true
 done
-python tools/loadtest.py --compare "$out"/spool-c64.json "$out"/spool-float32-c64.json "$out"/llama-f32-c64.json "$out"/llama-q4_1-c64.json \
-    --plot "$out/side-by-side-c64.png"

@@ -75,6 +75,10 @@ class GGUFTensors:
             self.map.madvise(mmap.MADV_DONTNEED, start, t.data_offset + t.n_bytes - start)
         return out
 
+    def rows(self, name: str) -> np.ndarray | QuantizedTensor:
+        """As read: a quantized tensor's blocks are what the packers take; a float one is read whole."""
+        return self.read(name)
+
     def read_into(self, name: str, out: np.ndarray) -> None:
         out[...] = self.read(name)
 

@@ -25,29 +25,34 @@ log = logging.getLogger("spool.model")
 
 
 class NumbaOps(NumpyOps):
-    """q8_weights: every 2-D weight whose rows split into blocks of 32 kept in Q8_0
-    (model/quant/): the projections, the embedding and the LM head; Q4_1 instead where a
-    weight is exactly that; a GGUF's quantized tensors packed from their own blocks where
+    """weights: what the 2-D float weights are kept as. float32 (--dtype float32): float32
+    weights and K/V, the exact path. q8_0: every weight whose rows split into blocks of 32 in
+    Q8_0 (model/quant/): the projections, the embedding and the LM head; Q4_1 instead where a
+    weight is exactly that. q4_k: those whose rows split into super-blocks of 256 quantized to
+    Q4_K by Spool's own quantizer (model/quant/kquants.py), the others as q8_0 keeps them.
+    Either way a GGUF's quantized tensors are packed from their own blocks where
     model/quant/blocks.py has a packer for the kind (and this CPU the kernels), else
-    dequantized and rounded to Q8_0; and K/V in float16 (float32 on a CPU without F16C:
-    model/ops/numba_kernels.QUANTIZED_KV). Without it (--dtype float32), float32 weights and
-    K/V: the exact path."""
+    dequantized and rounded to Q8_0; and K/V are float16 (float32 on a CPU without F16C:
+    model/ops/numba_kernels.QUANTIZED_KV)."""
 
     name = "numba"
+    WEIGHTS = ("float32", *pack.KINDS)
     write_kv = staticmethod(numba_rowwise.write_kv)
     rms_norm = staticmethod(numba_rowwise.rms_norm)
     add_rms_norm = staticmethod(numba_rowwise.add_rms_norm)
     rope = staticmethod(numba_rowwise.rope)
     silu_and_mul = staticmethod(numba_rowwise.silu_and_mul)
 
-    def __init__(self, q8_weights: bool = False):
+    def __init__(self, weights: str = "float32"):
         super().__init__()
-        self.q8_weights = q8_weights
-        self.storage_dtype = QUANTIZED_KV if q8_weights else np.dtype(np.float32)
+        if weights not in self.WEIGHTS:
+            raise ValueError(f"the CPU keeps weights as {', '.join(self.WEIGHTS)}, not {weights}")
+        self.weights = weights
+        self.storage_dtype = np.dtype(np.float32) if weights == "float32" else QUANTIZED_KV
         self.converted: set[str] = set()  # GGUF types rounded to Q8_0 since the last loaded()
 
     def weight(self, x):
-        if not self.q8_weights:
+        if self.weights == "float32":
             return super().weight(x)
         if isinstance(x, Fused):
             parts = tuple(self.weight(part) for part in x.parts)
@@ -58,7 +63,7 @@ class NumbaOps(NumpyOps):
                 return kept
             self.converted.add(x.kind)
             return blocks.to_q8_0(x)
-        return pack.compress(x) if pack.quantizable(x) else super().weight(x)
+        return pack.compress(x, self.weights) if pack.quantizable(x) else super().weight(x)
 
     def loaded(self) -> None:
         """One line for the whole model naming the GGUF types that lost their own blocks."""

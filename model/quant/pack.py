@@ -1,14 +1,23 @@
-"""Float32 weights into packed strips: Q8_0 by rounding, Q4_1 only where a weight is exactly
-that, and the choice between them (compress) by what the CPU runs."""
+"""Float32 weights into packed strips, by the --dtype asked (compress): Q8_0 by rounding, Q4_1
+only where a weight is exactly that, and Q4_K by Spool's own quantizer (kquants.py, llama.cpp's
+bytes) packed as a GGUF's Q4_K is (kblocks.py). A weight may come unread (FloatRows: an
+embedding, an LM head), and is then packed a slab of rows at a time."""
 
+from typing import Callable
+
+import gguf
 import numpy as np
 from numba import njit, prange
 
-from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
+from model.quant import kblocks, kquants
+from model.quant.quantized import FloatRows
+from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q4_KStrips, Q8_0Strips, Strips
+
+KINDS = ("q8_0", "q4_k")  # what compress makes of float weights
 
 
-def quantizable(w: np.ndarray) -> bool:
-    return w.ndim == 2 and w.shape[1] % BLOCK == 0
+def quantizable(w) -> bool:
+    return len(w.shape) == 2 and w.shape[1] % BLOCK == 0
 
 
 def quantize(w: np.ndarray) -> Q8_0Strips:
@@ -29,9 +38,37 @@ def exact_q4_1(w: np.ndarray) -> Q4_1Strips | None:
     return strips if exact.all() else None
 
 
-def compress(w: np.ndarray) -> Strips:
-    """Q4_1 where w is exactly that (fewer bytes, nothing rounded again); else Q8_0."""
-    return exact_q4_1(w) or quantize(w)
+def quantize_q4_k(w: np.ndarray) -> Q4_KStrips:
+    """Q4_K as llama.cpp's reference quantizer writes it (kquants.Q4_K), in Q4_KStrips: what a
+    GGUF's Q4_K tensor of these values would serve as. Rows of a multiple of 256 weights."""
+    return kblocks.pack_q4_k(kquants.quantize(w, gguf.GGMLQuantizationType.Q4_K), w.shape[1])
+
+
+def compress(w: np.ndarray | FloatRows, kind: str = "q8_0") -> Strips:
+    """kind q8_0: Q4_1 where w is exactly that (fewer bytes, nothing rounded again), else Q8_0.
+    q4_k: Q4_K where its rows split into super-blocks of 256 weights; a weight whose rows do not
+    (an in-dimension not a multiple of 256) falls back to q8_0's choice."""
+    if kind == "q4_k" and w.shape[1] % kquants.QK_K == 0:
+        return _in_slabs(w, quantize_q4_k)
+    return _in_slabs(w, exact_q4_1) or _in_slabs(w, quantize)
+
+
+def _in_slabs(w: np.ndarray | FloatRows, pack: Callable[[np.ndarray], Strips | None]) -> Strips | None:
+    """pack(w), for FloatRows a slab of rows at a time (slabs are whole strips), the slabs' strips
+    copied into one; None where pack gives None for any slab."""
+    if not isinstance(w, FloatRows):
+        return pack(w)
+    whole = None
+    for first, part in w.slabs():
+        packed = pack(part)
+        if packed is None:
+            return None
+        if whole is None:
+            whole = type(packed).zeros(*w.shape)
+        at = first // STRIP
+        whole.q[at:at + packed.q.shape[0]] = packed.q
+        whole.factors[at:at + packed.q.shape[0]] = packed.factors
+    return whole
 
 
 # Start-up runs these on every weight (135M numbers for the default model), once each: one pass

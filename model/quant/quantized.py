@@ -1,7 +1,8 @@
 """A GGUF's quantized tensors as the loader hands them to ops.weight: the file's block rows
 untouched (a row of a quantized tensor is a fixed number of bytes, so rows are permuted and
 stacked as bytes), and the float32 values for backends that keep no blocks, as the gguf package
-computes them. The CPU backend packs the blocks into strips instead (blocks.py).
+computes them. The CPU backend packs the blocks into strips instead (blocks.py). And a float
+tensor too large to convert whole for nothing (FloatRows): packing ops read it a slab at a time.
 
 A Fused weight is the parts of one GEMM (q, k and v; gate and up) whose kinds differ, as a
 Q4_K_M file's Q4_K attn_q and Q6_K attn_v do: each part stays in its own kind, and linear
@@ -9,6 +10,7 @@ multiplies part by part into one output.
 """
 
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -39,6 +41,30 @@ class Fused:
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+
+@dataclass(frozen=True)
+class FloatRows:
+    """A 2-D float tensor handed to ops.weight unread (a Hugging Face checkpoint's embedding and
+    LM head: 2.1 GB of float32 at 8B): ops that pack weights take it a slab of rows at a time,
+    so that no float32 copy of it exists; the others read it whole (float32)."""
+
+    shape: tuple[int, int]
+    read_into: Callable[[int, np.ndarray], None]  # (first, out): rows first .. first + len(out) as float32
+
+    def slabs(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, its float32 rows) for slabs of slab_rows rows; each slab's array is reused."""
+        step = slab_rows(self.shape[1])
+        buffer = np.empty((min(step, self.shape[0]), self.shape[1]), dtype=np.float32)
+        for first in range(0, self.shape[0], step):
+            part = buffer[:min(step, self.shape[0] - first)]
+            self.read_into(first, part)
+            yield first, part
+
+    def read(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=np.float32)
+        self.read_into(0, out)
+        return out
 
 
 def fuse(parts: list) -> "QuantizedTensor | Fused":
@@ -79,4 +105,6 @@ def float32(w) -> np.ndarray:
         return dequantize(w)
     if isinstance(w, Fused):
         return np.concatenate([float32(p) for p in w.parts])
+    if isinstance(w, FloatRows):
+        return w.read()
     return w
