@@ -93,6 +93,23 @@ def test_the_embedding_reads_dequantized_rows(rng):
     np.testing.assert_array_equal(NumbaOps("q8_0").embedding(table, ids), table.dequantize()[ids])
 
 
+def test_a_lookup_decodes_only_the_strips_that_hold_its_rows(rng):
+    """A 128k-token vocabulary's table decoded whole is gigabytes a step (it was: 0.6 s of a 1B
+    model's 0.62 s decode step); a lookup's temporaries are its strips' size."""
+    import tracemalloc
+
+    table = pack.quantize(rng.standard_normal((20000, 256), dtype=np.float32))  # 20 MB decoded whole
+    ids = np.array([19999, 7, 7, 4000])
+    want = table.dequantize()[ids]
+    tracemalloc.start()
+    got = table.dequantize(ids)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    np.testing.assert_array_equal(got, want)
+    assert peak < 1 << 20, peak
+    assert table.dequantize(np.array([], dtype=np.int64)).shape == (0, 256)
+
+
 @pytest.fixture(scope="module")
 def smol():
     from model.ops.numba_ops import NumbaOps

@@ -27,7 +27,7 @@ kernels multiply them by the block's integers to the float32 factors gguf-py com
 bits a weight for Q4_K (the file's 4.5), 5.75 for Q5_K (5.5), 6.75 for Q6_K (6.5625).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -81,9 +81,16 @@ class Strips:
 
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """The float32 rows (all, or those an index picks: the embedding's lookup), each weight
-        computed as gguf-py does: one product, plus the minimum."""
+        computed as gguf-py does: one product, plus the minimum. Only the strips that hold the
+        rows are decoded: a step's lookup in a 128k-row table touches a handful."""
         index = np.arange(self.rows)[rows]
+        held, strip_of = np.unique(index // STRIP, return_inverse=True)
+        if 0 < len(held) < self.q.shape[0]:
+            part = replace(self, q=self.q[held], factors=self.factors[held], rows=len(held) * STRIP)
+            return part.dequantize(strip_of.reshape(-1) * STRIP + index % STRIP)
         strips, blocks = self.q.shape[:2]
+        if not len(index):
+            return np.empty((0, blocks * BLOCK), dtype=np.float32)
         lines = self._values().reshape(strips, blocks, STRIP, STRIP, 2)
         values = lines[index // STRIP, :, :, index % STRIP, :]  # (rows, blocks, line, pair)
         factors = self.block_factors().reshape(strips, blocks, -1, STRIP)[index // STRIP, :, :, index % STRIP]
