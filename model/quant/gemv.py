@@ -10,7 +10,7 @@ float lanes by the weight and activation scales. The pair sums are plain LLVM ve
 multiply, add even and odd lanes), which LLVM's x86 back end turns into pmaddwd at the width
 the target has (zmm with AVX-512BW, ymm with AVX2, xmm with SSE2) and other back ends into
 their own multiply-adds: no intrinsic, so nothing that a target cannot lower. Each scheme's
-kernels are generated from its constants (strips.py: nibbles, bit planes, ZERO, SCALES,
+kernels are generated from its constants (strips.py: nibbles, high bits, ZERO, SCALES,
 MINIMA, SUB_SCALES, SIGNED), compiled under its kind.
 """
 
@@ -21,31 +21,39 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
-from model.quant.strips import BLOCK, NIBBLE_BYTES, PLANE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Q4_1Strips, Q8_0Strips, Strips
+from model.quant.strips import BLOCK, NIBBLE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Q4_1Strips, Q8_0Strips, Strips
 
 
 def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
     """The 16 lines of a (strip, block) at lines (i8*) as 32 int16 each, less ZERO: Q8_0's int8
-    widened; else line r the low (r even) or high nibbles of byte pair r // 2, each bit plane's
-    uint32 for the line (a 32-lane mask) adding bit 4 + k."""
-    i64, i32 = ir.IntType(64), ir.IntType(32)
+    widened; else line r the low (r even) or high nibbles of byte pair r // 2, and above them its
+    HIGH_BITS bits, shifted out of its high group's bytes (strips.py)."""
+    i64 = ir.IntType(64)
     bytes32, shorts32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 32)
 
-    def load(at, vector):
-        return builder.load(builder.bitcast(builder.gep(lines, [ir.Constant(i64, at)]), vector.as_pointer()), align=1)
+    def load(at):
+        return builder.load(builder.bitcast(builder.gep(lines, [ir.Constant(i64, at)]), bytes32.as_pointer()), align=1)
+
+    def bytes_of(value):
+        return ir.Constant(bytes32, [value] * 32)
 
     if not weights.NIBBLES:
-        return [builder.sext(load(32 * r, bytes32), shorts32) for r in range(STRIP)]
-    pairs = [load(32 * p, bytes32) for p in range(STRIP // 2)]
+        return [builder.sext(load(32 * r), shorts32) for r in range(STRIP)]
+    pairs = [load(32 * p) for p in range(STRIP // 2)]
+    high_bits = weights.HIGH_BITS
+    groups = [load(NIBBLE_BYTES + 32 * g) for g in range(2 * high_bits)]
     out = []
     for r in range(STRIP):
-        nibbles = (builder.and_(pairs[r // 2], ir.Constant(bytes32, [15] * 32)) if r % 2 == 0
-                   else builder.lshr(pairs[r // 2], ir.Constant(bytes32, [4] * 32)))
-        value = builder.zext(nibbles, shorts32)
-        for k in range(weights.HIGH_BITS):
-            mask = builder.bitcast(load(NIBBLE_BYTES + k * PLANE_BYTES + 4 * r, i32), ir.VectorType(ir.IntType(1), 32))
-            bit = builder.shl(builder.zext(mask, shorts32), ir.Constant(shorts32, [4 + k] * 32))
-            value = builder.or_(value, bit)
+        value = (builder.and_(pairs[r // 2], bytes_of(15)) if r % 2 == 0
+                 else builder.lshr(pairs[r // 2], bytes_of(4)))
+        if high_bits:
+            lines = 8 // high_bits  # that share a byte
+            shift = high_bits * (r % lines)
+            high = builder.lshr(groups[r // lines], bytes_of(shift)) if shift else groups[r // lines]
+            if shift + high_bits < 8:
+                high = builder.and_(high, bytes_of((1 << high_bits) - 1))
+            value = builder.or_(value, builder.shl(high, bytes_of(4)))
+        value = builder.zext(value, shorts32)
         if weights.ZERO:
             value = builder.sub(value, ir.Constant(shorts32, [weights.ZERO] * 32))
         out.append(value)

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from model.errors import ModelError
-from model.quant.strips import (BLOCK, NIBBLE_BYTES, PLANE_BYTES, STRIP, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
+from model.quant.strips import (BLOCK, NIBBLE_BYTES, STRIP, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
                                  Q6_KStrips, Strips)
 
 QK_K = 256  # weights per K-quant super-block
@@ -39,12 +39,15 @@ def _half(lo, hi):
 @njit(cache=True, nogil=True, inline="always")
 def _put(q, s, b, r, k, value, high_bits):
     """Value (its low 4 + high_bits bits) of row r, weight k of block b into strip s (uint8):
-    line k // 2, byte 2r + k % 2 of the line, its nibble and its bits in the planes."""
+    line k // 2, byte 2r + k % 2 of the line, its nibble, and its high bits at bit
+    high_bits x (line % lines) of byte `byte` of the high group line // lines, where lines =
+    8 // high_bits lines share a byte (strips.py)."""
     line, byte = k // 2, 2 * r + k % 2
     q[s, b, 32 * (line // 2) + byte] |= np.uint8((value & 15) << (4 * (line % 2)))
-    for plane in range(high_bits):  # no branch on the bit: it is as good as random
-        q[s, b, NIBBLE_BYTES + plane * PLANE_BYTES + 4 * line + byte // 8] |= np.uint8(
-            ((value >> (4 + plane)) & 1) << (byte % 8))
+    if high_bits:
+        lines = 8 // high_bits
+        q[s, b, NIBBLE_BYTES + 32 * (line // lines) + byte] |= np.uint8(
+            ((value >> 4) & ((1 << high_bits) - 1)) << (high_bits * (line % lines)))
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -4,7 +4,7 @@ strips read back as float32. Packing is pack.py's and kblocks.py's, multiplying 
 Q8_0 is llama.cpp's: 32 int8 values and one float32 scale per block along each weight row (9
 bits a weight; float32 is 32). The others keep a GGUF's 4-, 5- and 6-bit values as they come,
 nothing rounded again: each value's low four bits two to a byte (a nibble plane), its fifth and
-sixth bits in bit planes, and float32 factors exact for the file's (float16 d times a small
+sixth bits packed below them, and float32 factors exact for the file's (float16 d times a small
 integer scale is exact in float32), so that they read back bit for bit as gguf-py dequantizes.
 
 A strip is 16 weight rows; each (strip, block) holds its 16 x 32 values as 16 lines of 32, line
@@ -14,8 +14,11 @@ sums in 16 lanes (vpmaddwd), with no reduction across lanes.
 Rows past the last are zero.
 
 In a nibble scheme a (strip, block) is 256 bytes of nibbles (byte pair p: line 2p in the low
-nibbles, line 2p + 1 in the high ones), then HIGH_BITS planes of 64 bytes, plane k holding bit
-4 + k of every value (line r's 32 values in the little-endian uint32 at byte 4r). A weight is
+nibbles, line 2p + 1 in the high ones), then HIGH_BITS x 64 bytes of the bits above: groups of
+32 bytes, each byte j of group g holding the high bits of value j of 8 // HIGH_BITS lines (line
+g x 8 // HIGH_BITS + i at bit HIGH_BITS x i), so that a line's high bits are a shift and a mask
+of one vector, as its nibbles are (bit planes, a 32-lane mask per line, took 2-3x the time of
+the nibbles on AVX-512). A weight is
 scale x (value - ZERO), plus the row's minimum where the scheme has MINIMA; with SCALES = 2,
 lines 0-7 (weights 0-15 of the block) and lines 8-15 have a scale each (Q6_K's sub-blocks of
 16). Factors per (strip, block): the 16 rows' scales (twice with SCALES = 2), then their minima.
@@ -35,7 +38,7 @@ import numpy as np
 BLOCK = 32
 STRIP = 16  # weight rows a strip holds: 16 float32 lanes of one AVX-512 register
 NIBBLE_BYTES = STRIP * BLOCK // 2  # the nibble plane of a (strip, block)
-PLANE_BYTES = STRIP * BLOCK // 8  # one bit plane of a (strip, block)
+HIGH_BYTES = STRIP * BLOCK // 8  # a (strip, block)'s bytes per high bit
 SUPER_BLOCKS = 8  # blocks under one float32 factor with SUB_SCALES: a K-quant super-block
 
 
@@ -49,7 +52,7 @@ class Strips:
 
     kind: ClassVar[str]  # the scheme's name, as GGUF spells it
     NIBBLES: ClassVar[bool]  # low four bits two a byte (else one int8 value a byte)
-    HIGH_BITS: ClassVar[int] = 0  # bit planes above the nibbles
+    HIGH_BITS: ClassVar[int] = 0  # bits above the nibbles
     ZERO: ClassVar[int] = 0  # subtracted from every value
     SCALES: ClassVar[int] = 1  # scales per (row, block): 2 for a scale per 16 weights
     MINIMA: ClassVar[bool] = False  # a float32 minimum per (row, block) added
@@ -60,7 +63,7 @@ class Strips:
 
     def __init_subclass__(cls):
         cls.FACTORS = STRIP * (cls.SCALES + cls.MINIMA)
-        cls.BLOCK_BYTES = ((NIBBLE_BYTES + cls.HIGH_BITS * PLANE_BYTES if cls.NIBBLES else STRIP * BLOCK)
+        cls.BLOCK_BYTES = ((NIBBLE_BYTES + cls.HIGH_BITS * HIGH_BYTES if cls.NIBBLES else STRIP * BLOCK)
                            + cls.SUB_SCALES * cls.FACTORS)
 
     @classmethod
@@ -115,9 +118,12 @@ class Strips:
         packed = self.q.view(np.uint8)
         nibbles = packed[..., :NIBBLE_BYTES].reshape(strips, blocks, STRIP // 2, 1, BLOCK)
         values = np.concatenate([nibbles & 15, nibbles >> 4], axis=3).reshape(strips, blocks, -1)
-        for k in range(self.HIGH_BITS):
-            plane = packed[..., NIBBLE_BYTES + k * PLANE_BYTES:NIBBLE_BYTES + (k + 1) * PLANE_BYTES]
-            values |= np.unpackbits(plane, axis=-1, bitorder="little") << np.uint8(4 + k)
+        if self.HIGH_BITS:
+            lines = 8 // self.HIGH_BITS  # that share a byte
+            high = packed[..., NIBBLE_BYTES:NIBBLE_BYTES + self.HIGH_BITS * HIGH_BYTES]
+            shifts = np.arange(0, 8, self.HIGH_BITS, dtype=np.uint8)[:, None]
+            bits = (high.reshape(strips, blocks, -1, 1, BLOCK) >> shifts) & np.uint8((1 << self.HIGH_BITS) - 1)
+            values |= bits.reshape(strips, blocks, -1) << np.uint8(4)
         return values.astype(np.int16) - np.int16(self.ZERO)
 
 
@@ -141,14 +147,14 @@ class Q4_KStrips(Strips):
 
 
 class Q5_0Strips(Strips):
-    """Q5_0 (scale x (q - 16), q in 0..31): nibbles and one bit plane; factors the scales
+    """Q5_0 (scale x (q - 16), q in 0..31): nibbles and one high bit; factors the scales
     (6 bits a weight, as the file's 5.5 with float16 scales)."""
 
     kind, NIBBLES, HIGH_BITS, ZERO = "q5_0", True, 1, 16
 
 
 class Q5_1Strips(Strips):
-    """Q5_1 (scale x q + minimum, q in 0..31): nibbles, one bit plane, scales and
+    """Q5_1 (scale x q + minimum, q in 0..31): nibbles, one high bit, scales and
     minima (7 bits a weight)."""
 
     kind, NIBBLES, HIGH_BITS, MINIMA = "q5_1", True, 1, True
