@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Spool and llama.cpp on the same GGUF files, one after the other in one sitting (run it alone):
 # llama-bench's prompt PROMPT / generation GEN against tools/bench_model.py, then streamed serving
-# measured by tools/loadtest.py (128 random prompt tokens, OUTPUT_LEN output tokens, ignore_eos,
-# greedy, closed loop) at each of CLIENTS concurrent clients, Spool against llama-server. For
+# measured by tools/loadtest.py (INPUT_LEN random prompt tokens, OUTPUT_LEN output tokens,
+# ignore_eos, greedy, closed loop; 4 requests at 1 client, 2 per client up to 32, then 1 each) at each of CLIENTS concurrent clients, Spool against llama-server. For
 # Spool also its start-up (launch to a serving /health, numba's cache and the GGUF's derived files
 # warm) and its peak RSS over loading and serving (GNU time). Writes OUT/NAME-*.{md,json,log,time}.
 #
 #   tools/side_by_side.sh LLAMA_BIN OUT FILE.gguf [FILE.gguf ...]     # LLAMA_BIN: llama.cpp's build/bin
-#   CLIENTS="1 16" OUTPUT_LEN=32 PROMPT=128 GEN=32 BATCHES=1,16 tools/side_by_side.sh ...  # an 8B file
+#   CLIENTS="1 16" INPUT_LEN=64 OUTPUT_LEN=32 PROMPT=128 GEN=32 BATCHES=1,16 tools/side_by_side.sh ...  # 8B
 #
 # llama.cpp runs with -t 2 (this machine's cores) and 64 slots; Spool with its defaults (the
 # GGUF's types kept, numba kernels). SPOOL_ENV, e.g. "NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=",
@@ -19,7 +19,7 @@ shift 2
 mkdir -p "$out"
 port=8311
 clients=${CLIENTS:-1 16 64}
-output_len=${OUTPUT_LEN:-128}
+input_len=${INPUT_LEN:-128} output_len=${OUTPUT_LEN:-128}
 prompt=${PROMPT:-512} gen=${GEN:-128} batches=${BATCHES:-1,16,64}
 spool_env=${SPOOL_ENV:-}
 
@@ -34,9 +34,9 @@ wait_up() {
 
 measure() {  # NAME: one load per client count against whatever listens on $port
     for c in $clients; do
-        n=$(( c == 1 ? 4 : 2 * c ))
+        n=$(( c == 1 ? 4 : (c > 32 ? c : 2 * c) ))
         echo "-- $1, $c clients, $n requests"
-        python tools/loadtest.py --base-url "http://127.0.0.1:$port" --endpoint completions --input-len 128 \
+        python tools/loadtest.py --base-url "http://127.0.0.1:$port" --endpoint completions --input-len "$input_len" \
             --output-len "$output_len" --ignore-eos --max-concurrency "$c" --num-requests "$n" --seed 1 --quiet \
             --json "$out/$1-c$c.json" | grep -E "Output token throughput|Median TTFT|Median TPOT"
     done
@@ -64,7 +64,7 @@ for file in "$@"; do
     grep -E "Maximum resident" "$out/$name-spool.time"
 
     echo "== $name: llama-server"
-    "$bin/llama-server" -m "$file" -t 2 --parallel 64 -c $(( 64 * (128 + output_len + 64) )) --port $port \
+    "$bin/llama-server" -m "$file" -t 2 --parallel 64 -c $(( 64 * (input_len + output_len + 64) )) --port $port \
         > "$out/$name-llama.log" 2>&1 &
     pid=$!
     wait_up
