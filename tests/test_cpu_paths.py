@@ -153,15 +153,20 @@ def test_every_kept_type_multiplies_the_same_bits_on_every_path(tmp_path, caches
 
 @x86
 @pytest.mark.slow
-@pytest.mark.parametrize("path, dtype", [("avx2", "auto"), ("portable", "auto"), ("portable", "q8_0")])
-def test_the_default_model_generates_on_every_path(caches, path, dtype):
-    """numba's haswell target (AVX2, no AVX-512) and its generic one (SSE2 only, no F16C) compile
-    every kernel they use and generate: q8_0 by default on AVX2, float32 by default on generic,
-    and q8_0 weights with float32 K/V there when asked."""
+@pytest.mark.parametrize("target, dtype", [("avx2", "auto"), ("no-f16c", "auto"), ("portable", "auto"),
+                                           ("portable", "q8_0")])
+def test_the_default_model_generates_on_every_path(caches, tmp_path_factory, target, dtype):
+    """numba's haswell target (AVX2, no AVX-512), the host's with F16C masked off (so AVX-512 too:
+    float32 K/V) and its generic one (SSE2 only, no F16C) compile every kernel they use and
+    generate: q8_0 by default on AVX2, float32 by default on generic, and q8_0 weights with
+    float32 K/V there when asked."""
+    settings, path = ({"NUMBA_CPU_FEATURES": "-f16c"}, "avx2") if target == "no-f16c" else (TARGETS[target], target)
+    cache = tmp_path_factory.mktemp("numba-no-f16c") if target == "no-f16c" else caches[path]
     args = ["-c", "import logging, runpy, sys; logging.basicConfig(level='INFO'); sys.argv = sys.argv[1:];"
             " runpy.run_module('app', run_name='__main__')",
             "app", "generate", "--max-tokens", "4", "--dtype", dtype, "Say hi"]
-    done = run(args, caches[path], timeout=600, **TARGETS[path])
+    done = run(args, cache, timeout=600, **settings)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip()
     assert f"CPU path {path}:" in done.stderr
+    assert ("float32 K/V" in done.stderr) == (target != "avx2")
