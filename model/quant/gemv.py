@@ -6,7 +6,9 @@ alone, in any batch, and on any machine.
 A decode step at batch 1 reads every weight once, so it is bound by memory bandwidth: a quarter
 of the bytes makes it faster. Per block, 16 lines of 32 weights (widened to int16) times a
 broadcast pair of int16 activations give the 16 rows' int32 sums in 16 lanes, scaled into 16
-float lanes by the weight and activation scales. The pair sums are plain LLVM vector IR (widen,
+float lanes by the weight and activation scales. Batches and prefill are compute-bound, so the
+rows go two at a time, a block's lines widened once for both: each row's arithmetic is still the
+sequence it has alone. The pair sums are plain LLVM vector IR (widen,
 multiply, add even and odd lanes), which LLVM's x86 back end turns into pmaddwd at the width
 the target has (zmm with AVX-512BW, ymm with AVX2, xmm with SSE2) and other back ends into
 their own multiply-adds: no intrinsic, so nothing that a target cannot lower. Each scheme's
@@ -70,15 +72,16 @@ def _pair_sums(builder, a: ir.Value, b: ir.Value) -> ir.Value:
 
 
 @intrinsic(prefer_literal=True)
-def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
-    """out[t, 16s:16s+16] = strip s times activation row t, for the scheme named kind (a
-    literal): per block, 16 lines of 32 weights (widened to int16, _line_weights) times a
+def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
+    """out[t + i, 16s:16s+16] = strip s times activation row t + i for i < tile (1 or 2), for the
+    scheme named kind (kind and tile literals): the block's lines widened once for the tile's
+    rows, each row's arithmetic the same sequence as alone (so the same bits). Per block, 16 lines of 32 weights (widened to int16, _line_weights) times a
     broadcast pair of int16 activations (_pair_sums), summed in int32 per scale's lines,
     each sum scaled by the weight and activation scales into 16 float lanes, in line order;
     with MINIMA, each row's minimum times the block's activation sum (xsum) added last."""
-    if not isinstance(kind, types.StringLiteral):
+    if not isinstance(kind, types.StringLiteral) or not isinstance(tile, types.IntegerLiteral):
         return None
-    weights = SCHEMES[kind.literal_value]
+    weights, rows = SCHEMES[kind.literal_value], tile.literal_value
     block_bytes, factors_per_block, scales = weights.BLOCK_BYTES, weights.FACTORS, weights.SCALES
 
     def codegen(context, builder, signature, args):
@@ -91,12 +94,13 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
         shorts32 = ir.VectorType(i16, 32)
         ints16, floats16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16)
         q_strip = builder.gep(q_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, block_bytes)))])
-        x_row = builder.gep(xq_arr.data, [builder.mul(t, builder.mul(blocks, ir.Constant(i64, 32)))])
+        ts = [builder.add(t, ir.Constant(i64, i)) for i in range(rows)]
+        x_rows = [builder.gep(xq_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, 32)))]) for u in ts]
         factor_rows = builder.extract_value(qs_arr.shape, 1)  # blocks, or super-blocks with SUB_SCALES
         qs_strip = builder.gep(qs_arr.data, [builder.mul(s, builder.mul(factor_rows, ir.Constant(i64, factors_per_block)))])
-        xs_row = builder.gep(xs_arr.data, [builder.mul(t, blocks)])
-        xsum_row = builder.gep(xsum_arr.data, [builder.mul(t, blocks)])
-        acc = cgutils.alloca_once_value(builder, ir.Constant(floats16, None))
+        xs_rows = [builder.gep(xs_arr.data, [builder.mul(u, blocks)]) for u in ts]
+        xsum_rows = [builder.gep(xsum_arr.data, [builder.mul(u, blocks)]) for u in ts]
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(floats16, None)) for _ in ts]
 
         def load_floats(at):
             return builder.load(builder.bitcast(at, floats16.as_pointer()), align=4)
@@ -113,29 +117,31 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind):
         with cgutils.for_range(builder, blocks) as loop:
             b = loop.index
             lines = builder.gep(q_strip, [builder.mul(b, ir.Constant(i64, block_bytes))])
-            pairs = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, 32))]), i32.as_pointer())
             line_weights = _line_weights(builder, lines, weights)
             factor_row = builder.udiv(b, ir.Constant(i64, SUPER_BLOCKS)) if weights.SUB_SCALES else b
             factors = builder.gep(qs_strip, [builder.mul(factor_row, ir.Constant(i64, factors_per_block))])
-            x_scale = splat(builder, builder.load(builder.gep(xs_row, [b])), floats16)
-            block = None
-            for group in range(scales):  # the lines each scale covers
-                ints = ir.Constant(ints16, None)
-                for r in range(group * STRIP // scales, (group + 1) * STRIP // scales):
-                    pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
-                    ints = builder.add(ints, _pair_sums(builder, line_weights[r], builder.bitcast(pair, shorts32)))
-                scale = block_factors(lines, factors, STRIP * group)
-                part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(scale, x_scale))
-                block = part if block is None else builder.fadd(block, part)
-            if weights.MINIMA:
-                minima = block_factors(lines, factors, STRIP * scales)
-                x_sum = splat(builder, builder.load(builder.gep(xsum_row, [b])), floats16)
-                block = builder.fadd(block, builder.fmul(minima, x_sum))
-            builder.store(builder.fadd(builder.load(acc), block), acc)
-        dest = builder.gep(out_arr.data, [builder.add(builder.mul(t, width), builder.mul(s, ir.Constant(i64, 16)))])
-        builder.store(builder.load(acc), builder.bitcast(dest, floats16.as_pointer()), align=4)
+            for x_row, xs_row, xsum_row, acc in zip(x_rows, xs_rows, xsum_rows, accs):
+                pairs = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, 32))]), i32.as_pointer())
+                x_scale = splat(builder, builder.load(builder.gep(xs_row, [b])), floats16)
+                block = None
+                for group in range(scales):  # the lines each scale covers
+                    ints = ir.Constant(ints16, None)
+                    for r in range(group * STRIP // scales, (group + 1) * STRIP // scales):
+                        pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
+                        ints = builder.add(ints, _pair_sums(builder, line_weights[r], builder.bitcast(pair, shorts32)))
+                    scale = block_factors(lines, factors, STRIP * group)
+                    part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(scale, x_scale))
+                    block = part if block is None else builder.fadd(block, part)
+                if weights.MINIMA:
+                    minima = block_factors(lines, factors, STRIP * scales)
+                    x_sum = splat(builder, builder.load(builder.gep(xsum_row, [b])), floats16)
+                    block = builder.fadd(block, builder.fmul(minima, x_sum))
+                builder.store(builder.fadd(builder.load(acc), block), acc)
+        for u, acc in zip(ts, accs):
+            dest = builder.gep(out_arr.data, [builder.add(builder.mul(u, width), builder.mul(s, ir.Constant(i64, 16)))])
+            builder.store(builder.load(acc), builder.bitcast(dest, floats16.as_pointer()), align=4)
         return context.get_dummy_value()
-    return types.void(q, s, xq, t, qs, xs, xsum, out, kind), codegen
+    return types.void(q, s, xq, t, qs, xs, xsum, out, kind, tile), codegen
 
 
 @njit("void(float32[:, ::1], int16[:, ::1], float32[:, ::1], float32[:, ::1])", fastmath=True, cache=True,
@@ -177,10 +183,13 @@ def _gemv_kernel(weights: type[Strips]):
     factors stored)."""
     kind = weights.kind
 
-    def strip_gemv(xq, xs, xsum, q, qs, out):
+    def strip_gemv(xq, xs, xsum, q, qs, out):  # rows two at a time, each pair's lines widened once
+        tokens = xq.shape[0]
         for s in prange(q.shape[0]):
-            for t in range(xq.shape[0]):
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind)
+            for t in range(0, tokens - 1, 2):
+                _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind, 2)
+            if tokens % 2:
+                _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, kind, 1)
     return compiled(strip_gemv, "void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1],"
                     " float32[:, :, ::1], float32[:, ::1])", weights)
 
