@@ -74,9 +74,10 @@ def _pair_sums(builder, a: ir.Value, b: ir.Value) -> ir.Value:
 @intrinsic(prefer_literal=True)
 def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
     """out[t + i, 16s:16s+16] = strip s times activation row t + i for i < tile (1 or 2), for the
-    scheme named kind (kind and tile literals): the block's lines widened once for the tile's
-    rows, each row's arithmetic the same sequence as alone (so the same bits). Per block, 16 lines of 32 weights (widened to int16, _line_weights) times a
-    broadcast pair of int16 activations (_pair_sums), summed in int32 per scale's lines,
+    scheme named kind (kind and tile literals): the block's lines widened and its weight factors
+    read once for the tile's rows, each row's arithmetic the same sequence as alone (so the same
+    bits). Per block, 16 lines of 32 weights (widened to int16, _line_weights) times a broadcast
+    pair of int16 activations (_pair_sums), summed in int32 per scale's lines,
     each sum scaled by the weight and activation scales into 16 float lanes, in line order;
     with MINIMA, each row's minimum times the block's activation sum (xsum) added last."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(tile, types.IntegerLiteral):
@@ -120,6 +121,8 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
             line_weights = _line_weights(builder, lines, weights)
             factor_row = builder.udiv(b, ir.Constant(i64, SUPER_BLOCKS)) if weights.SUB_SCALES else b
             factors = builder.gep(qs_strip, [builder.mul(factor_row, ir.Constant(i64, factors_per_block))])
+            group_scales = [block_factors(lines, factors, STRIP * group) for group in range(scales)]
+            minima = block_factors(lines, factors, STRIP * scales) if weights.MINIMA else None
             for x_row, xs_row, xsum_row, acc in zip(x_rows, xs_rows, xsum_rows, accs):
                 pairs = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, 32))]), i32.as_pointer())
                 x_scale = splat(builder, builder.load(builder.gep(xs_row, [b])), floats16)
@@ -129,11 +132,9 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
                     for r in range(group * STRIP // scales, (group + 1) * STRIP // scales):
                         pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
                         ints = builder.add(ints, _pair_sums(builder, line_weights[r], builder.bitcast(pair, shorts32)))
-                    scale = block_factors(lines, factors, STRIP * group)
-                    part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(scale, x_scale))
+                    part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(group_scales[group], x_scale))
                     block = part if block is None else builder.fadd(block, part)
                 if weights.MINIMA:
-                    minima = block_factors(lines, factors, STRIP * scales)
                     x_sum = splat(builder, builder.load(builder.gep(xsum_row, [b])), floats16)
                     block = builder.fadd(block, builder.fmul(minima, x_sum))
                 builder.store(builder.fadd(builder.load(acc), block), acc)
