@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit, prange
 
 from model.quant import kblocks, pack
-from model.quant.quantized import QuantizedTensor, dequantize, slab_rows
+from model.quant.quantized import FloatRows, QuantizedTensor, dequantize
 from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
 
 
@@ -24,15 +24,10 @@ def to_q8_0(t: QuantizedTensor) -> Q8_0Strips:
     """For a kind with no packer here: t's values rounded to Q8_0 (pack.quantize) a slab of
     rows at a time, so that no float32 copy of a large tensor exists (a 128k-token embedding's
     is 1 GB)."""
-    strips = Q8_0Strips.zeros(*t.shape)
-    step = slab_rows(t.shape[1])
-    for first in range(0, t.shape[0], step):
-        part = t.blocks[first:first + step]
-        packed = pack.quantize(dequantize(QuantizedTensor(t.kind, part, (part.shape[0], t.shape[1]))))
-        at = first // STRIP
-        strips.q[at:at + packed.q.shape[0]] = packed.q
-        strips.factors[at:at + packed.q.shape[0]] = packed.factors
-    return strips
+    def read_into(first: int, out: np.ndarray) -> None:
+        out[:] = dequantize(QuantizedTensor(t.kind, t.blocks[first:first + len(out)], out.shape))
+
+    return pack.in_slabs(FloatRows(t.shape, read_into), pack.quantize)
 
 
 def stacked(parts: tuple) -> Strips | None:

@@ -49,11 +49,11 @@ def compress(w: np.ndarray | FloatRows, kind: str = "q8_0") -> Strips:
     q4_k: Q4_K where its rows split into super-blocks of 256 weights; a weight whose rows do not
     (an in-dimension not a multiple of 256) falls back to q8_0's choice."""
     if kind == "q4_k" and w.shape[1] % kquants.QK_K == 0:
-        return _in_slabs(w, quantize_q4_k)
-    return _in_slabs(w, exact_q4_1) or _in_slabs(w, quantize)
+        return in_slabs(w, quantize_q4_k)
+    return in_slabs(w, exact_q4_1) or in_slabs(w, quantize)
 
 
-def _in_slabs(w: np.ndarray | FloatRows, pack: Callable[[np.ndarray], Strips | None]) -> Strips | None:
+def in_slabs(w: np.ndarray | FloatRows, pack: Callable[[np.ndarray], Strips | None]) -> Strips | None:
     """pack(w), for FloatRows a slab of rows at a time (slabs are whole strips), the slabs' strips
     copied into one; None where pack gives None for any slab."""
     if not isinstance(w, FloatRows):
