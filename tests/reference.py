@@ -56,3 +56,14 @@ def dense_logits(config, t: dict, ids) -> np.ndarray:
         x = x + (gate / (1 + np.exp(-gate)) * up) @ t[p + "mlp.down_proj.weight"].T
     head = t.get("lm_head.weight", t["model.embed_tokens.weight"])
     return rms(x, t["model.norm.weight"], c.rms_norm_eps) @ head.T
+
+
+def int8_activations(x: np.ndarray, top: int = 127) -> np.ndarray:
+    """x as the integer GEMV (model/quant/gemv.py) rounds it: each block of 32 to int8 under one
+    scale (its largest magnitude over 127; int16 with top 32767), in float64, so that x8 @ w.T
+    is the kernel's result up to float rounding."""
+    x = np.asarray(x, dtype=np.float32)
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(top)
+    inverse = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale > 0)
+    return (np.rint(blocks * inverse).astype(np.float64) * scale).reshape(x.shape)

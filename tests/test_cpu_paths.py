@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 
 from model.quant import cpu
+from reference import int8_activations
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
-CHOICE = "import json; from model.quant import cpu; print(json.dumps([cpu.PATH, cpu.F16C, cpu.QUANTIZED_DEFAULT]))"
+CHOICE = ("import json; from model.quant import cpu;"
+          " print(json.dumps([cpu.PATH, cpu.F16C, cpu.QUANTIZED_DEFAULT, cpu.VNNI]))")
 # numba's settings that compile for each path's CPU on this one (an empty features string: the
 # name's own features, not the host's)
 TARGETS = {"avx512": {"NUMBA_CPU_NAME": "x86-64-v4", "NUMBA_CPU_FEATURES": ""},
@@ -46,16 +48,19 @@ def choice(tmp_path: Path, **settings) -> list:
 
 @x86
 @pytest.mark.parametrize("name, features, want", [
-    ("generic", None, ["portable", False]),  # numba adds no features to generic
-    ("x86-64-v2", "", ["portable", False]),  # as QEMU's kvm64 guests: no F16C
-    ("haswell", "", ["avx2", True]),  # AVX2 and F16C, no AVX-512
-    ("skylake-avx512", "", ["avx512", True]),
-    ("x86-64-v4", "", ["avx512", True]),
+    ("generic", None, ["portable", False, False]),  # numba adds no features to generic
+    ("x86-64-v2", "", ["portable", False, False]),  # as QEMU's kvm64 guests: no F16C
+    ("haswell", "", ["avx2", True, False]),  # AVX2 and F16C, no AVX-512
+    ("alderlake", "", ["avx2", True, False]),  # AVX-VNNI's 256-bit vpdpbusd is not the GEMV's
+    ("skylake-avx512", "", ["avx512", True, False]),
+    ("x86-64-v4", "", ["avx512", True, False]),
+    ("icelake-server", "", ["avx512", True, True]),  # AVX-512 VNNI
+    ("x86-64-v4", "+avx512vnni", ["avx512", True, True]),
 ])
 def test_the_path_is_what_numbas_target_has(tmp_path, name, features, want):
     settings = {"NUMBA_CPU_NAME": name} | ({} if features is None else {"NUMBA_CPU_FEATURES": features})
-    path, f16c, quantized_default = choice(tmp_path, **settings)
-    assert [path, f16c] == want and quantized_default == (path != "portable")
+    path, f16c, quantized_default, vnni = choice(tmp_path, **settings)
+    assert [path, f16c, vnni] == want and quantized_default == (path != "portable")
 
 
 @x86
@@ -63,7 +68,7 @@ def test_the_features_string_decides_what_it_names(tmp_path):
     """Without NUMBA_CPU_FEATURES numba compiles for the host's features, whatever the name; a
     feature it turns off is off (AVX-512 needs F16C, so -f16c takes both)."""
     assert choice(tmp_path, NUMBA_CPU_NAME="haswell") == choice(tmp_path)
-    path, f16c, _ = choice(tmp_path, NUMBA_CPU_FEATURES="-f16c")
+    path, f16c, _, _ = choice(tmp_path, NUMBA_CPU_FEATURES="-f16c")
     assert path != "avx512" and not f16c
 
 
@@ -131,8 +136,10 @@ def kept_weights():
 @pytest.mark.slow
 @pytest.mark.parametrize("path", list(TARGETS))
 def test_every_kept_type_multiplies_the_same_bits_on_every_path(tmp_path, caches, path):
-    """Against gguf-py's dequantize times the activations, and bit for bit what this process
-    computes (the integer sums are exact and the float work the same order on every target)."""
+    """Against gguf-py's dequantize times the activations (rounded to int8 as the GEMV does),
+    and bit for bit what this process computes (the integer sums are exact and the float work
+    the same order on every target; none of the forced targets has VNNI, so where this host has
+    it, vpdpbusd's sums are held against the int16 pair sums')."""
     if not host_can_run(path):
         pytest.skip(f"this CPU cannot run the {path} path's code")
     done = run(["-c", PARITY, str(tmp_path / "out.npz")], caches[path], timeout=900, **TARGETS[path])
@@ -146,7 +153,7 @@ def test_every_kept_type_multiplies_the_same_bits_on_every_path(tmp_path, caches
         weights = strips.dequantize()
         for tokens in (1, 2, 17, 32, 33, 64, 100):
             rows = x[:tokens, :strips.shape[1]]
-            got, want = there[f"{kind}-{tokens}"], rows @ weights.T
+            got, want = there[f"{kind}-{tokens}"], int8_activations(rows) @ weights.T
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=kind)
             np.testing.assert_array_equal(got, matmul(rows, strips), err_msg=kind)
 

@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 
 from model.backend import resolve
+from model.config import ModelConfig
 from model.default import default_model_dir
 from model.quant import pack
 from model.quant.matmul import matmul
 from model.quant.strips import Q4_1Strips, Q8_0Strips
 from model.runner import ModelRunner, Row, StepPlan
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
+from reference import int8_activations
 
 
 @pytest.fixture
@@ -39,7 +41,7 @@ def test_quantized_blocks_round_trip_within_half_a_step(rng):
 def test_the_8bit_matmul_is_the_dequantized_one(rng, tokens, out_dim, in_dim):
     qw = pack.quantize(rng.standard_normal((out_dim, in_dim), dtype=np.float32))
     x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
-    want = x @ qw.dequantize().T  # int16 activations lose less than this
+    want = int8_activations(x) @ qw.dequantize().T
     got = matmul(x, qw)
     assert got.shape == want.shape and got.flags.c_contiguous
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -74,12 +76,13 @@ def test_weights_that_are_exactly_q4_1_are_kept_so_and_nothing_else_is(rng):
 @pytest.mark.parametrize("tokens", [1, 3, 32, 33, 64, 100])
 @pytest.mark.parametrize("out_dim, in_dim", [(1, 32), (7, 64), (1030, 576)])
 def test_the_4bit_matmul_is_the_float32_one(rng, tokens, out_dim, in_dim):
-    """Q4_1 through the GEMV against the float32 weights they hold exactly."""
+    """Q4_1 through the GEMV against the float32 weights they hold exactly (times the
+    activations rounded to int8 as the GEMV does)."""
     w = q4_1(rng, out_dim, in_dim)
     qw = pack.compress(w)
     assert isinstance(qw, Q4_1Strips)
     x = rng.standard_normal((tokens, in_dim), dtype=np.float32)
-    want = x @ w.T
+    want = int8_activations(x) @ w.T
     got = matmul(x, qw)
     assert got.shape == want.shape and got.flags.c_contiguous
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -115,8 +118,10 @@ def smol():
     from model.ops.numba_ops import NumbaOps
 
     path = default_model_dir()
-    runners = {dtype: ModelRunner.from_dir(path, num_blocks=160, ops=NumbaOps(dtype))
-               for dtype in ("float32", "q8_0")}
+    runners = {name: ModelRunner.from_dir(path, num_blocks=160, ops=ops) for name, ops in (
+        ("float32", NumbaOps("float32")), ("q8_0", resolve("cpu", "q8_0").prepare(ModelConfig.load(path))),
+        ("int8", NumbaOps("q8_0", "int8")))}
+    assert runners["q8_0"].model.ops.activations == "int16"  # model/backend.py's choice at this size
     return runners, Tokenizer(path)
 
 
@@ -134,29 +139,32 @@ def every_position_logits(runner: ModelRunner, ids: list[int], chunk: int = 32) 
 @pytest.mark.slow
 def test_the_8bit_model_agrees_with_float32_over_2000_tokens(smol):
     """Over the Python reference's chapter on compound statements (prose with some code, shipped
-    with Python): 99.95% when measured, perplexity 9.221 against 9.220, where the CPU keeps the
-    GGUF's Q4_1 projections as they are (AVX-512); 98.15% with Q8_0 for all of them.
-    Markdown with tables and code (this repository's README) has more near-ties."""
+    with Python), where the CPU keeps the GGUF's Q4_1 projections as they are, so that what is
+    lost is the activations' rounding per block of 32: with int16 (what serves this model)
+    99.95-100% when measured, perplexity 9.221 against 9.220; with int8, as llama.cpp's
+    quantized paths round them, 97.0-97.1% and 9.24-9.27. Markdown with tables and code (this repository's
+    README) has more near-ties."""
     from pydoc_data.topics import topics
 
     runners, tok = smol
     ids = tok.encode(topics["compound"])[:2001]
     assert len(ids) == 2001
     ref = every_position_logits(runners["float32"], ids[:-1])
-    got = every_position_logits(runners["q8_0"], ids[:-1])
-    agreement = np.mean(ref.argmax(axis=1) == got.argmax(axis=1))
-    # the same text in steps of 128 rows: the same bits (one GEMV for every row count)
-    np.testing.assert_array_equal(every_position_logits(runners["q8_0"], ids[:-1], chunk=128), got)
 
     def perplexity(logits):
         shifted = logits - logits.max(axis=1, keepdims=True)
         logprobs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
         return float(np.exp(-logprobs[np.arange(2000), ids[1:]].mean()))
 
-    ppl_ref, ppl_q8 = perplexity(ref), perplexity(got)
-    print(f"top-1 agreement {agreement:.4f}, perplexity float32 {ppl_ref:.3f}, q8_0 {ppl_q8:.3f}")
-    assert agreement >= 0.98
-    assert abs(ppl_q8 / ppl_ref - 1) <= 0.02
+    for name, least_agreement, most_perplexity in (("q8_0", 0.99, 0.002), ("int8", 0.96, 0.01)):
+        got = every_position_logits(runners[name], ids[:-1])
+        agreement = np.mean(ref.argmax(axis=1) == got.argmax(axis=1))
+        # the same text in steps of 128 rows: the same bits (one GEMV for every row count)
+        np.testing.assert_array_equal(every_position_logits(runners[name], ids[:-1], chunk=128), got)
+        ppl_ref, ppl = perplexity(ref), perplexity(got)
+        print(f"{name}: top-1 agreement {agreement:.4f}, perplexity float32 {ppl_ref:.3f}, {name} {ppl:.3f}")
+        assert agreement >= least_agreement
+        assert abs(ppl / ppl_ref - 1) <= most_perplexity
 
 
 def test_the_8bit_model_still_says_paris(smol):

@@ -33,21 +33,27 @@ class NumbaOps(NumpyOps):
     Either way a GGUF's quantized tensors are packed from their own blocks where
     model/quant/blocks.py has a packer for the kind (and this CPU the kernels), else
     dequantized and rounded to Q8_0; and K/V are float16 (float32 on a CPU without F16C:
-    model/ops/numba_kernels.QUANTIZED_KV)."""
+    model/ops/numba_kernels.QUANTIZED_KV). activations: what the packed weights' GEMV rounds
+    each block of 32 activations to (model/quant/gemv.py): int8 as llama.cpp does (one vpdpbusd
+    for 64 products with VNNI), or int16 (closer to float32, half the products an instruction);
+    model/backend.py chooses by the model's size."""
 
     name = "numba"
     WEIGHTS = ("float32", *pack.KINDS)
+    ACTIVATIONS = {"int8": np.int8, "int16": np.int16}
     write_kv = staticmethod(numba_rowwise.write_kv)
     rms_norm = staticmethod(numba_rowwise.rms_norm)
     add_rms_norm = staticmethod(numba_rowwise.add_rms_norm)
     rope = staticmethod(numba_rowwise.rope)
     silu_and_mul = staticmethod(numba_rowwise.silu_and_mul)
 
-    def __init__(self, weights: str = "float32"):
+    def __init__(self, weights: str = "float32", activations: str = "int8"):
         super().__init__()
         if weights not in self.WEIGHTS:
             raise ValueError(f"the CPU keeps weights as {', '.join(self.WEIGHTS)}, not {weights}")
-        self.weights = weights
+        if activations not in self.ACTIVATIONS:
+            raise ValueError(f"the CPU rounds activations to {', '.join(self.ACTIVATIONS)}, not {activations}")
+        self.weights, self.activations = weights, activations
         self.storage_dtype = np.dtype(np.float32) if weights == "float32" else QUANTIZED_KV
         self.converted: set[str] = set()  # GGUF types rounded to Q8_0 since the last loaded()
 
@@ -83,7 +89,7 @@ class NumbaOps(NumpyOps):
         elif not isinstance(w, Strips):
             return super().linear(x, w, bias)
         else:
-            out = matmul(x, w)
+            out = matmul(x, w, self.ACTIVATIONS[self.activations])
         if bias is not None:
             out += bias
         return out
@@ -91,7 +97,7 @@ class NumbaOps(NumpyOps):
     def logits(self, h: np.ndarray, w) -> np.ndarray:
         """The LM head, C-ordered: at 8 rows and up h @ w.T is as fast as NumpyOps' (w @ h.T).T."""
         if isinstance(w, Strips):
-            return matmul(h, w)
+            return matmul(h, w, self.ACTIVATIONS[self.activations])
         return h @ w.T if h.shape[0] >= 8 else np.ascontiguousarray(self.linear(h, w))
 
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int) -> numba_attention.AttentionPlan:

@@ -62,7 +62,7 @@ def pack_q8_0(blocks: np.ndarray, columns: int) -> Q8_0Strips:
     """Q8_0 blocks into Q8_0 strips: the same int8 values and scales."""
     src = _blocks(blocks, columns, _Q8_0_BYTES)
     strips = Q8_0Strips.zeros(blocks.shape[0], columns)
-    _pack_q8_0(src, _halves(src, 0), strips.q, strips.factors)
+    _pack_q8_0(src, _halves(src, 0), strips.q.view(np.uint8), strips.factors)
     return strips
 
 
@@ -84,10 +84,10 @@ def pack_q4_1(blocks: np.ndarray, columns: int) -> Q4_1Strips:
     return strips
 
 
-@njit("void(uint8[:, :, ::1], float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1])", parallel=True,
+@njit("void(uint8[:, :, ::1], float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1])", parallel=True,
       cache=True, nogil=True)
 def _pack_q8_0(src, d, q, scale):
-    """Row r, value k of a block to line k // 2, byte 2r + k % 2 (strips.py's order)."""
+    """Row r, value k of a block to its place in the strip (kblocks.put_byte)."""
     rows, blocks = src.shape[0], src.shape[1]
     for s in prange(q.shape[0]):
         for r in range(min(STRIP, rows - s * STRIP)):
@@ -95,15 +95,14 @@ def _pack_q8_0(src, d, q, scale):
             for b in range(blocks):
                 scale[s, b, r] = d[row, b]
                 for k in range(BLOCK):
-                    q[s, b, (k // 2) * 2 * STRIP + 2 * r + k % 2] = np.int8(src[row, b, 2 + k])
+                    kblocks.put_byte(q, s, b, r, k, np.int8(src[row, b, 2 + k]))
 
 
 @njit("void(uint8[:, :, ::1], int64, float32[:, ::1], float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1])",
       parallel=True, cache=True, nogil=True)
 def _pack_q4(src, start, d, minimum, q, factors):
     """Blocks of 32 nibbles from byte start (value k low in byte k, k + 16 high in byte k) into
-    Q4_1 strips: value k to nibble (k // 2) % 2 of byte 2r + k % 2 of line pair k // 4, as
-    pack.py's Q4_1; factors the 16 rows' scales, then minima."""
+    Q4_1 strips (kblocks.put); factors the 16 rows' scales, then minima."""
     rows, blocks = src.shape[0], src.shape[1]
     for s in prange(q.shape[0]):
         for r in range(min(STRIP, rows - s * STRIP)):
@@ -113,7 +112,7 @@ def _pack_q4(src, start, d, minimum, q, factors):
                 for k in range(BLOCK):
                     byte = src[row, b, start + k % 16]
                     level = byte & np.uint8(15) if k < 16 else byte >> np.uint8(4)
-                    q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= level << np.uint8(4 * (k // 2 % 2))
+                    kblocks.put(q, s, b, r, k, level, 0)
 
 
 # GGUF type -> its packer

@@ -38,8 +38,24 @@ _F16C_PROBE = "define float @probe(float %x) {\n  %h = fptrunc float %x to half\
 # 32 x i16 is one zmm register only with AVX-512BW, 16 x i16 one ymm register only with AVX2.
 _VECTOR_PROBE = "define <{n} x i16> @probe(<{n} x i16> %a, <{n} x i16> %b) #0 {{\n  %c = mul <{n} x i16> %a, %b\n" \
                 "  ret <{n} x i16> %c\n}}\nattributes #0 = {{ \"min-legal-vector-width\"=\"{bits}\" }}\n"
+# int16 pair sums added to int32 lanes: one vpdpwssd on a zmm register only with AVX-512 VNNI,
+# which brings vpdpbusd (the GEMV's) with it.
+_VNNI_PROBE = """define <16 x i32> @probe(<16 x i32> %acc, <32 x i16> %a, <32 x i16> %b) #0 {
+  %x = sext <32 x i16> %a to <32 x i32>
+  %y = sext <32 x i16> %b to <32 x i32>
+  %p = mul <32 x i32> %x, %y
+  %e = shufflevector <32 x i32> %p, <32 x i32> %p, <16 x i32> <EVEN>
+  %o = shufflevector <32 x i32> %p, <32 x i32> %p, <16 x i32> <ODD>
+  %s = add <16 x i32> %e, %o
+  %r = add <16 x i32> %acc, %s
+  ret <16 x i32> %r
+}
+attributes #0 = { "min-legal-vector-width"="512" }
+""".replace("EVEN", ", ".join(f"i32 {i}" for i in range(0, 32, 2))).replace(
+    "ODD", ", ".join(f"i32 {i}" for i in range(1, 32, 2)))
 _PROBES = {"avx512bw": ("zmm", _VECTOR_PROBE.format(n=32, bits=512)),
-           "avx2": ("ymm", _VECTOR_PROBE.format(n=16, bits=256))}
+           "avx2": ("ymm", _VECTOR_PROBE.format(n=16, bits=256)),
+           "avx512vnni": ("vpdpwssd\t%zmm", _VNNI_PROBE)}
 
 
 def _assembly(probe: str) -> str:
@@ -61,8 +77,8 @@ def _target_has(feature: str) -> bool:
     if feature == "f16c":
         assembly = _assembly(_F16C_PROBE)
         return not ("sfhf2" in assembly or "hfsf2" in assembly)
-    register, probe = _PROBES[feature]
-    return register in _assembly(probe)
+    marker, probe = _PROBES[feature]
+    return marker in _assembly(probe)
 
 
 def _choose() -> tuple[str, str]:
@@ -75,7 +91,9 @@ def _choose() -> tuple[str, str]:
 
 
 PATH, WHY = _choose()
+VNNI = PATH == "avx512" and _target_has("avx512vnni")  # the GEMV's int8 dot in one instruction
 F16C = _target_has("f16c")
 QUANTIZED_DEFAULT = PATH != "portable"  # the default --dtype on the CPU is q8_0, else float32
-log.info(f"CPU path {PATH}: {WHY}; default --dtype {'q8_0' if QUANTIZED_DEFAULT else 'float32'}; float16 K/V"
+log.info(f"CPU path {PATH}: {WHY}{' and VNNI (vpdpbusd)' if VNNI else ''};"
+         f" default --dtype {'q8_0' if QUANTIZED_DEFAULT else 'float32'}; float16 K/V"
          f" {'through F16C' if F16C else 'unavailable (no F16C): float32 K/V'}")

@@ -1,20 +1,21 @@
-"""x @ w.T for packed weights, a strip at a time, in integers: the activations scaled to int16
-per block of 32, each weight widened to int16, products summed in pairs into exact int32 sums.
-The same kernel serves every row count and every CPU, so a row's output has the same bits
+"""x @ w.T for packed weights, a strip at a time, in integers: the activations rounded per block
+of 32 to int8 (as llama.cpp's quantized paths do) or int16 (closer to float32; the backend
+chooses, model/backend.py), each weight an unsigned byte, products summed into exact int32
+sums. The same kernel serves every row count and every CPU, so a row's output has the same bits
 alone, in any batch, and on any machine.
 
 A decode step at batch 1 reads every weight once, so it is bound by memory bandwidth: a quarter
-of the bytes makes it faster. Per block, 16 lines of 32 weights (widened to int16) times a
-broadcast pair of int16 activations give the 16 rows' int32 sums in 16 lanes, scaled into 16
-float lanes by the weight and activation scales. Batches and prefill are compute-bound, so the
-rows go two at a time, a block's lines widened once for both: each row's arithmetic is still the
-sequence it has alone. The pair sums are plain LLVM vector IR (widen,
-multiply, add even and odd lanes), which LLVM's x86 back end turns into pmaddwd at the width
-the target has (zmm with AVX-512BW, ymm with AVX2, xmm with SSE2) and other back ends into
-their own multiply-adds: no intrinsic, so nothing that a target cannot lower. Each scheme's
-kernels are generated from its constants (strips.py: nibbles, high bits, ZERO, SCALES,
-MINIMA, SUB_SCALES, SIGNED), compiled under its kind.
-"""
+of the bytes makes it faster. Per block, 8 lines of 64 weights times a broadcast quad of
+activations give the 16 rows' int32 sums in 16 lanes, less ZERO times the activations' sum,
+scaled into 16 float lanes by the weight and activation scales. Batches and prefill are
+compute-bound: with AVX-512 VNNI a line times an int8 quad is one vpdpbusd (64 products), and
+the rows go two at a time, a block's lines unpacked once for both, each row's arithmetic still
+the sequence it has alone. Otherwise (int16, or no VNNI) the same sums are plain LLVM vector IR
+(bytes widened to int16, pair sums as pmaddwd, the pairs added once per scale), which LLVM's
+x86 back end lowers at the width the target has (zmm, ymm, xmm; vpdpwssd with VNNI) and other
+back ends into their own multiply-adds. Integer sums are exact either way, so both give the
+same bits. Each scheme's kernels are generated from its constants (strips.py: nibbles, high
+bits, ZERO, SCALES, MINIMA, SUB_SCALES, SIGNED), compiled under its kind."""
 
 import numpy as np
 from llvmlite import ir
@@ -23,63 +24,96 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
-from model.quant.strips import BLOCK, NIBBLE_BYTES, SCHEMES, STRIP, SUPER_BLOCKS, Q4_1Strips, Q8_0Strips, Strips
+from model.quant.cpu import VNNI
+from model.quant.strips import (BLOCK, LINE_BYTES, LINES, NIBBLE_BYTES, QUAD, SCHEMES, STRIP, SUPER_BLOCKS,
+                                Q4_1Strips, Q8_0Strips, Strips)
+
+BYTES64 = ir.VectorType(ir.IntType(8), LINE_BYTES)
+INTS16 = ir.VectorType(ir.IntType(32), STRIP)
 
 
 def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
-    """The 16 lines of a (strip, block) at lines (i8*) as 32 int16 each, less ZERO: Q8_0's int8
-    widened; else line r the low (r even) or high nibbles of byte pair r // 2, and above them its
-    HIGH_BITS bits, shifted out of its high group's bytes (strips.py)."""
+    """The 8 lines of a (strip, block) at lines (i8*) as 64 unsigned bytes each: Q8_0's as
+    stored; else line l the low (l even) or high nibbles of 64-byte group l // 2, and above them
+    its HIGH_BITS bits, shifted out of its high group's bytes (strips.py)."""
     i64 = ir.IntType(64)
-    bytes32, shorts32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 32)
 
     def load(at):
-        return builder.load(builder.bitcast(builder.gep(lines, [ir.Constant(i64, at)]), bytes32.as_pointer()), align=1)
+        return builder.load(builder.bitcast(builder.gep(lines, [ir.Constant(i64, at)]), BYTES64.as_pointer()), align=1)
 
     def bytes_of(value):
-        return ir.Constant(bytes32, [value] * 32)
+        return ir.Constant(BYTES64, [value] * LINE_BYTES)
 
     if not weights.NIBBLES:
-        return [builder.sext(load(32 * r), shorts32) for r in range(STRIP)]
-    pairs = [load(32 * p) for p in range(STRIP // 2)]
+        return [load(LINE_BYTES * line) for line in range(LINES)]
+    pairs = [load(LINE_BYTES * p) for p in range(LINES // 2)]
     high_bits = weights.HIGH_BITS
-    groups = [load(NIBBLE_BYTES + 32 * g) for g in range(2 * high_bits)]
+    groups = [load(NIBBLE_BYTES + LINE_BYTES * g) for g in range(high_bits)]
     out = []
-    for r in range(STRIP):
-        value = (builder.and_(pairs[r // 2], bytes_of(15)) if r % 2 == 0
-                 else builder.lshr(pairs[r // 2], bytes_of(4)))
+    for line in range(LINES):
+        value = (builder.and_(pairs[line // 2], bytes_of(15)) if line % 2 == 0
+                 else builder.lshr(pairs[line // 2], bytes_of(4)))
         if high_bits:
-            lines = 8 // high_bits  # that share a byte
-            shift = high_bits * (r % lines)
-            high = builder.lshr(groups[r // lines], bytes_of(shift)) if shift else groups[r // lines]
+            shared = 8 // high_bits  # lines whose high bits share a byte
+            shift = high_bits * (line % shared)
+            high = builder.lshr(groups[line // shared], bytes_of(shift)) if shift else groups[line // shared]
             if shift + high_bits < 8:
                 high = builder.and_(high, bytes_of((1 << high_bits) - 1))
             value = builder.or_(value, builder.shl(high, bytes_of(4)))
-        value = builder.zext(value, shorts32)
-        if weights.ZERO:
-            value = builder.sub(value, ir.Constant(shorts32, [weights.ZERO] * 32))
         out.append(value)
     return out
 
 
+def _adjacent_sums(builder, v: ir.Value) -> ir.Value:
+    """v[2i] + v[2i + 1] for the 2n int32 lanes of v."""
+    lanes = v.type.count
+    halves = ir.VectorType(ir.IntType(32), lanes // 2)
+    even, odd = (ir.Constant(halves, list(range(first, lanes, 2))) for first in (0, 1))
+    return builder.add(builder.shuffle_vector(v, v, even), builder.shuffle_vector(v, v, odd))
+
+
 def _pair_sums(builder, a: ir.Value, b: ir.Value) -> ir.Value:
-    """a[2i] b[2i] + a[2i + 1] b[2i + 1] in int32 for 32 x int16 a and b: pmaddwd's
-    arithmetic, exact for Spool's operands (weights within 8 bits, so no sum overflows)."""
-    ints32 = ir.VectorType(ir.IntType(32), 32)
-    products = builder.mul(builder.sext(a, ints32), builder.sext(b, ints32))
-    even, odd = (ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(first, 32, 2))) for first in (0, 1))
-    return builder.add(builder.shuffle_vector(products, products, even), builder.shuffle_vector(products, products, odd))
+    """a[2i] b[2i] + a[2i + 1] b[2i + 1] in int32 for 2n int16 lanes a and b: pmaddwd's
+    arithmetic, exact for Spool's operands (bytes, so no sum overflows)."""
+    ints = ir.VectorType(ir.IntType(32), a.type.count)
+    return _adjacent_sums(builder, builder.mul(builder.sext(a, ints), builder.sext(b, ints)))
+
+
+def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], start: ir.Value) -> ir.Value:
+    """start (16 x int32) plus, in each row's lane, the sum over lines of its 4 weights (unsigned
+    bytes) times the line's quad of activations (int8 as one int32, or int16 as one int64):
+    vpdpbusd where the target has VNNI and the activations are int8, else the same integers
+    through int16 pair sums."""
+    quad_bits = quads[0].type.width
+    if VNNI and quad_bits == 32:
+        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS16, [INTS16] * 3),
+                                             "llvm.x86.avx512.vpdpbusd.512")
+        acc = start
+        for line, quad in zip(line_weights, quads):
+            acc = builder.call(dot, [acc, builder.bitcast(line, INTS16), splat(builder, quad, INTS16)])
+        return acc
+    shorts = ir.VectorType(ir.IntType(16), LINE_BYTES)
+    pairs = None  # 32 int32 lanes: row r's weights 4l, 4l + 1 in lane 2r, 4l + 2, 4l + 3 in 2r + 1
+    for line, quad in zip(line_weights, quads):
+        four = builder.bitcast(quad, ir.VectorType(ir.IntType(quad_bits // QUAD), QUAD))
+        if quad_bits == 32:
+            four = builder.sext(four, ir.VectorType(ir.IntType(16), QUAD))
+        x = builder.shuffle_vector(four, four, ir.Constant(ir.VectorType(ir.IntType(32), LINE_BYTES),
+                                                           [j % QUAD for j in range(LINE_BYTES)]))
+        part = _pair_sums(builder, builder.zext(line, shorts), x)
+        pairs = part if pairs is None else builder.add(pairs, part)
+    return builder.add(start, _adjacent_sums(builder, pairs))
 
 
 @intrinsic(prefer_literal=True)
 def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
     """out[t + i, 16s:16s+16] = strip s times activation row t + i for i < tile (1 or 2), for the
-    scheme named kind (kind and tile literals): the block's lines widened and its weight factors
+    scheme named kind (kind and tile literals): the block's lines unpacked and its weight factors
     read once for the tile's rows, each row's arithmetic the same sequence as alone (so the same
-    bits). Per block, 16 lines of 32 weights (widened to int16, _line_weights) times a broadcast
-    pair of int16 activations (_pair_sums), summed in int32 per scale's lines,
-    each sum scaled by the weight and activation scales into 16 float lanes, in line order;
-    with MINIMA, each row's minimum times the block's activation sum (xsum) added last."""
+    bits). Per block and scale, the lines times broadcast quads of activations, less ZERO
+    times the activations' sum (xsum, per 16), in int32 (_group_sum); each sum scaled by the
+    weight and activation scales into 16 float lanes, in line order; with MINIMA, each row's
+    minimum times the block's activation sum added last."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(tile, types.IntegerLiteral):
         return None
     weights, rows = SCHEMES[kind.literal_value], tile.literal_value
@@ -89,18 +123,18 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
         q_arr, xq_arr, qs_arr, xs_arr, xsum_arr, out_arr = (
             array(context, builder, signature.args[i], args[i]) for i in (0, 2, 4, 5, 6, 7))
         s, t = args[1], args[3]
-        i64, i32, i16 = ir.IntType(64), ir.IntType(32), ir.IntType(16)
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        quad_type = ir.IntType(QUAD * xq.dtype.bitwidth)  # a quad of int8 or int16 activations
         blocks = builder.extract_value(q_arr.shape, 1)
         width = builder.extract_value(out_arr.shape, 1)
-        shorts32 = ir.VectorType(i16, 32)
-        ints16, floats16 = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 16)
+        floats16 = ir.VectorType(ir.FloatType(), 16)
         q_strip = builder.gep(q_arr.data, [builder.mul(s, builder.mul(blocks, ir.Constant(i64, block_bytes)))])
         ts = [builder.add(t, ir.Constant(i64, i)) for i in range(rows)]
-        x_rows = [builder.gep(xq_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, 32)))]) for u in ts]
+        x_rows = [builder.gep(xq_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, BLOCK)))]) for u in ts]
         factor_rows = builder.extract_value(qs_arr.shape, 1)  # blocks, or super-blocks with SUB_SCALES
         qs_strip = builder.gep(qs_arr.data, [builder.mul(s, builder.mul(factor_rows, ir.Constant(i64, factors_per_block)))])
         xs_rows = [builder.gep(xs_arr.data, [builder.mul(u, blocks)]) for u in ts]
-        xsum_rows = [builder.gep(xsum_arr.data, [builder.mul(u, blocks)]) for u in ts]
+        xsum_rows = [builder.gep(xsum_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, 2)))]) for u in ts]
         accs = [cgutils.alloca_once_value(builder, ir.Constant(floats16, None)) for _ in ts]
 
         def load_floats(at):
@@ -124,18 +158,26 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
             group_scales = [block_factors(lines, factors, STRIP * group) for group in range(scales)]
             minima = block_factors(lines, factors, STRIP * scales) if weights.MINIMA else None
             for x_row, xs_row, xsum_row, acc in zip(x_rows, xs_rows, xsum_rows, accs):
-                pairs = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, 32))]), i32.as_pointer())
+                quads = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, BLOCK))]),
+                                        quad_type.as_pointer())
                 x_scale = splat(builder, builder.load(builder.gep(xs_row, [b])), floats16)
+                halves = [builder.load(builder.gep(xsum_row, [builder.add(builder.mul(b, ir.Constant(i64, 2)),
+                                                                          ir.Constant(i64, h))])) for h in range(2)]
                 block = None
                 for group in range(scales):  # the lines each scale covers
-                    ints = ir.Constant(ints16, None)
-                    for r in range(group * STRIP // scales, (group + 1) * STRIP // scales):
-                        pair = splat(builder, builder.load(builder.gep(pairs, [ir.Constant(i64, r)]), align=2), ints16)
-                        ints = builder.add(ints, _pair_sums(builder, line_weights[r], builder.bitcast(pair, shorts32)))
+                    group_lines = range(group * LINES // scales, (group + 1) * LINES // scales)
+                    start = ir.Constant(INTS16, None)
+                    if weights.ZERO:
+                        x_sum = halves[group] if scales == 2 else builder.add(halves[0], halves[1])
+                        start = splat(builder, builder.mul(x_sum, ir.Constant(i32, -weights.ZERO)), INTS16)
+                    ints = _group_sum(builder, [line_weights[line] for line in group_lines],
+                                      [builder.load(builder.gep(quads, [ir.Constant(i64, line)]), align=1)
+                                       for line in group_lines], start)
                     part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(group_scales[group], x_scale))
                     block = part if block is None else builder.fadd(block, part)
                 if weights.MINIMA:
-                    x_sum = splat(builder, builder.load(builder.gep(xsum_row, [b])), floats16)
+                    total = builder.sitofp(builder.add(halves[0], halves[1]), ir.FloatType())
+                    x_sum = splat(builder, builder.fmul(total, builder.load(builder.gep(xs_row, [b]))), floats16)
                     block = builder.fadd(block, builder.fmul(minima, x_sum))
                 builder.store(builder.fadd(builder.load(acc), block), acc)
         for u, acc in zip(ts, accs):
@@ -145,29 +187,33 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
     return types.void(q, s, xq, t, qs, xs, xsum, out, kind, tile), codegen
 
 
-@njit("void(float32[:, ::1], int16[:, ::1], float32[:, ::1], float32[:, ::1])", fastmath=True, cache=True,
-      nogil=True)
-def _scale_to_int16(x, xq, xs, xsum):
-    """Activations to int16 blocks of 32 with one scale each, rounded to nearest; and each
-    block's sum as rounded (for the minima)."""
+@njit(["void(float32[:, ::1], int8[:, ::1], float32[:, ::1], int32[:, ::1])",
+       "void(float32[:, ::1], int16[:, ::1], float32[:, ::1], int32[:, ::1])"],
+      fastmath={"nnan", "ninf", "nsz", "reassoc"}, cache=True, nogil=True)
+def _scale_to_ints(x, xq, xs, xsum):
+    """Activations to blocks of 32 integers (int8: -127..127; int16: -32767..32767) with one
+    scale each, rounded to nearest; and the sum of each 16 as rounded (for ZERO and the minima).
+    Exact reciprocals (no arcp), so that NumPy rounds as this does (tests/reference.py)."""
     tokens, in_dim = x.shape
+    top_level = np.float32(127.0) if xq.itemsize == 1 else np.float32(32767.0)
     for t in range(tokens):
         for b in range(in_dim // 32):
             top = np.float32(0.0)
             for j in range(32):
                 top = max(top, abs(x[t, b * 32 + j]))
-            s = top / np.float32(32767.0)
+            s = top / top_level
             xs[t, b] = s
             inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
-            total = 0
-            for j in range(32):
-                v = np.int16(np.rint(x[t, b * 32 + j] * inv))
-                xq[t, b * 32 + j] = v
-                total += v
-            xsum[t, b] = total * s
+            for h in range(2):
+                total = 0
+                for j in range(b * 32 + 16 * h, b * 32 + 16 * h + 16):
+                    v = np.rint(x[t, j] * inv)
+                    xq[t, j] = v
+                    total += np.int32(v)
+                xsum[t, 2 * b + h] = total
 
 
-def compiled(kernel, signature: str, weights: type[Strips]):
+def compiled(kernel, signature: list[str], weights: type[Strips]):
     """kernel compiled for one scheme under its own name (numba's cache keys on the name): at
     import for Q8_0 and Q4_1, which pack.compress makes of any weight, and at first use for the
     schemes only a GGUF's tensors come in, so that a start compiles none its model lacks (numba's
@@ -184,27 +230,28 @@ def _gemv_kernel(weights: type[Strips]):
     factors stored)."""
     kind = weights.kind
 
-    def strip_gemv(xq, xs, xsum, q, qs, out):  # rows two at a time, each pair's lines widened once
+    def strip_gemv(xq, xs, xsum, q, qs, out):  # rows two at a time, each pair's lines unpacked once
         tokens = xq.shape[0]
         for s in prange(q.shape[0]):
             for t in range(0, tokens - 1, 2):
                 _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind, 2)
             if tokens % 2:
                 _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, kind, 1)
-    return compiled(strip_gemv, "void(int16[:, ::1], float32[:, ::1], float32[:, ::1], int8[:, :, ::1],"
-                    " float32[:, :, ::1], float32[:, ::1])", weights)
+    return compiled(strip_gemv, [f"void({ints}[:, ::1], float32[:, ::1], int32[:, ::1], int8[:, :, ::1],"
+                                 " float32[:, :, ::1], float32[:, ::1])" for ints in ("int8", "int16")], weights)
 
 
 _GEMV = {weights: _gemv_kernel(weights) for weights in SCHEMES.values()}
 
 
-def gemv(x: np.ndarray, w: Strips) -> np.ndarray:
-    """x @ w.T over every strip (rows past w's last included), for C-ordered float32 x."""
+def gemv(x: np.ndarray, w: Strips, activations=np.int8) -> np.ndarray:
+    """x @ w.T over every strip (rows past w's last included), for C-ordered float32 x, its
+    blocks rounded to activations (np.int8 or np.int16)."""
     tokens, in_dim = x.shape
     out = np.empty((tokens, w.q.shape[0] * STRIP), dtype=np.float32)
-    xq = np.empty(x.shape, dtype=np.int16)
+    xq = np.empty(x.shape, dtype=activations)
     xs = np.empty((tokens, in_dim // BLOCK), dtype=np.float32)
-    xsum = np.empty((tokens, in_dim // BLOCK), dtype=np.float32)
-    _scale_to_int16(x, xq, xs, xsum)
+    xsum = np.empty((tokens, 2 * in_dim // BLOCK), dtype=np.int32)
+    _scale_to_ints(x, xq, xs, xsum)
     _GEMV[type(w)](xq, xs, xsum, w.q, w.factors, out)
     return out

@@ -15,8 +15,8 @@ import numpy as np
 from numba import njit, prange
 
 from model.errors import ModelError
-from model.quant.strips import (BLOCK, NIBBLE_BYTES, STRIP, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
-                                 Q6_KStrips, Strips)
+from model.quant.strips import (BLOCK, LINE_BYTES, NIBBLE_BYTES, QUAD, STRIP, Q4_KStrips, Q5_0Strips, Q5_1Strips,
+                                 Q5_KStrips, Q6_KStrips, Strips)
 
 QK_K = 256  # weights per K-quant super-block
 SUB_BLOCKS = QK_K // BLOCK
@@ -37,17 +37,24 @@ def _half(lo, hi):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _put(q, s, b, r, k, value, high_bits):
+def put(q, s, b, r, k, value, high_bits):
     """Value (its low 4 + high_bits bits) of row r, weight k of block b into strip s (uint8):
-    line k // 2, byte 2r + k % 2 of the line, its nibble, and its high bits at bit
+    line k // 4, byte 4r + k % 4 of the line, its nibble, and its high bits at bit
     high_bits x (line % lines) of byte `byte` of the high group line // lines, where lines =
     8 // high_bits lines share a byte (strips.py)."""
-    line, byte = k // 2, 2 * r + k % 2
-    q[s, b, 32 * (line // 2) + byte] |= np.uint8((value & 15) << (4 * (line % 2)))
+    line, byte = k // QUAD, QUAD * r + k % QUAD
+    q[s, b, LINE_BYTES * (line // 2) + byte] |= np.uint8((value & 15) << (4 * (line % 2)))
     if high_bits:
         lines = 8 // high_bits
-        q[s, b, NIBBLE_BYTES + 32 * (line // lines) + byte] |= np.uint8(
+        q[s, b, NIBBLE_BYTES + LINE_BYTES * (line // lines) + byte] |= np.uint8(
             ((value >> 4) & ((1 << high_bits) - 1)) << (high_bits * (line % lines)))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def put_byte(q, s, b, r, k, value):
+    """Q8_0's int8 value of row r, weight k of block b into strip s (uint8), plus 128: byte
+    4r + k % 4 of line k // 4 (strips.py)."""
+    q[s, b, LINE_BYTES * (k // QUAD) + QUAD * r + k % QUAD] = np.uint8(value + 128)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -81,7 +88,7 @@ def _pack_affine_k(blocks, q, factors, rows, block_bytes, high_bits, ints_at):
                         value = (data[qs + 32 * (j // 2) + i] >> (4 * (j % 2))) & 15
                         if high_bits:
                             value |= ((data[at + 16 + i] >> j) & 1) << 4
-                        _put(q, s, b, r, i, value, high_bits)
+                        put(q, s, b, r, i, value, high_bits)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -100,7 +107,7 @@ def _pack_q5(blocks, q, factors, rows, minima):
                 qh, qs = at + 2 + 2 * minima, at + 6 + 2 * minima
                 for i in range(BLOCK):
                     value = ((data[qs + i % 16] >> (4 * (i // 16))) & 15) | (((data[qh + i // 8] >> (i % 8)) & 1) << 4)
-                    _put(q, s, b, r, i, value, 1)
+                    put(q, s, b, r, i, value, 1)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -122,7 +129,7 @@ def _pack_q6_k(blocks, q, factors, rows, ints_at):
                     for i in range(BLOCK):
                         low = (data[at + 64 * h + 32 * (c % 2) + i] >> (4 * (c // 2))) & 15
                         high = (data[at + 128 + 32 * h + i] >> (2 * c)) & 3
-                        _put(q, s, b, r, i, low | (high << 4), 2)
+                        put(q, s, b, r, i, low | (high << 4), 2)
 
 
 def _strips(weights: type[Strips], name: str, blocks: np.ndarray, columns: int, per: int, size: int) -> Strips:

@@ -13,7 +13,8 @@ from model.quant.gemv import gemv
 from model.quant.strips import Strips
 
 
-def matmul(x: np.ndarray, w: Strips) -> np.ndarray:
-    """x @ w.T for activations x (tokens, in), as float32 (tokens, out)."""
-    out = gemv(np.ascontiguousarray(x, dtype=np.float32), w)
+def matmul(x: np.ndarray, w: Strips, activations=np.int8) -> np.ndarray:
+    """x @ w.T for activations x (tokens, in), as float32 (tokens, out), x's blocks rounded to
+    activations (np.int8 or np.int16, gemv.py)."""
+    out = gemv(np.ascontiguousarray(x, dtype=np.float32), w, activations)
     return out if w.rows == out.shape[1] else np.ascontiguousarray(out[:, :w.rows])

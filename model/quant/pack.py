@@ -23,7 +23,7 @@ def quantizable(w) -> bool:
 def quantize(w: np.ndarray) -> Q8_0Strips:
     """Round to nearest, each block scaled so that its largest magnitude is 127."""
     strips = Q8_0Strips.zeros(*w.shape)
-    _quantize_strips(np.ascontiguousarray(w, dtype=np.float32), strips.q, strips.factors)
+    _quantize_strips(np.ascontiguousarray(w, dtype=np.float32), strips.q.view(np.uint8), strips.factors)
     return strips
 
 
@@ -74,9 +74,9 @@ def in_slabs(w: np.ndarray | FloatRows, pack: Callable[[np.ndarray], Strips | No
 # Start-up runs these on every weight (135M numbers for the default model), once each: one pass
 # on all cores, where NumPy took 2.3 s over its temporaries. No fastmath: the rounding must be
 # NumPy's (float32 throughout, ties to even), and the Q4_1 test exact.
-@njit("void(float32[:, ::1], int8[:, :, ::1], float32[:, :, ::1])", parallel=True, cache=True, nogil=True)
+@njit("void(float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1])", parallel=True, cache=True, nogil=True)
 def _quantize_strips(w, q, scale):
-    """Q8_0: row r, weight k of a block goes to line k // 2, byte 2r + k % 2 (the strip order)."""
+    """Q8_0: row r, weight k of a block to its place in the strip (kblocks.put_byte)."""
     rows, blocks = w.shape[0], q.shape[1]
     for s in prange(q.shape[0]):
         for r in range(min(STRIP, rows - s * STRIP)):
@@ -88,14 +88,14 @@ def _quantize_strips(w, q, scale):
                 if step == 0:
                     step = np.float32(1)
                 for k in range(BLOCK):
-                    q[s, b, (k // 2) * 2 * STRIP + 2 * r + k % 2] = np.int8(np.rint(values[k] / step))
+                    kblocks.put_byte(q, s, b, r, k, np.int8(np.rint(values[k] / step)))
 
 
 @njit(cache=True, nogil=True)
 def _pack_q4_1_strip(w, q, factors, s):
     """Strip s as Q4_1 if each block of its rows is exactly minimum + scale x (0..15); False at
-    the first value that is not. Lines as Q8_0's, two to a byte (line 2p in the low nibble,
-    2p + 1 in the high one); factors are the 16 rows' scales, then their minima."""
+    the first value that is not (kblocks.put); factors are the 16 rows' scales, then their
+    minima."""
     for r in range(min(STRIP, w.shape[0] - s * STRIP)):
         row = s * STRIP + r
         for b in range(q.shape[1]):
@@ -108,7 +108,7 @@ def _pack_q4_1_strip(w, q, factors, s):
                 level = np.rint((values[k] - low) / divisor)
                 if not (level <= 15 and level * step + low == values[k]):
                     return False
-                q[s, b, (k // 4) * 2 * STRIP + 2 * r + k % 2] |= np.uint8(level) << np.uint8(4 * (k // 2 % 2))
+                kblocks.put(q, s, b, r, k, np.uint8(level), 0)
     return True
 
 

@@ -7,21 +7,22 @@ nothing rounded again: each value's low four bits two to a byte (a nibble plane)
 sixth bits packed below them, and float32 factors exact for the file's (float16 d times a small
 integer scale is exact in float32), so that they read back bit for bit as gguf-py dequantizes.
 
-A strip is 16 weight rows; each (strip, block) holds its 16 x 32 values as 16 lines of 32, line
-r holding weights 2r and 2r+1 of the block for each of the 16 rows in turn. That is the order a
-vector unit wants: one line times a broadcast pair of activations gives the 16 rows' partial
-sums in 16 lanes (vpmaddwd), with no reduction across lanes.
-Rows past the last are zero.
+A strip is 16 weight rows; each (strip, block) holds its 16 x 32 values as 8 lines of 64, line
+l holding weights 4l to 4l + 3 of the block for each of the 16 rows in turn (byte 4r + k % 4 of
+the line for row r, weight k). That is the order a vector unit wants: one line times a
+broadcast quad of int8 activations gives the 16 rows' partial sums in 16 lanes (vpdpbusd), with
+no reduction across lanes. Values are stored unsigned (Q8_0's int8 plus 128), the kernels
+taking ZERO times the activations' sum off. Rows past the last are zero.
 
-In a nibble scheme a (strip, block) is 256 bytes of nibbles (byte pair p: line 2p in the low
-nibbles, line 2p + 1 in the high ones), then HIGH_BITS x 64 bytes of the bits above: groups of
-32 bytes, each byte j of group g holding the high bits of value j of 8 // HIGH_BITS lines (line
-g x 8 // HIGH_BITS + i at bit HIGH_BITS x i), so that a line's high bits are a shift and a mask
-of one vector, as its nibbles are (bit planes, a 32-lane mask per line, took 2-3x the time of
-the nibbles on AVX-512). A weight is
-scale x (value - ZERO), plus the row's minimum where the scheme has MINIMA; with SCALES = 2,
-lines 0-7 (weights 0-15 of the block) and lines 8-15 have a scale each (Q6_K's sub-blocks of
-16). Factors per (strip, block): the 16 rows' scales (twice with SCALES = 2), then their minima.
+In a nibble scheme a (strip, block) is 256 bytes of nibbles (64-byte group p: line 2p in the
+low nibbles, line 2p + 1 in the high ones), then HIGH_BITS x 64 bytes of the bits above: groups
+of 64 bytes, each byte j of group g holding the high bits of value j of 8 // HIGH_BITS lines
+(line g x 8 // HIGH_BITS + i at bit HIGH_BITS x i), so that a line's high bits are a shift and a
+mask of one vector, as its nibbles are (bit planes, a 64-lane mask per line, took 2-3x the time
+of the nibbles on AVX-512). A weight is scale x (value - ZERO), plus the row's minimum where the
+scheme has MINIMA; with SCALES = 2, lines 0-3 (weights 0-15 of the block) and lines 4-7 have a
+scale each (Q6_K's sub-blocks of 16). Factors per (strip, block): the 16 rows' scales (twice
+with SCALES = 2), then their minima.
 
 With SUB_SCALES (the K-quants' compact form) those factors are the file's integers, a byte
 each (int8 where SIGNED, Q6_K's), at the end of q's (strip, block), and the float32 factors are
@@ -37,6 +38,9 @@ import numpy as np
 
 BLOCK = 32
 STRIP = 16  # weight rows a strip holds: 16 float32 lanes of one AVX-512 register
+QUAD = 4  # a row's weights in a line: the bytes vpdpbusd sums into one int32 lane
+LINES = BLOCK // QUAD  # lines per (strip, block)
+LINE_BYTES = STRIP * QUAD
 NIBBLE_BYTES = STRIP * BLOCK // 2  # the nibble plane of a (strip, block)
 HIGH_BYTES = STRIP * BLOCK // 8  # a (strip, block)'s bytes per high bit
 SUPER_BLOCKS = 8  # blocks under one float32 factor with SUB_SCALES: a K-quant super-block
@@ -94,10 +98,10 @@ class Strips:
         strips, blocks = self.q.shape[:2]
         if not len(index):
             return np.empty((0, blocks * BLOCK), dtype=np.float32)
-        lines = self._values().reshape(strips, blocks, STRIP, STRIP, 2)
-        values = lines[index // STRIP, :, :, index % STRIP, :]  # (rows, blocks, line, pair)
+        lines = self._values().reshape(strips, blocks, LINES, STRIP, QUAD)
+        values = lines[index // STRIP, :, :, index % STRIP, :]  # (rows, blocks, line, quad)
         factors = self.block_factors().reshape(strips, blocks, -1, STRIP)[index // STRIP, :, :, index % STRIP]
-        scales = factors[..., np.arange(STRIP) * self.SCALES // STRIP]  # (rows, blocks, line)
+        scales = factors[..., np.arange(LINES) * self.SCALES // LINES]  # (rows, blocks, line)
         out = values * scales[..., None]
         if self.MINIMA:
             out = out + factors[..., self.SCALES][..., None, None]
@@ -112,25 +116,26 @@ class Strips:
 
     def _values(self) -> np.ndarray:
         """The values less ZERO, one per element, in strip order: (strips, blocks, 16 x 32)."""
-        if not self.NIBBLES:
-            return self.q
-        strips, blocks = self.q.shape[:2]
         packed = self.q.view(np.uint8)
-        nibbles = packed[..., :NIBBLE_BYTES].reshape(strips, blocks, STRIP // 2, 1, BLOCK)
+        if not self.NIBBLES:
+            return packed.astype(np.int16) - np.int16(self.ZERO)
+        strips, blocks = self.q.shape[:2]
+        nibbles = packed[..., :NIBBLE_BYTES].reshape(strips, blocks, LINES // 2, 1, LINE_BYTES)
         values = np.concatenate([nibbles & 15, nibbles >> 4], axis=3).reshape(strips, blocks, -1)
         if self.HIGH_BITS:
             lines = 8 // self.HIGH_BITS  # that share a byte
             high = packed[..., NIBBLE_BYTES:NIBBLE_BYTES + self.HIGH_BITS * HIGH_BYTES]
             shifts = np.arange(0, 8, self.HIGH_BITS, dtype=np.uint8)[:, None]
-            bits = (high.reshape(strips, blocks, -1, 1, BLOCK) >> shifts) & np.uint8((1 << self.HIGH_BITS) - 1)
+            bits = (high.reshape(strips, blocks, -1, 1, LINE_BYTES) >> shifts) & np.uint8((1 << self.HIGH_BITS) - 1)
             values |= bits.reshape(strips, blocks, -1) << np.uint8(4)
         return values.astype(np.int16) - np.int16(self.ZERO)
 
 
 class Q8_0Strips(Strips):
-    """Q8_0: q holds each line's 32 int8 values; factors are the 16 rows' scales."""
+    """Q8_0: q holds each line's 64 values, as uint8 (int8 plus 128); factors are the 16 rows'
+    scales."""
 
-    kind, NIBBLES = "q8_0", False
+    kind, NIBBLES, ZERO = "q8_0", False, 128
 
 
 class Q4_1Strips(Strips):
