@@ -9,7 +9,7 @@ of the bytes makes it faster. Per block, 8 lines of 64 weights times a broadcast
 activations give the 16 rows' int32 sums in 16 lanes, less ZERO times the activations' sum,
 scaled into 16 float lanes by the weight and activation scales. Batches and prefill are
 compute-bound: with AVX-512 VNNI a line times an int8 quad is one vpdpbusd (64 products), and
-the rows go two at a time, a block's lines unpacked once for both, each row's arithmetic still
+the rows go four at a time, a block's lines unpacked once for all four, each row's arithmetic still
 the sequence it has alone. Otherwise (int16, or no VNNI) the same sums are plain LLVM vector IR
 (bytes widened to int16, pair sums as pmaddwd, the pairs added once per scale), which LLVM's
 x86 back end lowers at the width the target has (zmm, ymm, xmm; vpdpwssd with VNNI) and other
@@ -107,7 +107,7 @@ def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], sta
 
 @intrinsic(prefer_literal=True)
 def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
-    """out[t + i, 16s:16s+16] = strip s times activation row t + i for i < tile (1 or 2), for the
+    """out[t + i, 16s:16s+16] = strip s times activation row t + i for i < tile (1, 2 or 4), for the
     scheme named kind (kind and tile literals): the block's lines unpacked and its weight factors
     read once for the tile's rows, each row's arithmetic the same sequence as alone (so the same
     bits). Per block and scale, the lines times broadcast quads of activations, less ZERO
@@ -230,11 +230,13 @@ def _gemv_kernel(weights: type[Strips]):
     factors stored)."""
     kind = weights.kind
 
-    def strip_gemv(xq, xs, xsum, q, qs, out):  # rows two at a time, each pair's lines unpacked once
+    def strip_gemv(xq, xs, xsum, q, qs, out):  # rows four at a time, a block's lines unpacked once
         tokens = xq.shape[0]
         for s in prange(q.shape[0]):
-            for t in range(0, tokens - 1, 2):
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind, 2)
+            for t in range(0, tokens - 3, 4):
+                _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind, 4)
+            if tokens % 4 >= 2:
+                _strip_dot(q, s, xq, tokens - tokens % 4, qs, xs, xsum, out, kind, 2)
             if tokens % 2:
                 _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, kind, 1)
     return compiled(strip_gemv, [f"void({ints}[:, ::1], float32[:, ::1], int32[:, ::1], int8[:, :, ::1],"
