@@ -15,6 +15,7 @@ from pathlib import Path
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
+from numba.core.codegen import get_host_cpu_features
 
 from model.quant import cpu
 from reference import int8_activations
@@ -25,8 +26,11 @@ CHOICE = ("import json; from model.quant import cpu;"
           " print(json.dumps([cpu.PATH, cpu.F16C, cpu.QUANTIZED_DEFAULT, cpu.VNNI]))")
 # numba's settings that compile for each path's CPU on this one (an empty features string: the
 # name's own features, not the host's)
+# (avx512 and avx2 without VNNI: pmaddubsw for the nibble schemes; avx2-vnni: AVX-VNNI's 256-bit
+# vpdpbusd; the host, where it has AVX-512 VNNI, the 512-bit one)
 TARGETS = {"avx512": {"NUMBA_CPU_NAME": "x86-64-v4", "NUMBA_CPU_FEATURES": ""},
            "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""},
+           "avx2-vnni": {"NUMBA_CPU_NAME": "alderlake", "NUMBA_CPU_FEATURES": ""},
            "portable": {"NUMBA_CPU_NAME": "generic"}}
 x86 = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 CPU names and features")
 
@@ -48,14 +52,15 @@ def choice(tmp_path: Path, **settings) -> list:
 
 @x86
 @pytest.mark.parametrize("name, features, want", [
-    ("generic", None, ["portable", False, False]),  # numba adds no features to generic
-    ("x86-64-v2", "", ["portable", False, False]),  # as QEMU's kvm64 guests: no F16C
-    ("haswell", "", ["avx2", True, False]),  # AVX2 and F16C, no AVX-512
-    ("alderlake", "", ["avx2", True, False]),  # AVX-VNNI's 256-bit vpdpbusd is not the GEMV's
-    ("skylake-avx512", "", ["avx512", True, False]),
-    ("x86-64-v4", "", ["avx512", True, False]),
-    ("icelake-server", "", ["avx512", True, True]),  # AVX-512 VNNI
-    ("x86-64-v4", "+avx512vnni", ["avx512", True, True]),
+    ("generic", None, ["portable", False, 0]),  # numba adds no features to generic
+    ("x86-64-v2", "", ["portable", False, 0]),  # as QEMU's kvm64 guests: no F16C
+    ("haswell", "", ["avx2", True, 0]),  # AVX2 and F16C, no AVX-512
+    ("alderlake", "", ["avx2", True, 256]),  # AVX-VNNI
+    ("haswell", "+avxvnni", ["avx2", True, 256]),
+    ("skylake-avx512", "", ["avx512", True, 0]),
+    ("x86-64-v4", "", ["avx512", True, 0]),
+    ("icelake-server", "", ["avx512", True, 512]),  # AVX-512 VNNI
+    ("x86-64-v4", "+avx512vnni", ["avx512", True, 512]),
 ])
 def test_the_path_is_what_numbas_target_has(tmp_path, name, features, want):
     settings = {"NUMBA_CPU_NAME": name} | ({} if features is None else {"NUMBA_CPU_FEATURES": features})
@@ -92,8 +97,10 @@ def caches(tmp_path_factory) -> dict[str, Path]:
     return {path: tmp_path_factory.mktemp(f"numba-{path}") for path in TARGETS}
 
 
-def host_can_run(path: str) -> bool:
-    return platform.machine() == "x86_64" and cpu.PATHS.index(path) <= cpu.PATHS.index(cpu.PATH)
+def host_can_run(target: str) -> bool:
+    path, _, vnni = target.partition("-")
+    return (platform.machine() == "x86_64" and cpu.PATHS.index(path) <= cpu.PATHS.index(cpu.PATH)
+            and (not vnni or "+avxvnni" in get_host_cpu_features().split(",")))
 
 
 # Every kept type (tests/test_kblocks.py's K-quant and 5-bit packers, Q4_0 through blocks.py, and
@@ -109,7 +116,7 @@ x = np.random.default_rng(5).standard_normal((100, 768), dtype=np.float32)
 outs = {f"{kind}-{tokens}": matmul(x[:tokens, :strips.shape[1]], strips)
         for kind, strips in kept_weights() for tokens in (1, 2, 17, 32, 33, 64, 100)}
 np.savez(sys.argv[1], **outs)
-print(cpu.PATH)
+print(cpu.PATH, cpu.VNNI)
 """
 
 
@@ -138,13 +145,13 @@ def kept_weights():
 def test_every_kept_type_multiplies_the_same_bits_on_every_path(tmp_path, caches, path):
     """Against gguf-py's dequantize times the activations (rounded to int8 as the GEMV does),
     and bit for bit what this process computes (the integer sums are exact and the float work
-    the same order on every target; none of the forced targets has VNNI, so where this host has
-    it, vpdpbusd's sums are held against the int16 pair sums')."""
+    the same order on every target: vpdpbusd at 512 or 256 bits, pmaddubsw, or int16 pair
+    sums, TARGETS)."""
     if not host_can_run(path):
         pytest.skip(f"this CPU cannot run the {path} path's code")
     done = run(["-c", PARITY, str(tmp_path / "out.npz")], caches[path], timeout=900, **TARGETS[path])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == [path]
+    assert done.stdout.split() == [path.partition("-")[0], "256" if path == "avx2-vnni" else "0"]
     there = np.load(tmp_path / "out.npz")
     from model.quant.matmul import matmul
 

@@ -1,6 +1,6 @@
 """What numba's target gives the packed-weight kernels: the widest integer vectors (avx512,
-avx2 or portable) and whether float16 K/V can be converted in hardware (F16C): decided once at
-import, every kernel module asks here.
+avx2 or portable), the widest vpdpbusd (VNNI), and whether float16 K/V can be converted in
+hardware (F16C): decided once at import, every kernel module asks here.
 
 The target is what numba compiles for, not the host: numba.config.CPU_NAME and CPU_FEATURES
 (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES; the host's name and features where unset, and no extra
@@ -9,8 +9,9 @@ features string names is as it says; the others are what LLVM gives the CPU name
 assembly LLVM writes for tiny probes, so that nothing is compiled that the target cannot lower
 and the process never aborts on a CPU Spool does not know.
 
-The kernels are the same on every path (model/quant/gemv.py is plain vector IR that LLVM lowers
-at the target's width) and so are their bits; the path decides only the default --dtype: q8_0
+The GEMV's integer sums are exact on every path (model/quant/gemv.py: vpdpbusd with VNNI,
+pmaddubsw on AVX2 and AVX-512BW, plain vector IR elsewhere), so its bits are the same on all of
+them; the path decides the instructions and the default --dtype: q8_0
 where the target has 256-bit integer vectors or wider (avx2, avx512), float32 through OpenBLAS
 elsewhere (portable: SSE2, or a CPU not measured here), where the integer GEMV is slower. To run
 another CPU's code here, set numba's own variables, e.g. NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=
@@ -38,24 +39,31 @@ _F16C_PROBE = "define float @probe(float %x) {\n  %h = fptrunc float %x to half\
 # 32 x i16 is one zmm register only with AVX-512BW, 16 x i16 one ymm register only with AVX2.
 _VECTOR_PROBE = "define <{n} x i16> @probe(<{n} x i16> %a, <{n} x i16> %b) #0 {{\n  %c = mul <{n} x i16> %a, %b\n" \
                 "  ret <{n} x i16> %c\n}}\nattributes #0 = {{ \"min-legal-vector-width\"=\"{bits}\" }}\n"
-# int16 pair sums added to int32 lanes: one vpdpwssd on a zmm register only with AVX-512 VNNI,
-# which brings vpdpbusd (the GEMV's) with it.
-_VNNI_PROBE = """define <16 x i32> @probe(<16 x i32> %acc, <32 x i16> %a, <32 x i16> %b) #0 {
-  %x = sext <32 x i16> %a to <32 x i32>
-  %y = sext <32 x i16> %b to <32 x i32>
-  %p = mul <32 x i32> %x, %y
-  %e = shufflevector <32 x i32> %p, <32 x i32> %p, <16 x i32> <EVEN>
-  %o = shufflevector <32 x i32> %p, <32 x i32> %p, <16 x i32> <ODD>
-  %s = add <16 x i32> %e, %o
-  %r = add <16 x i32> %acc, %s
-  ret <16 x i32> %r
-}
-attributes #0 = { "min-legal-vector-width"="512" }
-""".replace("EVEN", ", ".join(f"i32 {i}" for i in range(0, 32, 2))).replace(
-    "ODD", ", ".join(f"i32 {i}" for i in range(1, 32, 2)))
+# n int16 pair sums added to int32 lanes: one vpdpwssd only with VNNI (AVX-512 VNNI on a zmm
+# register, AVX-VNNI's on a ymm one), which brings vpdpbusd (the GEMV's) with it.
+_VNNI_PROBE = """define <{h} x i32> @probe(<{h} x i32> %acc, <{n} x i16> %a, <{n} x i16> %b) #0 {{
+  %x = sext <{n} x i16> %a to <{n} x i32>
+  %y = sext <{n} x i16> %b to <{n} x i32>
+  %p = mul <{n} x i32> %x, %y
+  %e = shufflevector <{n} x i32> %p, <{n} x i32> %p, <{h} x i32> <{even}>
+  %o = shufflevector <{n} x i32> %p, <{n} x i32> %p, <{h} x i32> <{odd}>
+  %s = add <{h} x i32> %e, %o
+  %r = add <{h} x i32> %acc, %s
+  ret <{h} x i32> %r
+}}
+attributes #0 = {{ "min-legal-vector-width"="{bits}" }}
+"""
+
+
+def _vnni_probe(n: int) -> str:
+    lanes = (", ".join(f"i32 {i}" for i in range(first, n, 2)) for first in (0, 1))
+    return _VNNI_PROBE.format(n=n, h=n // 2, even=next(lanes), odd=next(lanes), bits=16 * n)
+
+
 _PROBES = {"avx512bw": ("zmm", _VECTOR_PROBE.format(n=32, bits=512)),
            "avx2": ("ymm", _VECTOR_PROBE.format(n=16, bits=256)),
-           "avx512vnni": ("vpdpwssd\t%zmm", _VNNI_PROBE)}
+           "avx512vnni": ("vpdpwssd\t%zmm", _vnni_probe(32)),
+           "avxvnni": ("vpdpwssd\t%ymm", _vnni_probe(16))}
 
 
 def _assembly(probe: str) -> str:
@@ -91,9 +99,12 @@ def _choose() -> tuple[str, str]:
 
 
 PATH, WHY = _choose()
-VNNI = PATH == "avx512" and _target_has("avx512vnni")  # the GEMV's int8 dot in one instruction
+# the bits of the registers vpdpbusd (the GEMV's int8 dot, 64 or 32 products) works on: 512
+# with AVX-512 VNNI, 256 with AVX-VNNI (Alder Lake and later), else 0
+VNNI = (512 if PATH == "avx512" and _target_has("avx512vnni") else
+        256 if PATH == "avx2" and _target_has("avxvnni") else 0)
 F16C = _target_has("f16c")
 QUANTIZED_DEFAULT = PATH != "portable"  # the default --dtype on the CPU is q8_0, else float32
-log.info(f"CPU path {PATH}: {WHY}{' and VNNI (vpdpbusd)' if VNNI else ''};"
+log.info(f"CPU path {PATH}: {WHY}{f' and {VNNI}-bit VNNI (vpdpbusd)' if VNNI else ''};"
          f" default --dtype {'q8_0' if QUANTIZED_DEFAULT else 'float32'}; float16 K/V"
          f" {'through F16C' if F16C else 'unavailable (no F16C): float32 K/V'}")

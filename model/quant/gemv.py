@@ -8,14 +8,16 @@ A decode step at batch 1 reads every weight once, so it is bound by memory bandw
 of the bytes makes it faster. Per block, 8 lines of 64 weights times a broadcast quad of
 activations give the 16 rows' int32 sums in 16 lanes, less ZERO times the activations' sum,
 scaled into 16 float lanes by the weight and activation scales. Batches and prefill are
-compute-bound: with AVX-512 VNNI a line times an int8 quad is one vpdpbusd (64 products), and
-the rows go four at a time, a block's lines unpacked once for all four, each row's arithmetic still
-the sequence it has alone. Otherwise (int16, or no VNNI) the same sums are plain LLVM vector IR
-(bytes widened to int16, pair sums as pmaddwd, the pairs added once per scale), which LLVM's
-x86 back end lowers at the width the target has (zmm, ymm, xmm; vpdpwssd with VNNI) and other
-back ends into their own multiply-adds. Integer sums are exact either way, so both give the
-same bits. Each scheme's kernels are generated from its constants (strips.py: nibbles, high
-bits, ZERO, SCALES, MINIMA, SUB_SCALES, SIGNED), compiled under its kind."""
+compute-bound: with VNNI a line times an int8 quad is one vpdpbusd (64 products; two with
+AVX-VNNI's 256-bit registers), and the rows go four at a time, a block's lines unpacked once for
+all four, each row's arithmetic still the sequence it has alone. On AVX2 and AVX-512BW without
+VNNI the nibble schemes' int8 products go through pmaddubsw and pmaddwd; otherwise (Q8_0
+there, int16 activations, other CPUs) the same sums are plain LLVM vector IR (bytes widened to
+int16, pair sums as pmaddwd, the pairs added once per scale), which LLVM lowers at the width
+the target has (vpdpwssd with VNNI) and other back ends into their own multiply-adds. Integer
+sums are exact every way, so all give the same bits. Each scheme's kernels are generated from
+its constants (strips.py: nibbles, high bits, ZERO, SCALES, MINIMA, SUB_SCALES, SIGNED),
+compiled under its kind."""
 
 import numpy as np
 from llvmlite import ir
@@ -24,7 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
-from model.quant.cpu import VNNI
+from model.quant.cpu import PATH, VNNI
 from model.quant.strips import (BLOCK, LINE_BYTES, LINES, NIBBLE_BYTES, QUAD, SCHEMES, STRIP, SUPER_BLOCKS,
                                 Q4_1Strips, Q8_0Strips, Strips)
 
@@ -79,19 +81,61 @@ def _pair_sums(builder, a: ir.Value, b: ir.Value) -> ir.Value:
     return _adjacent_sums(builder, builder.mul(builder.sext(a, ints), builder.sext(b, ints)))
 
 
-def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], start: ir.Value) -> ir.Value:
+def _pieces(builder, v: ir.Value, bits: int) -> list[ir.Value]:
+    """v in pieces of `bits` bits (one register each), in lane order."""
+    lanes = bits // v.type.element.width
+    if lanes >= v.type.count:
+        return [v]
+    order = ir.VectorType(ir.IntType(32), lanes)
+    return [builder.shuffle_vector(v, v, ir.Constant(order, list(range(at, at + lanes))))
+            for at in range(0, v.type.count, lanes)]
+
+
+def _joined(builder, pieces: list[ir.Value]) -> ir.Value:
+    """The pieces of one vector (_pieces) as that vector."""
+    while len(pieces) > 1:
+        lanes = 2 * pieces[0].type.count
+        order = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(lanes)))
+        pieces = [builder.shuffle_vector(a, b, order) for a, b in zip(pieces[::2], pieces[1::2])]
+    return pieces[0]
+
+
+def _call(builder, name: str, result: ir.Type, *args: ir.Value) -> ir.Value:
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, [a.type for a in args]), name)
+    return builder.call(fn, list(args))
+
+
+# pmaddubsw and pmaddwd by register width
+_MADD = {512: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
+         256: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd")}
+
+
+def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], start: ir.Value,
+               small: bool) -> ir.Value:
     """start (16 x int32) plus, in each row's lane, the sum over lines of its 4 weights (unsigned
-    bytes) times the line's quad of activations (int8 as one int32, or int16 as one int64):
-    vpdpbusd where the target has VNNI and the activations are int8, else the same integers
-    through int16 pair sums."""
+    bytes; small: below 64) times the line's quad of activations (int8 as one int32, or int16 as
+    one int64). For int8: vpdpbusd where the target has VNNI, a register at a time; else, for
+    small weights on AVX2 or AVX-512BW, pmaddubsw (pair sums in int16, which small weights
+    cannot saturate: 2 x 63 x 127) then pmaddwd by ones. Otherwise, and for int16, the same
+    integers through int16 pair sums in plain IR."""
     quad_bits = quads[0].type.width
-    if VNNI and quad_bits == 32:
-        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS16, [INTS16] * 3),
-                                             "llvm.x86.avx512.vpdpbusd.512")
-        acc = start
+    if quad_bits == 32 and (VNNI or (small and PATH != "portable")):
+        bits = VNNI or (512 if PATH == "avx512" else 256)
+        ints, bytes_ = ir.VectorType(ir.IntType(32), bits // 32), ir.VectorType(ir.IntType(8), bits // 8)
+        shorts = ir.VectorType(ir.IntType(16), bits // 16)
+        accs = _pieces(builder, start, bits)
         for line, quad in zip(line_weights, quads):
-            acc = builder.call(dot, [acc, builder.bitcast(line, INTS16), splat(builder, quad, INTS16)])
-        return acc
+            x = builder.bitcast(splat(builder, quad, ints), bytes_)
+            for i, piece in enumerate(_pieces(builder, line, bits)):
+                if VNNI:
+                    accs[i] = _call(builder, f"llvm.x86.avx512.vpdpbusd.{bits}", ints, accs[i],
+                                    builder.bitcast(piece, ints), builder.bitcast(x, ints))
+                    continue
+                pair_sums, quad_sums = _MADD[bits]
+                pairs = _call(builder, pair_sums, shorts, piece, x)
+                ones = ir.Constant(shorts, [1] * shorts.count)
+                accs[i] = builder.add(accs[i], _call(builder, quad_sums, ints, pairs, ones))
+        return _joined(builder, accs)
     shorts = ir.VectorType(ir.IntType(16), LINE_BYTES)
     pairs = None  # 32 int32 lanes: row r's weights 4l, 4l + 1 in lane 2r, 4l + 2, 4l + 3 in 2r + 1
     for line, quad in zip(line_weights, quads):
@@ -132,7 +176,8 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
         ts = [builder.add(t, ir.Constant(i64, i)) for i in range(rows)]
         x_rows = [builder.gep(xq_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, BLOCK)))]) for u in ts]
         factor_rows = builder.extract_value(qs_arr.shape, 1)  # blocks, or super-blocks with SUB_SCALES
-        qs_strip = builder.gep(qs_arr.data, [builder.mul(s, builder.mul(factor_rows, ir.Constant(i64, factors_per_block)))])
+        qs_strip = builder.gep(qs_arr.data,
+                               [builder.mul(s, builder.mul(factor_rows, ir.Constant(i64, factors_per_block)))])
         xs_rows = [builder.gep(xs_arr.data, [builder.mul(u, blocks)]) for u in ts]
         xsum_rows = [builder.gep(xsum_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, 2)))]) for u in ts]
         accs = [cgutils.alloca_once_value(builder, ir.Constant(floats16, None)) for _ in ts]
@@ -172,7 +217,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
                         start = splat(builder, builder.mul(x_sum, ir.Constant(i32, -weights.ZERO)), INTS16)
                     ints = _group_sum(builder, [line_weights[line] for line in group_lines],
                                       [builder.load(builder.gep(quads, [ir.Constant(i64, line)]), align=1)
-                                       for line in group_lines], start)
+                                       for line in group_lines], start, weights.NIBBLES)
                     part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(group_scales[group], x_scale))
                     block = part if block is None else builder.fadd(block, part)
                 if weights.MINIMA:
