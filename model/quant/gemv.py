@@ -205,7 +205,8 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
             for x_row, xs_row, xsum_row, acc in zip(x_rows, xs_rows, xsum_rows, accs):
                 quads = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, BLOCK))]),
                                         quad_type.as_pointer())
-                x_scale = splat(builder, builder.load(builder.gep(xs_row, [b])), floats16)
+                scale = builder.load(builder.gep(xs_row, [b]))
+                x_scale = splat(builder, scale, floats16)
                 halves = [builder.load(builder.gep(xsum_row, [builder.add(builder.mul(b, ir.Constant(i64, 2)),
                                                                           ir.Constant(i64, h))])) for h in range(2)]
                 block = None
@@ -222,7 +223,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
                     block = part if block is None else builder.fadd(block, part)
                 if weights.MINIMA:
                     total = builder.sitofp(builder.add(halves[0], halves[1]), ir.FloatType())
-                    x_sum = splat(builder, builder.fmul(total, builder.load(builder.gep(xs_row, [b]))), floats16)
+                    x_sum = splat(builder, builder.fmul(total, scale), floats16)
                     block = builder.fadd(block, builder.fmul(minima, x_sum))
                 builder.store(builder.fadd(builder.load(acc), block), acc)
         for u, acc in zip(ts, accs):

@@ -37,12 +37,18 @@ def _half(lo, hi):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _place(r, k):
+    """Row r, weight k of a block: its line and its byte in the line (strips.py)."""
+    return k // QUAD, QUAD * r + k % QUAD
+
+
+@njit(cache=True, nogil=True, inline="always")
 def put(q, s, b, r, k, value, high_bits):
     """Value (its low 4 + high_bits bits) of row r, weight k of block b into strip s (uint8):
     line k // 4, byte 4r + k % 4 of the line, its nibble, and its high bits at bit
     high_bits x (line % lines) of byte `byte` of the high group line // lines, where lines =
     8 // high_bits lines share a byte (strips.py)."""
-    line, byte = k // QUAD, QUAD * r + k % QUAD
+    line, byte = _place(r, k)
     q[s, b, LINE_BYTES * (line // 2) + byte] |= np.uint8((value & 15) << (4 * (line % 2)))
     if high_bits:
         lines = 8 // high_bits
@@ -54,7 +60,8 @@ def put(q, s, b, r, k, value, high_bits):
 def put_byte(q, s, b, r, k, value):
     """Q8_0's int8 value of row r, weight k of block b into strip s (uint8), plus 128: byte
     4r + k % 4 of line k // 4 (strips.py)."""
-    q[s, b, LINE_BYTES * (k // QUAD) + QUAD * r + k % QUAD] = np.uint8(value + 128)
+    line, byte = _place(r, k)
+    q[s, b, LINE_BYTES * line + byte] = np.uint8(value + 128)
 
 
 @njit(cache=True, nogil=True, inline="always")
