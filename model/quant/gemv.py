@@ -110,17 +110,24 @@ _MADD = {512: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512")
          256: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd")}
 
 
-def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], start: ir.Value,
-               small: bool) -> ir.Value:
-    """start (16 x int32) plus, in each row's lane, the sum over lines of its 4 weights (unsigned
-    bytes; small: below 64) times the line's quad of activations (int8 as one int32, or int16 as
-    one int64). For int8: vpdpbusd where the target has VNNI, a register at a time; else, for
-    small weights on AVX2 or AVX-512BW, pmaddubsw (pair sums in int16, which small weights
-    cannot saturate: 2 x 63 x 127) then pmaddwd by ones. Otherwise, and for int16, the same
-    integers through int16 pair sums in plain IR."""
+def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_sum: ir.Value | None,
+               weights: type[Strips]) -> ir.Value:
+    """In each row's lane (16 x int32), the sum over lines of its 4 weights less ZERO (unsigned
+    bytes, nibble schemes' below 64) times the line's quad of activations (int8 as one int32, or
+    int16 as one int64); x_sum is the quads' activation sum (None without ZERO), ZERO's part
+    taken off at once. For int8: vpdpbusd where the target has VNNI, a register at a time; else
+    on AVX2 or AVX-512BW, pmaddubsw (pair sums in int16) then pmaddwd by ones: the nibble schemes'
+    unsigned weights as they are (2 x 63 x 127 cannot saturate), Q8_0's as the signed bytes they
+    stand for, their magnitudes times the activations with the weights' signs (llama.cpp's
+    trick: 2 x 128 x 127 cannot either). Otherwise, and for int16, the same integers through
+    int16 pair sums in plain IR."""
     quad_bits = quads[0].type.width
-    if quad_bits == 32 and (VNNI or (small and PATH != "portable")):
-        bits = VNNI or (512 if PATH == "avx512" else 256)
+    signed = weights.ZERO == 128 and not VNNI and PATH != "portable"  # Q8_0 through pmaddubsw
+    start = ir.Constant(INTS16, None)
+    if x_sum is not None and not (quad_bits == 32 and signed):
+        start = splat(builder, builder.mul(x_sum, ir.Constant(ir.IntType(32), -weights.ZERO)), INTS16)
+    if quad_bits == 32 and (VNNI or (PATH != "portable" and (weights.NIBBLES or signed))):
+        bits = VNNI or (512 if PATH == "avx512" and not signed else 256)
         ints, bytes_ = ir.VectorType(ir.IntType(32), bits // 32), ir.VectorType(ir.IntType(8), bits // 8)
         shorts = ir.VectorType(ir.IntType(16), bits // 16)
         accs = _pieces(builder, start, bits)
@@ -131,8 +138,13 @@ def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], sta
                     accs[i] = _call(builder, f"llvm.x86.avx512.vpdpbusd.{bits}", ints, accs[i],
                                     builder.bitcast(piece, ints), builder.bitcast(x, ints))
                     continue
+                factor = x
+                if signed:  # the stored byte less 128 is the value; |value| times x with its sign
+                    value = builder.xor(piece, ir.Constant(bytes_, [-128] * bytes_.count))
+                    piece = _call(builder, "llvm.abs.v32i8", bytes_, value, ir.Constant(ir.IntType(1), 0))
+                    factor = _call(builder, "llvm.x86.avx2.psign.b", bytes_, x, value)
                 pair_sums, quad_sums = _MADD[bits]
-                pairs = _call(builder, pair_sums, shorts, piece, x)
+                pairs = _call(builder, pair_sums, shorts, piece, factor)
                 ones = ir.Constant(shorts, [1] * shorts.count)
                 accs[i] = builder.add(accs[i], _call(builder, quad_sums, ints, pairs, ones))
         return _joined(builder, accs)
@@ -167,7 +179,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
         q_arr, xq_arr, qs_arr, xs_arr, xsum_arr, out_arr = (
             array(context, builder, signature.args[i], args[i]) for i in (0, 2, 4, 5, 6, 7))
         s, t = args[1], args[3]
-        i64, i32 = ir.IntType(64), ir.IntType(32)
+        i64 = ir.IntType(64)
         quad_type = ir.IntType(QUAD * xq.dtype.bitwidth)  # a quad of int8 or int16 activations
         blocks = builder.extract_value(q_arr.shape, 1)
         width = builder.extract_value(out_arr.shape, 1)
@@ -212,13 +224,12 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
                 block = None
                 for group in range(scales):  # the lines each scale covers
                     group_lines = range(group * LINES // scales, (group + 1) * LINES // scales)
-                    start = ir.Constant(INTS16, None)
+                    x_sum = None
                     if weights.ZERO:
                         x_sum = halves[group] if scales == 2 else builder.add(halves[0], halves[1])
-                        start = splat(builder, builder.mul(x_sum, ir.Constant(i32, -weights.ZERO)), INTS16)
                     ints = _group_sum(builder, [line_weights[line] for line in group_lines],
                                       [builder.load(builder.gep(quads, [ir.Constant(i64, line)]), align=1)
-                                       for line in group_lines], start, weights.NIBBLES)
+                                       for line in group_lines], x_sum, weights)
                     part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(group_scales[group], x_scale))
                     block = part if block is None else builder.fadd(block, part)
                 if weights.MINIMA:
