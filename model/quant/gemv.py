@@ -16,8 +16,8 @@ there, int16 activations, other CPUs) the same sums are plain LLVM vector IR (by
 int16, pair sums as pmaddwd, the pairs added once per scale), which LLVM lowers at the width
 the target has (vpdpwssd with VNNI) and other back ends into their own multiply-adds. Integer
 sums are exact every way, so all give the same bits. Each scheme's kernels are generated from
-its constants (strips.py: nibbles, high bits, ZERO, SCALES, MINIMA, SUB_SCALES, SIGNED),
-compiled under its kind."""
+its constants (strips.py: nibbles, high bits, ZERO, SIGNED_VALUES, SCALES, MINIMA, SUB_SCALES,
+SIGNED), compiled under its kind."""
 
 import numpy as np
 from llvmlite import ir
@@ -122,7 +122,7 @@ def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_s
     trick: 2 x 128 x 127 cannot either). Otherwise, and for int16, the same integers through
     int16 pair sums in plain IR."""
     quad_bits = quads[0].type.width
-    signed = weights.ZERO == 128 and not VNNI and PATH != "portable"  # Q8_0 through pmaddubsw
+    signed = weights.SIGNED_VALUES and not VNNI and PATH != "portable"  # Q8_0 through pmaddubsw
     start = ir.Constant(INTS16, None)
     if x_sum is not None and not (quad_bits == 32 and signed):
         start = splat(builder, builder.mul(x_sum, ir.Constant(ir.IntType(32), -weights.ZERO)), INTS16)
@@ -141,7 +141,7 @@ def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_s
                 factor = x
                 if signed:  # the stored byte less 128 is the value; |value| times x with its sign
                     value = builder.xor(piece, ir.Constant(bytes_, [-128] * bytes_.count))
-                    piece = _call(builder, "llvm.abs.v32i8", bytes_, value, ir.Constant(ir.IntType(1), 0))
+                    piece = _call(builder, f"llvm.abs.v{bytes_.count}i8", bytes_, value, ir.Constant(ir.IntType(1), 0))
                     factor = _call(builder, "llvm.x86.avx2.psign.b", bytes_, x, value)
                 pair_sums, quad_sums = _MADD[bits]
                 pairs = _call(builder, pair_sums, shorts, piece, factor)

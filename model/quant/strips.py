@@ -58,6 +58,7 @@ class Strips:
     NIBBLES: ClassVar[bool]  # low four bits two a byte (else one int8 value a byte)
     HIGH_BITS: ClassVar[int] = 0  # bits above the nibbles
     ZERO: ClassVar[int] = 0  # subtracted from every value
+    SIGNED_VALUES: ClassVar[bool] = False  # values int8, stored as bytes plus 128 (ZERO = 128)
     SCALES: ClassVar[int] = 1  # scales per (row, block): 2 for a scale per 16 weights
     MINIMA: ClassVar[bool] = False  # a float32 minimum per (row, block) added
     SUB_SCALES: ClassVar[bool] = False  # factors as 8-bit integers in q under float32 per 256 weights
@@ -135,7 +136,7 @@ class Q8_0Strips(Strips):
     """Q8_0: q holds each line's 64 values, as uint8 (int8 plus 128); factors are the 16 rows'
     scales."""
 
-    kind, NIBBLES, ZERO = "q8_0", False, 128
+    kind, NIBBLES, ZERO, SIGNED_VALUES = "q8_0", False, 128, True
 
 
 class Q4_1Strips(Strips):
