@@ -10,58 +10,41 @@ import numpy as np
 from cuda.pathfinder import DynamicLibNotFoundError, load_nvidia_dynamic_lib
 
 from model.errors import one_line
+from model.ops.cublas import CublasHandle
 from model.ops.cuda_ops import CudaOps
 from model.ops.dtypes import dtype_name
 from model.ops.kernels import CUDA_DIR, name_expressions
 
 # cudaDataType_t of each storage type (library_types.h: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF).
 CUDA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 14}
-# cublas_api.h: CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT
-OP_N, OP_T, COMPUTE_32F, GEMM_DEFAULT = 0, 1, 68, -1
 
 
 class Gemm:
-    """cublasGemmEx on a handle of Spool's own, called through ctypes on the cuBLAS library CuPy
-    loads. CuPy's cuBLAS wrappers refuse every call while a stream is being captured (their
-    setStream raises NotImplementedError), and a decode graph must hold its GEMMs. The handle
-    keeps the default pointer mode (alpha and beta on the host) and gets a workspace allocated
-    once, so that cuBLAS allocates none per captured graph."""
+    """cublasGemmEx on a handle of Spool's own (model/ops/cublas.py), called through ctypes on the
+    cuBLAS library CuPy loads. CuPy's cuBLAS wrappers refuse every call while a stream is being
+    captured (their setStream raises NotImplementedError), and a decode graph must hold its
+    GEMMs. The handle keeps the default pointer mode (alpha and beta on the host) and a workspace
+    allocated once, so that cuBLAS allocates none per captured graph."""
 
     WORKSPACE = 32 << 20  # NVIDIA's size for Hopper; smaller GPUs need less
 
     def __init__(self):
         loaded = load_nvidia_dynamic_lib("cublas")  # what CuPy itself loaded: cached, the same handle
-        self.lib = ctypes.CDLL(loaded.abs_path or "libcublas.so", handle=loaded._handle_uint)
-        p, i = ctypes.c_void_p, ctypes.c_int
-        self.lib.cublasGemmEx.argtypes = [p, i, i, i, i, i, p, p, i, i, p, i, i, p, p, i, i, i, i]
-        self.lib.cublasSetStream_v2.argtypes = [p, p]
-        self.lib.cublasSetWorkspace_v2.argtypes = [p, p, ctypes.c_size_t]
-        self.handle = p()
-        self.check("cublasCreate_v2", self.lib.cublasCreate_v2(ctypes.byref(self.handle)))
+        lib = ctypes.CDLL(loaded.abs_path or "libcublas.so", handle=loaded._handle_uint)
         self.workspace = cupy.empty(self.WORKSPACE, dtype=np.uint8)
-        self.check("cublasSetWorkspace_v2", self.lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr,
-                                                                           self.WORKSPACE))
+        self.handle = CublasHandle(lib, self.workspace.data.ptr, self.WORKSPACE)
         self.one, self.zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
-
-    @staticmethod
-    def check(call: str, status: int) -> None:
-        if status != 0:
-            raise RuntimeError(f"{call} failed: cublasStatus_t {status}")
 
     def __call__(self, x, w, bias, out) -> None:
         """out = x @ w.T (+ bias), accumulating in fp32 whatever the storage (CuPy's matmul knows
-        no bfloat16). Row-major out (m, n) is column-major out.T = w @ x.T: w (n, k) row-major is
-        w.T column-major, hence OP_T on it."""
+        no bfloat16)."""
         m, k = x.shape
-        n = w.shape[0]
         if bias is not None:
             out[...] = bias
-        storage = CUDA_TYPES[dtype_name(x.dtype)]
         beta = self.one if bias is not None else self.zero
-        self.check("cublasSetStream_v2", self.lib.cublasSetStream_v2(self.handle, cupy.cuda.get_current_stream().ptr))
-        self.check("cublasGemmEx", self.lib.cublasGemmEx(
-            self.handle, OP_T, OP_N, n, m, k, self.one.ctypes.data, w.data.ptr, storage, k, x.data.ptr, storage, k,
-            beta.ctypes.data, out.data.ptr, CUDA_TYPES[dtype_name(out.dtype)], n, COMPUTE_32F, GEMM_DEFAULT))
+        self.handle.gemm(cupy.cuda.get_current_stream().ptr, m, w.shape[0], k, self.one.ctypes.data, w.data.ptr,
+                         x.data.ptr, CUDA_TYPES[dtype_name(x.dtype)], beta.ctypes.data, out.data.ptr,
+                         CUDA_TYPES[dtype_name(out.dtype)])
 
 
 class RawModuleLauncher:
