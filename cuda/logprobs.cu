@@ -50,7 +50,9 @@ __global__ void logprobs(float* __restrict__ chosen, int* __restrict__ top_ids, 
     float sum = 0.0f;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(row[i] - top);
     float log_total = top + __logf(block_sum(sum));
-    if (threadIdx.x == 0) chosen[blockIdx.x] = row[tokens[blockIdx.x]] - log_total;
+    int token = tokens[blockIdx.x];  // -1 where the sampler found no token: NaN, not a read outside the row
+    bool known = token >= 0 && token < vocab;
+    if (threadIdx.x == 0) chosen[blockIdx.x] = known ? row[token] - log_total : __int_as_float(0x7fc00000);
 
     float last_v = top;  // the previous pick, to find the next one after it
     int last_id = top_id;

@@ -35,9 +35,10 @@ __global__ void apply_penalties(float* __restrict__ logits, const int* __restric
 }
 
 // After a step: each row's sampled token counts once more in its slot (slots are distinct, so
-// no atomics). One thread per row.
+// no atomics); a row without a token (-1) counts nothing. One thread per row.
 __global__ void count_tokens(int* __restrict__ output_counts, const int* __restrict__ count_rows,
                              const int* __restrict__ tokens, int rows, int vocab) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < rows && count_rows[r] >= 0) output_counts[size_t(count_rows[r]) * vocab + tokens[r]] += 1;
+    if (r < rows && count_rows[r] >= 0 && tokens[r] >= 0 && tokens[r] < vocab)
+        output_counts[size_t(count_rows[r]) * vocab + tokens[r]] += 1;
 }

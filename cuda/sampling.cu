@@ -4,7 +4,9 @@
 // the most likely token, each a probability threshold found by bisection (block-wide counts
 // and sums, so no sort of the vocabulary); then one inverse-CDF draw over the kept tokens in id
 // order with the row's uniform u, which the host takes from seeded_uniform(seed, index) for a
-// seeded row, so a row's token never depends on the rest of the batch.
+// seeded row, so a row's token never depends on the rest of the batch. A row whose logits hold
+// no finite value (NaN or -inf throughout: a model that overflowed) gets -1, no token, which the
+// host fails its request on and no kernel indexes with.
 // Block size: a power of two, multiple of 32, at most 1024.
 #include "common.cuh"
 
@@ -33,6 +35,10 @@ __global__ void sample(int* __restrict__ out, const float* __restrict__ logits, 
     float m = neg_inf();
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, row[i]);
     float top = block_max(m);
+    if (!(top > neg_inf() && top < -neg_inf())) {  // NaN compares false
+        if (threadIdx.x == 0) out[r] = -1;
+        return;
+    }
 
     __shared__ int s_choice;
     if (temperature[r] <= 0.0f) {  // greedy: the lowest id holding the maximum

@@ -20,6 +20,7 @@ from model.weights import load_weights
 
 GREEDY = SamplingParams(temperature=0.0)
 AHEAD = -1  # a decode row's input token that the step before it, still running, is sampling
+NO_TOKEN = -1  # a sampled "token" outside the vocabulary: logits with no finite value (cuda/sampling.cu)
 
 
 @dataclass
@@ -154,12 +155,13 @@ class ModelRunner:
         return [*row.output_ids, AHEAD]
 
     def collect(self, launched: Launched) -> list[Sampled]:
-        """Wait for a launched step's sampled ids."""
+        """Wait for a launched step's sampled ids; an id outside the vocabulary comes back as
+        NO_TOKEN, which fails that row's request alone (app/engine/outputs.py)."""
         if not launched.rows:
             return []
-        ids, sampled = launched.ids.result(), launched.sampled
-        return [Sampled(r.request_id, int(ids[i]), sampled.logprobs[i], sampled.top_logprobs[i])
-                for i, r in enumerate(launched.rows)]
+        ids, sampled, vocab = launched.ids.result(), launched.sampled, self.config.vocab_size
+        return [Sampled(r.request_id, int(ids[i]) if 0 <= ids[i] < vocab else NO_TOKEN, sampled.logprobs[i],
+                        sampled.top_logprobs[i]) for i, r in enumerate(launched.rows)]
 
     def step(self, plan: StepPlan) -> list[Sampled]:
         return self.collect(self.launch(plan))

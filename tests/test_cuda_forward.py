@@ -95,6 +95,48 @@ def test_the_scheduler_on_the_kernels_generates_what_numpy_does(tiny_dir, backen
     assert not ops.sampler.slots and len(ops.sampler.free) >= 3
 
 
+def test_a_row_whose_logits_overflow_fails_its_request_alone(tiny_dir):
+    """A row with no finite logit samples no token (-1 on the device). The overlapped loop has
+    already fed it to the next step's embedding when the host sees it: that step must run
+    (zeros, not an illegal address that would poison every later step), the request must end
+    with an error, and the others must generate what they do without it."""
+    tok = Tokenizer(tiny_dir)
+    rng = np.random.default_rng(2)
+    prompts = {rid: rng.integers(3, 390, n).tolist() for rid, n in (("a", 9), ("bad", 12), ("c", 6))}
+    params = {"a": SamplingParams(temperature=0.0),
+              "bad": SamplingParams(temperature=0.0, frequency_penalty=0.5, logprobs=2),
+              "c": SamplingParams(temperature=0.8, seed=3)}
+
+    def run(poison: bool):
+        runner = ModelRunner.from_dir(tiny_dir, num_blocks=32, block_size=4, ops=CudaOps(np, CpuLauncher()))
+        assert runner.overlaps
+        forward = runner.logits
+
+        def logits(plan):
+            out = forward(plan)
+            sampling = [r for r in plan.rows if r.sample]
+            for i, r in enumerate(sampling):
+                if poison and r.request_id == "bad" and len(r.output_ids) >= 2:
+                    out[i] = np.nan
+            return out
+        runner.logits = logits
+        h = Harness(runner, tok)
+        for rid, prompt in prompts.items():
+            h.submit(prompt, request_id=rid, sampling=params[rid], max_tokens=8)
+        h.run()
+        return h
+
+    clean, poisoned = run(False), run(True)
+    last = poisoned.frames["bad"][-1]
+    assert last.finish_reason == "error" and "no finite value" in last.error
+    got = poisoned.tokens("bad")  # the tokens before the poisoned step (one more, overlapped)
+    assert 2 <= len(got) < 8 and got == clean.tokens("bad")[:len(got)]
+    for rid in ("a", "c"):
+        assert poisoned.tokens(rid) == clean.tokens(rid) and len(clean.tokens(rid)) == 8
+    assert poisoned.pool.used == 0  # no block lost with the failed request
+    assert not poisoned.runner.ops.sampler.slots
+
+
 def test_the_device_sampler_refills_a_slot_whose_history_moved_on(tiny_dir):
     """Counts are kept per request; if the history the engine hands over is not the one counted
     (a step failed after sampling), the slot is rebuilt rather than trusted."""

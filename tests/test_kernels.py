@@ -95,8 +95,19 @@ def test_embedding_gather(launcher, dtype):
     table = storage(rng.standard_normal((50, 72)), dtype)
     ids = rng.integers(0, 50, size=9).astype(np.int32)
     out = poisoned((9, 72), dtype)
-    kernel(launcher, "embedding.cu", "embedding", dtype)((9,), (64,), (out, table, ids, np.int32(72)))
+    kernel(launcher, "embedding.cu", "embedding", dtype)((9,), (64,), (out, table, ids, np.int32(72), np.int32(50)))
     assert np.array_equal(out, table[ids])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_of_an_id_outside_the_table_is_zeros(launcher, dtype):
+    """The sampler's -1 (no token), fed ahead to the next step, must not read outside the table."""
+    table = storage(np.random.default_rng(1).standard_normal((50, 72)), dtype)
+    ids = np.array([3, -1, 50, 1 << 30, 49], dtype=np.int32)
+    out = poisoned((5, 72), dtype)
+    kernel(launcher, "embedding.cu", "embedding", dtype)((5,), (64,), (out, table, ids, np.int32(72), np.int32(50)))
+    assert np.array_equal(out[[0, 4]], table[[3, 49]])
+    assert not as_float(out[1:4], dtype).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -238,6 +249,28 @@ def test_greedy_is_the_argmax(launcher):
     logits = rng.standard_normal((6, 1000)).astype(np.float32)
     logits[2, [10, 500]] = 9.0  # a tie: the lowest id wins, as np.argmax
     assert np.array_equal(run_sample(launcher, logits, temperature=0.0), np.argmax(logits, axis=1))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_row_without_a_finite_logit_gets_no_token(launcher, temperature):
+    """NaN or -inf throughout (a model that overflowed): -1, which no kernel indexes with and the
+    runner fails the request on; the other rows draw as before."""
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((4, 300)).astype(np.float32)
+    logits[1], logits[3] = np.nan, -np.inf
+    got = run_sample(launcher, logits, temperature=temperature, uniform=np.full(4, 0.3))
+    assert got[1] == got[3] == -1
+    assert np.array_equal(got[[0, 2]], run_sample(launcher, logits[[0, 2]], temperature=temperature,
+                                                  uniform=np.full(2, 0.3)))
+    counts = np.zeros((2, 300), dtype=np.int32)
+    launcher.function("penalties.cu", "count_tokens")((1,), (32,), (
+        counts, np.array([0, 1, -1, -1], dtype=np.int32), got, np.int32(4), np.int32(300)))
+    assert counts[0].sum() == 1 and counts[1].sum() == 0  # row 1's -1 counts nothing
+    chosen = np.zeros(4, dtype=np.float32)
+    launcher.function("logprobs.cu", "logprobs")((4,), (64,), (
+        chosen, np.zeros((4, 1), np.int32), np.zeros((4, 1), np.float32), logits, got, np.zeros(4, np.int32),
+        np.int32(300), np.int32(1)))
+    assert np.isnan(chosen[1]) and np.isfinite(chosen[[0, 2]]).all()
 
 
 def test_draws_follow_the_distribution(launcher):

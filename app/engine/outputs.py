@@ -11,7 +11,7 @@ from app.engine.grammar import Grammars
 from app.engine.request import Frame, Request
 from app.engine.stats import Stats
 from app.engine.stops import StopMatcher
-from model.runner import Sampled
+from model.runner import NO_TOKEN, Sampled
 from model.tokenizer import IncrementalDetokenizer
 
 BAN = float("-inf")  # how min_tokens holds back the stops: they cannot be sampled at all
@@ -97,6 +97,8 @@ class OutputProcessor:
         buffer. Returns how the request ends, when this token ends it."""
         p = request.params
         token = sampled.token_id
+        if token == NO_TOKEN:
+            return Ending("error", error="the model gave no token: its logits held no finite value")
         if request.matcher is not None and not request.matcher.consume_token(token):
             return Ending("error", error=f"the grammar refused token {token}: {request.matcher.get_error()}")
         request.output_ids.append(token)

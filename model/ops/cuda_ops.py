@@ -91,10 +91,10 @@ class CudaOps:
         return self.xp.ascontiguousarray(x)
 
     def embedding(self, table, token_ids):
-        hidden = table.shape[1]
+        vocab, hidden = table.shape
         out = self.xp.empty((token_ids.shape[0], hidden), dtype=self.storage_dtype)
         self.kernel("embedding.cu", "embedding")((token_ids.shape[0],), (THREADS,), (
-            out, table, self.xp.ascontiguousarray(token_ids, dtype=np.int32), np.int32(hidden)))
+            out, table, self.xp.ascontiguousarray(token_ids, dtype=np.int32), np.int32(hidden), np.int32(vocab)))
         return out
 
     def rms_norm(self, x, weight, eps: float):
