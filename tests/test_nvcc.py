@@ -1,14 +1,18 @@
 """The compile check: every kernel file compiles with nvcc for sm_80 and sm_90, every kernel
-instance of model/ops/kernels.py is emitted, and ptxas reports no register spills. Runs where
+instance of model/ops/kernels.py is emitted, ptxas reports no register spills and no stack
+frame, and each kernel's registers stay under its ceiling in cuda/registers.toml. Runs where
 nvcc is installed (the CUDA toolkit; no GPU needed) and skips with the reason elsewhere."""
 
 import re
 import shutil
 import subprocess
+import tomllib
 
 import pytest
 
 from model.ops.kernels import CUDA_DIR, KERNELS, name_expressions
+
+REGISTERS = tomllib.loads((CUDA_DIR / "registers.toml").read_text())
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed (the CUDA toolkit); nothing to check")
@@ -26,12 +30,26 @@ def ptxas_report(file: str, arch: str, tmp_path) -> str:
     return done.stderr
 
 
+def kernel_of(mangled: str, file: str) -> str:
+    """The kernel of KERNELS[file] an entry is an instance of: Itanium mangling spells a name as
+    its length then its letters (_Z6sample..., _Z16decode_attentionI...)."""
+    return next(k for k in KERNELS[file] if mangled.startswith(f"_Z{len(k)}{k}"))
+
+
+def test_every_kernel_has_a_register_ceiling():
+    assert set(REGISTERS) == {k for kernels in KERNELS.values() for k in kernels}
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("file", sorted(KERNELS))
-def test_kernel_file_compiles_without_spills(file, arch, tmp_path):
+def test_kernel_file_compiles_without_spills_under_its_register_ceiling(file, arch, tmp_path):
     report = ptxas_report(file, arch, tmp_path)
     functions = re.findall(r"Compiling entry function '(\w+)'", report)
     assert len(functions) == len(name_expressions(file)), report
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    assert len(spills) >= len(functions) and all(s == ("0", "0") for s in spills), report
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert len(frames) >= len(functions) and all(f == ("0", "0", "0") for f in frames), report
+    used = re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S)
+    assert len(used) == len(functions), report
+    over = [(name, int(n)) for name, n in used if int(n) > REGISTERS[kernel_of(name, file)]]
+    assert not over, f"over the ceiling in cuda/registers.toml: {over}"
 
