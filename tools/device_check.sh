@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, on a lent device machine, from the repository root; no network there. Writes
 # under $OUT (seven files; the device tool brings back eight at most):
-#   device.txt        the GPU, driver and CuPy
+#   device.txt        the GPU, driver and CuPy, and the preflight (error.txt and exit 1 if it fails)
 #   pytest-gpu.txt    every test marked gpu: kernel parity through CuPy, the tiny model end to end,
 #                     CUDA graphs and the overlapped loop against eager steps, the default model's
 #                     greedy tokens against the CPU backend
@@ -43,6 +43,25 @@ fi
     python3 -c "import sys, cupy; print('python', sys.version.split()[0], 'cupy', cupy.__version__,
 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion())"
 } > "$OUT/device.txt" 2>&1
+# Preflight, loud: a driver older than CuPy's CUDA, no device, or no NVRTC/cuBLAS would fail
+# every part below one by one; say why once and stop.
+python3 - >> "$OUT/device.txt" 2>&1 <<'PREFLIGHT'
+import cupy
+driver, runtime = cupy.cuda.runtime.driverGetVersion(), cupy.cuda.runtime.runtimeGetVersion()
+print(f"preflight: the driver supports CUDA {driver // 1000}.{driver % 1000 // 10}, CuPy runs"
+      f" {runtime // 1000}.{runtime % 1000 // 10}")
+if driver // 1000 < runtime // 1000:
+    raise SystemExit(f"preflight FAILED: CuPy needs a CUDA {runtime // 1000} driver, this one is {driver // 1000}")
+cupy.zeros(1).sum().get()
+from model.ops.cupy_ops import RawModuleLauncher
+RawModuleLauncher().function("rms_norm.cu", "rms_norm<float>")
+print("preflight: a device array, NVRTC and cuBLAS work")
+PREFLIGHT
+if [ $? -ne 0 ]; then
+    echo "preflight FAILED (device.txt):" | tee "$OUT/error.txt"
+    tail -n 5 "$OUT/device.txt" | tee -a "$OUT/error.txt"
+    exit 1
+fi
 
 BEGAN=$(date +%s)
 TOTAL=${TOTAL:-560}  # seconds for the whole check: the device tool stops a command at 600
