@@ -6,8 +6,10 @@ ids, positions, K/V slots, context lengths, block tables), its kernels depend on
 size. So at start-up the forward pass is captured once per size of `graph_sizes` (1, 2, 4, 8 ...
 and max_seqs), the largest first, all sizes reading a prefix of the same buffers. A step packs
 its rows into one pinned host array, copies it up in one transfer, and replays the smallest graph
-that holds its rows. Padding rows write no K/V (slot -1), attend to one token, and their logits
-are never read.
+that holds its rows. The copy is queued, and reads the host array when it runs, so steps take
+turns with two host arrays and wait for a turn's last copy before filling it again: with the
+overlapped loop, the next step is filled while the device may not yet have run this one's copy.
+Padding rows write no K/V (slot -1), attend to one token, and their logits are never read.
 
 What differs from an eager step: the decode attention's split count is fixed by max_model_len
 rather than the step's longest context (splits past a row's context exit at once). Sampling runs
@@ -43,15 +45,17 @@ class DecodeGraphs:
         self.width = -(-max_model_len // cache.block_size)  # block table columns
         rows = self.sizes[-1]
         launcher = self.ops.launcher
-        self.host = launcher.pinned((len(self.FIELDS) + self.width) * rows, np.int32)
-        self.device = self.ops.zeros(self.host.shape, np.int32)
+        self.hosts = [launcher.pinned((len(self.FIELDS) + self.width) * rows, np.int32) for _ in range(2)]
+        self.uploads = [None, None]  # the event after each host array's last copy up
+        self.turn = 0  # the host array the last fill wrote
+        self.filled = [rows, rows]  # per host array, the rows whose block tables may hold ids
+        self.device = self.ops.zeros(self.hosts[0].shape, np.int32)
         self.fields = {name: self.device[i * rows:(i + 1) * rows] for i, name in enumerate(self.FIELDS)}
         self.block_tables = self.device[len(self.FIELDS) * rows:].reshape(rows, self.width)
         self.logit_index = self.ops.asarray(np.arange(rows), np.int64)
         self.replays = 0
-        self.filled = self.sizes[-1]  # rows whose block tables may hold ids
         self.fill([])
-        launcher.upload(self.device, self.host)
+        self.upload()
         self.graphs = {size: launcher.capture(lambda size=size: self.forward(size)) for size in reversed(self.sizes)}
 
     def forward(self, size: int):
@@ -71,15 +75,24 @@ class DecodeGraphs:
     def padded_size(self, rows: int) -> int:
         return next(s for s in self.sizes if s >= rows)
 
+    @property
+    def host(self) -> np.ndarray:
+        """The host array the last fill wrote."""
+        return self.hosts[self.turn]
+
     def fill(self, rows) -> None:
-        """Pack rows into the host buffer; every row after them is padding."""
+        """Pack rows into the other host array, once its last copy up has run; every row after
+        them is padding."""
+        self.turn = 1 - self.turn
+        if self.uploads[self.turn] is not None:
+            self.uploads[self.turn].synchronize()
         n, most, block_size = len(rows), self.sizes[-1], self.cache.block_size
         fields = self.host[:len(self.FIELDS) * most].reshape(len(self.FIELDS), most)
         tables = self.host[len(self.FIELDS) * most:].reshape(most, self.width)
         fields[:, n:] = 0
         fields[2, n:] = -1  # padding writes no K/V
         fields[3, n:] = 1  # and attends to one token
-        tables[:max(n, self.filled)] = 0
+        tables[:max(n, self.filled[self.turn])] = 0
         for i, row in enumerate(rows):
             position, table = row.start_pos, row.block_table
             fields[0, i] = row.token_ids[0]
@@ -87,14 +100,18 @@ class DecodeGraphs:
             fields[2, i] = table[position // block_size] * block_size + position % block_size
             fields[3, i] = position + 1
             tables[i, :len(table)] = table
-        self.filled = n
+        self.filled[self.turn] = n
+
+    def upload(self) -> None:
+        """The last fill's host array into the device buffers, queued on the step's stream."""
+        self.uploads[self.turn] = self.ops.launcher.upload(self.device, self.host)
 
     def replay(self, plan, fill_ahead):
         """The step's logits (rows, vocab), fp32, from the smallest graph that holds its rows.
         fill_ahead (ModelRunner's) puts the tokens of rows fed AHEAD in place on the device."""
         rows = plan.rows
         self.fill(rows)
-        self.ops.launcher.upload(self.device, self.host)
+        self.upload()
         fill_ahead(self.fields["token_ids"], range(len(rows)), rows)
         graph = self.graphs[self.padded_size(len(rows))]
         graph.replay()

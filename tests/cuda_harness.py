@@ -139,7 +139,7 @@ class CpuLauncher:
 
     @staticmethod
     def upload(device, host) -> None:
-        device[...] = host
+        device[...] = host  # done at once: no event to wait for
 
     @staticmethod
     def download(device) -> tuple[np.ndarray, None]:

@@ -83,14 +83,18 @@ def test_the_step_buffers_hold_the_rows_then_padding(tiny_dir, backend):
     rows = [Row("a", [11], 9, [5, 2, 7], sample=True), Row("b", [12], 0, [3], sample=True),
             Row("c", [13], 4, [1, 6], sample=True)]
     graphs.fill(rows)
-    fields = graphs.host[:4 * 8].reshape(4, 8)
-    tables = graphs.host[4 * 8:].reshape(8, 10)  # 40 tokens in blocks of 4: 10 columns
+    first = graphs.host
+    fields = first[:4 * 8].reshape(4, 8)
+    tables = first[4 * 8:].reshape(8, 10)  # 40 tokens in blocks of 4: 10 columns
     assert fields[0].tolist() == [11, 12, 13, 0, 0, 0, 0, 0]  # token ids
     assert fields[1].tolist() == [9, 0, 4, 0, 0, 0, 0, 0]  # positions
     assert fields[2].tolist() == [7 * 4 + 1, 3 * 4, 6 * 4, -1, -1, -1, -1, -1]  # slots; padding writes nothing
     assert fields[3].tolist() == [10, 1, 5, 1, 1, 1, 1, 1]  # context lengths
     assert tables[:3, :3].tolist() == [[5, 2, 7], [3, 0, 0], [1, 6, 0]] and not tables[3:].any()
-    graphs.fill(rows[1:2])  # fewer rows: the earlier rows' tables are cleared
+    graphs.fill(rows)  # the other host array: steps take turns
+    assert graphs.host is not first and np.array_equal(graphs.host, first)
+    graphs.fill(rows[1:2])  # this one again, with fewer rows: the earlier rows' tables are cleared
+    assert graphs.host is first
     assert tables[0].tolist() == [3] + [0] * 9 and not tables[1:].any()
     assert graphs.padded_size(3) == 4 and graphs.padded_size(5) == 8
     assert not graphs.can_replay(StepPlan([Row("a", [1, 2], 0, [0], sample=True)]))  # a prefill row
@@ -98,6 +102,44 @@ def test_the_step_buffers_hold_the_rows_then_padding(tiny_dir, backend):
     assert not graphs.can_replay(StepPlan([Row(i, [1], 3, [0], sample=True) for i in range(9)]))  # too many
     assert not graphs.can_replay(StepPlan([Row("a", [1], 3, list(range(11)), sample=True)]))  # a table too wide
     assert graphs.can_replay(StepPlan([Row(i, [1], 3, [0], sample=True) for i in range(8)]))
+
+
+class QueuedUploads(CpuLauncher):
+    """Uploads as a GPU queues them: each returns an event, and the test sees which were waited on."""
+
+    class Event:
+        def __init__(self):
+            self.waited = False
+
+        def synchronize(self):
+            self.waited = True
+
+    def __init__(self):
+        super().__init__()
+        self.events, self.read = [], []  # per upload: its event, and the host array it read
+
+    def upload(self, device, host):
+        super().upload(device, host)
+        self.events.append(self.Event())
+        self.read.append(host)
+        return self.events[-1]
+
+
+def test_a_step_never_fills_the_host_array_the_last_copy_may_still_read(tiny_dir):
+    """The overlapped loop fills step N + 1 while step N's queued copy up may not have run: the
+    steps take turns with two host arrays, and a turn waits for the copy two steps back (and only
+    for that one)."""
+    launcher = QueuedUploads()
+    runner = ModelRunner.from_dir(tiny_dir, num_blocks=64, block_size=4, ops=CudaOps(np, launcher))
+    runner.capture_graphs(4, 64)
+    blocks = Blocks(runner)
+    for step in range(4):
+        plan = StepPlan([Row(rid, [5 + step], 3 + step, blocks.table(rid, 4 + step), sample=True) for rid in "ab"])
+        runner.step(plan)
+        assert launcher.read[-1] is not launcher.read[-2]  # not the array the last copy reads (at start-up too)
+        assert not launcher.events[-2].waited  # and that copy is not waited for
+        if step:
+            assert launcher.read[-1] is launcher.read[-3] and launcher.events[-3].waited
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -84,8 +84,12 @@ class RawModuleLauncher:
         return cupyx.empty_pinned(size, dtype)
 
     @staticmethod
-    def upload(device, host) -> None:
-        device.set(host, stream=cupy.cuda.get_current_stream())
+    def upload(device, host):
+        """Queued on the current stream, reading host when the copy runs: the event after it says
+        when host may be written again."""
+        stream = cupy.cuda.get_current_stream()
+        device.set(host, stream=stream)
+        return stream.record()
 
     @staticmethod
     def download(device) -> tuple[np.ndarray, object]:

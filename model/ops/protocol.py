@@ -80,7 +80,7 @@ class Launcher(Protocol):
     def synchronize(self) -> None: ...
     def release_cached(self) -> None: ...  # pooled memory no array uses goes back to the device
     def pinned(self, size: int, dtype) -> np.ndarray: ...  # page-locked host memory
-    def upload(self, device, host) -> None: ...
+    def upload(self, device, host) -> Any: ...  # host (pinned) into device, queued; the event after it
     def download(self, device) -> tuple[np.ndarray, Any]: ...  # (host copy, the event after it)
     def copy_to_host(self, device, hosts) -> Any: ...  # device[i] into hosts[i] on a side stream; its event
     def copy_to_device(self, hosts, after) -> Any: ...  # the hosts stacked on the device, after the event
