@@ -39,6 +39,19 @@ class KVCache:
         xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)  # on the cache's device
         return xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in zip(self.k, self.v)])
 
+    def gather_block_major(self, block_ids):
+        """Blocks' K and V on the cache's device, block-major: (len(block_ids), layers, 2,
+        kv_heads, block_size, head_dim), one contiguous slot a block. Written a layer at a time
+        into one array, so a spill (which happens when memory is short) needs its own size plus
+        one layer's, where stacking the layers and then moving the axis needed three times it."""
+        xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)
+        kv_heads, _, block_size, head_dim = self.k[0].shape
+        out = xp.empty((len(block_ids), len(self.k), 2, kv_heads, block_size, head_dim), dtype=self.k[0].dtype)
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            out[:, layer, 0] = xp.moveaxis(k[:, ids], 1, 0)
+            out[:, layer, 1] = xp.moveaxis(v[:, ids], 1, 0)
+        return out
+
     def save_blocks(self, block_ids) -> np.ndarray:
         """Copy blocks to host memory (the spill pool), as gather_blocks lays them out."""
         return self.ops.to_host(self.gather_blocks(block_ids))

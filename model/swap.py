@@ -33,9 +33,7 @@ class SwapPool:
         self.free = list(range(num_slots - 1, -1, -1))
 
     def save(self, block_ids) -> Spill:
-        xp = self.ops.xp
-        # block-major, (blocks, layers, 2, kv_heads, block_size, head_dim): one slot a block
-        gathered = xp.ascontiguousarray(xp.moveaxis(self.cache.gather_blocks(block_ids), 3, 0))
+        gathered = self.cache.gather_block_major(block_ids)  # one slot a block
         slots = [self.free.pop() for _ in block_ids]
         copied = self.launcher.copy_to_host(gathered, [self.host[s] for s in slots])
         return Spill(slots, copied, gathered)

@@ -188,6 +188,32 @@ def test_a_bfloat16_cache_spills_and_reloads_bit_for_bit(tiny_dir):
         assert np.array_equal(k[:, [3, 0]], k[:, [1, 6]])
 
 
+def test_a_spill_holds_its_own_size_on_the_device_not_three_times_it(tiny_dir):
+    """The spill pool's gather, measured by tracemalloc (NumPy reports its buffers to it): the
+    blocks' K and V come out block-major and equal to the cache's, and the peak while gathering
+    is their size plus about one layer's, not the stacked copies' three times."""
+    import tracemalloc
+
+    from model.config import ModelConfig
+    from model.kv_cache import KVCache
+    from model.swap import SwapPool
+
+    config = ModelConfig.load(tiny_dir)
+    cache = KVCache(CudaOps(np, CpuLauncher()), config, num_blocks=40, block_size=4)
+    rng = np.random.default_rng(3)
+    for k in cache.k + cache.v:
+        k[...] = rng.standard_normal(k.shape)
+    pool = SwapPool(cache, num_slots=32)
+    blocks = list(range(3, 35))
+    tracemalloc.start()
+    spill = pool.save(blocks)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    size = spill.gathered.nbytes
+    assert np.array_equal(pool.host[spill.slots], np.moveaxis(cache.gather_blocks(blocks), 3, 0))
+    assert peak < size * (1 + 1.5 / config.num_layers), (peak, size)
+
+
 @pytest.mark.parametrize("checkpoint,asked,expected", [("float16", "auto", "float16"), ("bfloat16", "auto", "bfloat16"),
                                                        (None, "auto", "bfloat16"), ("float16", "float32", "float32")])
 def test_the_cuda_backend_loads_in_the_checkpoint_dtype_unless_told(tiny_dir, tmp_path, monkeypatch,
