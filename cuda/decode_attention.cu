@@ -1,7 +1,11 @@
 // Paged decode attention (one query token per sequence), flash-decoding style.
 //
 // decode_attention: grid (kv_heads, seqs, splits), 128 threads. A block takes one KV head of one
-// sequence over one split of its context; its four warps walk the split's tokens in turn. For
+// sequence over one split of its context; its four warps walk the split's tokens in turn. A
+// sequence's context splits into min(splits, ceil(context / min_split)) parts of whole pages,
+// from its own length only: its result does not depend on the rest of the batch, and a graph
+// captured for max_model_len needs only `splits` partials per head. Splits past the last part
+// write an empty partial (max -inf), which the reduce skips. For
 // each token, a warp loads the K and V rows once (each lane holds head_dim / 32 elements) and
 // uses them for every query head of the group (GQA), with an online softmax per query in fp32.
 // The warps then merge, and the block writes its partial result: the running max, the sum of
@@ -23,11 +27,14 @@ __global__ void __launch_bounds__(128) decode_attention(
     float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc,
     const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ block_tables, const int* __restrict__ context_lens, int heads, int kv_heads,
-    int head_dim, int block_size, int max_blocks, int num_blocks, int split_len, float scale) {
+    int head_dim, int block_size, int max_blocks, int num_blocks, int min_split, float scale) {
     int kv_head = blockIdx.x, seq = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int group = heads / kv_heads;
     int context = context_lens[seq];
+    int parts = min(splits, max(1, (context + min_split - 1) / min_split));
+    int pages = (context + block_size - 1) / block_size;
+    int split_len = (pages + parts - 1) / parts * block_size;
     int begin = split * split_len, end = min(context, begin + split_len);
 
     float query[DA_GROUP][DA_DIMS], acc[DA_GROUP][DA_DIMS], run_max[DA_GROUP], run_sum[DA_GROUP];

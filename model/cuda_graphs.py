@@ -11,8 +11,9 @@ turns with two host arrays and wait for a turn's last copy before filling it aga
 overlapped loop, the next step is filled while the device may not yet have run this one's copy.
 Padding rows write no K/V (slot -1), attend to one token, and their logits are never read.
 
-What differs from an eager step: the decode attention's split count is fixed by max_model_len
-rather than the step's longest context (splits past a row's context exit at once). Sampling runs
+What differs from an eager step: the decode attention's grid holds the model's whole split count
+(cuda_ops.decode_splits) rather than what the step's longest context needs; a row splits by its
+own length either way, so its logits are the same bits. Sampling runs
 eagerly, after the replay, on the graph's logits. Prefill and mixed steps run eagerly. A graph is
 valid while the weights and the KV cache arrays stay where they were at capture, which they do
 for the runner's lifetime.

@@ -118,6 +118,8 @@ class CpuLauncher:
     name_expression) for the kernels, linear(x, w, bias, out) for the GEMMs, a stand-in for CUDA
     graphs, and memory_info() reporting `memory` ((free, total) bytes, set by a test)."""
 
+    multiprocessors = 4  # a small GPU's, so that long contexts split (model/ops/cuda_ops.decode_splits)
+
     def __init__(self, memory: tuple[int, int] | None = None):
         self.modules: dict[str, CpuModule] = {}
         self.memory = memory
@@ -195,6 +197,7 @@ class DeviceLauncher:
         from model.ops.cupy_ops import RawModuleLauncher
 
         self.launcher = RawModuleLauncher()
+        self.multiprocessors = self.launcher.multiprocessors
 
     def function(self, file: str, expression: str) -> DeviceKernel:
         return DeviceKernel(self.launcher.function(file, expression))

@@ -104,6 +104,32 @@ def test_the_step_buffers_hold_the_rows_then_padding(tiny_dir, backend):
     assert graphs.can_replay(StepPlan([Row(i, [1], 3, [0], sample=True) for i in range(8)]))
 
 
+def test_a_graphs_attention_partials_are_sized_by_the_split_count_not_max_model_len(tiny_dir):
+    """A decode graph plans attention for max_model_len; its partials (heads x splits x head_dim
+    floats per row) must not grow with it: 128k tokens in splits of 512 made 256 splits, about
+    1 GB per layer at 256 rows of an 8B model."""
+    from model.ops.cuda_ops import decode_splits
+
+    launcher, grids = CpuLauncher(), []
+    ops = CudaOps(np, launcher)
+    function = launcher.function
+
+    def recording(file, expression):
+        kernel = function(file, expression)
+        if expression.startswith("decode_attention<"):
+            return lambda grid, block, args, shared_mem=0: (grids.append(grid), kernel(grid, block, args, shared_mem))
+        return kernel
+    launcher.function = recording
+    kv_heads, heads, head_dim, block_size = 2, 4, 64, 16
+    cache_k = ops.zeros((kv_heads, 8, block_size, head_dim))
+    q = np.ones((3, heads, head_dim), dtype=np.float32)
+    meta = ops.attention_meta([1] * 3, [5, 40, 17], [[0], [1, 2, 3], [4, 5]], block_size)
+    meta.max_context = 1 << 17  # what a graph captured for max_model_len plans with
+    out = ops.paged_attention(q, cache_k, cache_k, meta, 0.125)
+    assert grids[-1][2] == decode_splits(CpuLauncher.multiprocessors, kv_heads) <= 64
+    assert np.isfinite(out).all()
+
+
 class QueuedUploads(CpuLauncher):
     """Uploads as a GPU queues them: each returns an event, and the test sees which were waited on."""
 

@@ -141,11 +141,12 @@ def test_write_kv_through_the_slot_mapping(launcher, dtype):
     assert np.array_equal(cache_k, want_k) and np.array_equal(cache_v, want_v)
 
 
-def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, split_len):
-    """Both kernels, as the GPU path will launch them: partials per split, then the reduce."""
+def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=None):
+    """Both kernels, as the GPU path launches them: partials per split, then the reduce; splits
+    as CudaOps chooses them for these contexts unless given (a graph's: more than they need)."""
     seqs, heads, head_dim = q.shape
     kv_heads, num_blocks, block_size, _ = cache_k.shape
-    splits = max(1, -(-int(context_lens.max()) // split_len))
+    splits = splits or max(1, -(-int(context_lens.max()) // min_split))
     part_max, part_sum = poisoned((seqs, heads, splits), "float32"), poisoned((seqs, heads, splits), "float32")
     part_acc = poisoned((seqs, heads, splits, head_dim), "float32")
     out = poisoned((seqs, heads, head_dim), dtype)
@@ -153,7 +154,7 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
         (kv_heads, seqs, splits), (128,),
         (part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(heads), np.int32(kv_heads),
          np.int32(head_dim), np.int32(block_size), np.int32(tables.shape[1]), np.int32(num_blocks),
-         np.int32(split_len), np.float32(head_dim ** -0.5)))
+         np.int32(min_split), np.float32(head_dim ** -0.5)))
     kernel(launcher, "decode_attention.cu", "decode_attention_reduce", dtype)(
         (heads, seqs), (64,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim), np.int32(splits)))
     return out
@@ -161,9 +162,9 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64)])
-@pytest.mark.parametrize("split_len", [512, 48])  # one split; several, so the reduce merges them
-def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, split_len):
-    rng = np.random.default_rng(heads * head_dim + split_len)
+@pytest.mark.parametrize("min_split", [512, 48])  # one split; several, so the reduce merges them
+def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_split):
+    rng = np.random.default_rng(heads * head_dim + min_split)
     block_size, num_blocks = 16, 40
     context_lens = np.array([1, 16, 33, 130, 47], dtype=np.int32)  # on and off block boundaries
     seqs = len(context_lens)
@@ -176,12 +177,28 @@ def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, spli
     cache_k = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
     cache_v = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
     got = decode_attention(launcher, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), tables,
-                           context_lens,
-                           dtype, split_len)
+                           context_lens, dtype, min_split)
     meta = NUMPY.attention_meta([1] * seqs, context_lens.tolist(), tables.tolist(), block_size)
     want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
                                      head_dim ** -0.5).reshape(seqs, heads, head_dim)
     assert_close(got, want, dtype, floor=1.0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_rows_decode_attention_is_the_same_bits_in_any_batch(launcher, dtype):
+    """A sequence's context splits by its own length only: alone, beside a longer row (more
+    splits in the grid), and with a graph's fixed split count, its output is the same bits."""
+    rng = np.random.default_rng(11)
+    heads, kv_heads, head_dim, min_split = 8, 2, 64, 48
+    context_lens = np.array([130, 400], dtype=np.int32)
+    cache_k, cache_v, tables = paged_cache(rng, context_lens, kv_heads, head_dim)
+    cache_k, cache_v = storage(cache_k, dtype), storage(cache_v, dtype)
+    q = storage(rng.standard_normal((2, heads, head_dim)), dtype)
+    alone = decode_attention(launcher, q[:1], cache_k, cache_v, tables[:1], context_lens[:1], dtype, min_split)
+    beside = decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split)
+    graphed = decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=16)
+    assert np.array_equal(alone[0], beside[0]) and np.array_equal(alone[0], graphed[0])
+    assert np.array_equal(beside, graphed)
 
 
 def paged_cache(rng, context_lens, kv_heads, head_dim, block_size=16):

@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the CPU harness
 
 from model.ops.dtypes import to_bf16  # noqa: E402
-from model.ops.cuda_ops import DECODE_SPLIT  # noqa: E402
+from model.ops.cuda_ops import DECODE_MIN_SPLIT, decode_splits  # noqa: E402
 from model.ops.kernels import name_expression  # noqa: E402
 
 SHAPES = {"heads": 32, "kv_heads": 8, "head_dim": 128, "hidden": 4096, "block_size": 16}
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     context_lens = xp.asarray(np.full(args.seqs, args.context, dtype=np.int32))
     q = bf16_random(xp, (args.seqs, s["heads"], s["head_dim"]), rng)
     attn_out = xp.empty_like(q)
-    splits = -(-args.context // DECODE_SPLIT)
+    splits = min(decode_splits(launcher.multiprocessors, s["kv_heads"]), -(-args.context // DECODE_MIN_SPLIT))
     part_max = xp.empty((args.seqs, s["heads"], splits), dtype=np.float32)
     part_sum = xp.empty_like(part_max)
     part_acc = xp.empty((args.seqs, s["heads"], splits, s["head_dim"]), dtype=np.float32)
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         decode((s["kv_heads"], args.seqs, splits), (128,), (
             part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(s["heads"]),
             np.int32(s["kv_heads"]), np.int32(s["head_dim"]), np.int32(s["block_size"]), np.int32(blocks_each),
-            np.int32(num_blocks), np.int32(DECODE_SPLIT), np.float32(s["head_dim"] ** -0.5)))
+            np.int32(num_blocks), np.int32(DECODE_MIN_SPLIT), np.float32(s["head_dim"] ** -0.5)))
         reduce((s["heads"], args.seqs), (128,), (attn_out, part_max, part_sum, part_acc, np.int32(s["heads"]),
                                                  np.int32(s["head_dim"]), np.int32(splits)))
 
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     results["decode_attention"] = {"bytes": kv_bytes + 2 * q.size * 2, "seconds": seconds}
 
     copy_rate = results["copy"]["bytes"] / results["copy"]["seconds"]
-    print(f"# backend {args.backend}; decode: {args.seqs} x {args.context} tokens, split {DECODE_SPLIT}; "
+    print(f"# backend {args.backend}; decode: {args.seqs} x {args.context} tokens, {splits} splits; "
           f"RMSNorm: {args.rows} x {s['hidden']}; bf16")
     print("| kernel | MB moved | time (us) | GB/s | of copy |")
     print("| --- | ---: | ---: | ---: | ---: |")

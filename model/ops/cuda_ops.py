@@ -25,8 +25,16 @@ from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult
 from model.quant.quantized import float32
 
 THREADS = 128
-DECODE_SPLIT = 512  # context tokens per decode block; longer contexts are split and reduced
+DECODE_MIN_SPLIT = 256  # context tokens a decode block takes at least; longer contexts are split and reduced
 PREFILL_ROWS = 16  # (token, head) rows per prefill attention block
+
+
+def decode_splits(multiprocessors: int, kv_heads: int) -> int:
+    """The most parts a sequence's context is split into for decode attention: enough blocks for
+    two per multiprocessor at batch 1, so a long context keeps the whole GPU busy. Fixed for a
+    model on a device, so a row's split (and its result) never depends on the batch, and a
+    decode graph's partials are sized by this, not by max_model_len."""
+    return max(1, min(64, -(-2 * multiprocessors // kv_heads)))
 
 
 @dataclass
@@ -160,14 +168,14 @@ class CudaOps:
                   np.int32(meta.block_tables.shape[1]), np.int32(num_blocks))
         out = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         if meta.decode:
-            splits = -(-meta.max_context // DECODE_SPLIT)
+            splits = min(decode_splits(self.launcher.multiprocessors, kv_heads), -(-meta.max_context // DECODE_MIN_SPLIT))
             part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_sum = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_acc = self.xp.empty((seqs, heads, splits, head_dim), dtype=np.float32)
             self.kernel("decode_attention.cu", "decode_attention")(
                 (kv_heads, seqs, splits), (THREADS,),
                 (part_max, part_sum, part_acc, q, cache_k, cache_v, meta.block_tables, meta.context_lens, *common,
-                 np.int32(DECODE_SPLIT), np.float32(scale)))
+                 np.int32(DECODE_MIN_SPLIT), np.float32(scale)))
             self.kernel("decode_attention.cu", "decode_attention_reduce")(
                 (heads, seqs), (THREADS,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim),
                                             np.int32(splits)))

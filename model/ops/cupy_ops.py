@@ -54,6 +54,7 @@ class RawModuleLauncher:
 
     def __init__(self):
         self.linear = Gemm()  # DynamicLibNotFoundError where cuBLAS is missing
+        self.multiprocessors = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.modules: dict[str, cupy.RawModule] = {}
         self.graph_pool = None  # the memory every captured graph allocates from, and nothing else
         self.side_stream = None  # spills' copies to the host

@@ -74,6 +74,7 @@ class Launcher(Protocol):
     """What CudaOps runs on: CuPy's RawModule and cuBLAS on a GPU (model/ops/cupy_ops.py), or
     the CPU harness (tests/cuda_harness.py), which builds the same .cu files with g++."""
 
+    multiprocessors: int  # the device's streaming multiprocessors (SMs), for sizing grids
     def function(self, file: str, expression: str) -> Callable: ...  # called (grid, block, args, shared_mem=0)
     def linear(self, x, w, bias, out) -> None: ...  # out = x @ w.T (+ bias), accumulated in fp32
     def memory_info(self) -> tuple[int, int]: ...  # (free, total) bytes of device memory
