@@ -71,15 +71,14 @@ class Llama:
         for i, layer in enumerate(w.layers):
             x, h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
             qkv = ops.linear(h, layer.wqkv, layer.bqkv)
-            q = qkv[:, :c.q_size].reshape(tokens, c.num_heads, c.head_dim)
-            k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(tokens, c.num_kv_heads, c.head_dim)
-            v = qkv[:, c.q_size + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                q = ops.rms_norm(q, layer.q_norm, eps)
-                k = ops.rms_norm(k, layer.k_norm, eps)
-            q = ops.rope(q, cos, sin)
-            k = ops.rope(k, cos, sin)
-            ops.write_kv(cache.k[i], cache.v[i], slots, k, v)
+            if layer.q_norm is None:
+                q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
+            else:  # Qwen3: each head normalised before the rotation
+                q = qkv[:, :c.q_size].reshape(tokens, c.num_heads, c.head_dim)
+                k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(tokens, c.num_kv_heads, c.head_dim)
+                v = qkv[:, c.q_size + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
+                q = ops.rope(ops.rms_norm(q, layer.q_norm, eps), cos, sin)
+                ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(ops.rms_norm(k, layer.k_norm, eps), cos, sin), v)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale)
             x, h = ops.add_rms_norm(x, ops.linear(attn, layer.wo), layer.mlp_norm, eps)
             delta = ops.linear(ops.silu_and_mul(ops.linear(h, layer.w_gate_up)), layer.w_down)

@@ -120,7 +120,7 @@ class ModelRunner:
         device_tokens = ops.asarray(token_ids, np.int64)
         self.fill_ahead(device_tokens, ends - np.asarray(query_lens) + 1, rows)
         return self.model.forward(device_tokens, ops.asarray(positions, np.int64),
-                                  ops.asarray(slots, np.int64), meta, self.cache, ops.asarray(logit_index, np.int64))
+                                  ops.asarray(slots, np.int32), meta, self.cache, ops.asarray(logit_index, np.int64))
 
     def fill_ahead(self, device_tokens, starts, rows) -> None:
         """Rows whose input is AHEAD take the token the step before sampled for their request,

@@ -130,6 +130,72 @@ def test_a_graphs_attention_partials_are_sized_by_the_split_count_not_max_model_
     assert np.isfinite(out).all()
 
 
+class CountedLaunches(CpuLauncher):
+    """Every launch a GPU step would make: Spool's kernels and cuBLAS GEMMs by name, and the
+    copies CuPy would launch for ascontiguousarray, array or asarray on an array that is not
+    already what was asked (the harness's arrays are NumPy's, so those copies are counted here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.launches: list[str] = []
+
+    def function(self, file, expression):
+        kernel = super().function(file, expression)
+        return lambda grid, block, args, shared_mem=0: (self.launches.append(expression),
+                                                         kernel(grid, block, args, shared_mem))
+
+    def linear(self, x, w, bias, out):
+        self.launches.append("gemm")
+        super().linear(x, w, bias, out)
+
+    def counting(self, xp):
+        launcher = self
+
+        class CountingArrays:
+            def __getattr__(self, name):
+                return getattr(xp, name)
+
+            def _copy(self, name, x, *args, **kwargs):
+                out = getattr(xp, name)(x, *args, **kwargs)
+                if isinstance(x, xp.ndarray) and not xp.shares_memory(out, x):
+                    launcher.launches.append(f"copy ({name})")
+                return out
+
+            def ascontiguousarray(self, x, *a, **k):
+                return self._copy("ascontiguousarray", x, *a, **k)
+
+            def array(self, x, *a, **k):
+                return self._copy("array", x, *a, **k)
+
+            def asarray(self, x, *a, **k):
+                return self._copy("asarray", x, *a, **k)
+        return CountingArrays()
+
+
+def test_a_decode_layer_launches_at_most_ten_kernels(tiny_dir):
+    """Launches per decode layer of a graph's forward pass, counted through the harness: the
+    difference between the whole model and its first layer alone, over the other layers. About
+    16 before rotary, the copies and the K/V write became one kernel and slots stayed int32."""
+    launcher = CountedLaunches()
+    ops = CudaOps(np, launcher)
+    ops.xp = launcher.counting(np)
+    runner = ModelRunner.from_dir(tiny_dir, num_blocks=64, block_size=4, ops=ops)
+    runner.capture_graphs(4, 64)
+    blocks = Blocks(runner)
+    rows = [Row(rid, [5], 9, blocks.table(rid, 10), sample=True) for rid in "abc"]
+    layers = runner.model.w.layers
+    counts = []
+    for kept in (layers, layers[:1]):
+        runner.model.w.layers = kept
+        launcher.launches.clear()
+        runner.graphs.fill(rows)
+        runner.graphs.forward(runner.graphs.padded_size(len(rows)))
+        counts.append(list(launcher.launches))
+    runner.model.w.layers = layers
+    per_layer = (len(counts[0]) - len(counts[1])) / (len(layers) - 1)
+    assert per_layer <= 10, (per_layer, counts[1])
+
+
 class QueuedUploads(CpuLauncher):
     """Uploads as a GPU queues them: each returns an event, and the test sees which were waited on."""
 

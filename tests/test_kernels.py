@@ -132,13 +132,39 @@ def test_write_kv_through_the_slot_mapping(launcher, dtype):
     cache_k = storage(rng.standard_normal((kv_heads, blocks, block_size, head_dim)), dtype)
     cache_v = storage(rng.standard_normal((kv_heads, blocks, block_size, head_dim)), dtype)
     k, v = (storage(rng.standard_normal((tokens, kv_heads, head_dim)), dtype) for _ in range(2))
-    slots = np.array([17, 3, -1, 95, 40], dtype=np.int64)  # -1: a padding row, skipped
+    slots = np.array([17, 3, -1, 95, 40], dtype=np.int32)  # -1: a padding row, skipped
     want_k, want_v = cache_k.copy(), cache_v.copy()
     live = slots >= 0
     NUMPY.write_kv(want_k, want_v, slots[live], k[live], v[live])
     kernel(launcher, "kv_write.cu", "write_kv", dtype)((tokens,), (64,), (cache_k, cache_v, k, v, slots, np.int32(kv_heads),
                                                                np.int32(head_dim), np.int64(blocks * block_size)))
     assert np.array_equal(cache_k, want_k) and np.array_equal(cache_v, want_v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (6, 2, 128)])
+def test_rope_and_cache_from_fused_qkv_rows(launcher, dtype, heads, kv_heads, head_dim):
+    """rope_write_kv against NumpyOps.rope_and_cache: the rotated q out, k rotated and v copied
+    into the caches at the slots, a padding row's (-1) q computed and nothing of it cached."""
+    rng = np.random.default_rng(heads + head_dim)
+    tokens, blocks, block_size = 5, 6, 16
+    qkv = storage(rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim)), dtype)
+    angles = rng.uniform(0, 6.3, (tokens, head_dim // 2))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    slots = np.array([17, 3, -1, 95, 40], dtype=np.int32)
+    caches = [storage(rng.standard_normal((kv_heads, blocks, block_size, head_dim)), dtype) for _ in range(2)]
+    want_k, want_v = (as_float(c, dtype) for c in caches)
+    live = slots >= 0
+    want_q = NUMPY.rope_and_cache(as_float(qkv, dtype)[live], cos[live], sin[live], want_k, want_v, slots[live], heads)
+    q = poisoned((tokens, heads, head_dim), dtype)
+    kernel(launcher, "kv_write.cu", "rope_write_kv", dtype)((tokens,), (64,), (
+        q, caches[0], caches[1], qkv, cos, sin, slots, np.int32(heads), np.int32(kv_heads), np.int32(head_dim),
+        np.int64(blocks * block_size)))
+    assert_close(q[live], want_q, dtype)
+    want_pad = NUMPY.rope(as_float(qkv, dtype)[2:3, :heads * head_dim].reshape(1, heads, head_dim), cos[2:3], sin[2:3])
+    assert_close(q[2:3], want_pad, dtype)
+    assert_close(caches[0], want_k, dtype)
+    assert np.array_equal(as_float(caches[1], dtype), want_v)  # v is copied, not computed
 
 
 def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=None):

@@ -145,8 +145,20 @@ class CudaOps:
         cache_slots = cache_k.shape[1] * cache_k.shape[2]
         self.kernel("kv_write.cu", "write_kv")(
             (tokens,), (THREADS,), (cache_k, cache_v, self.contiguous(k), self.contiguous(v),
-                                    self.xp.ascontiguousarray(slots, dtype=np.int64), np.int32(kv_heads),
+                                    self.xp.ascontiguousarray(slots, dtype=np.int32), np.int32(kv_heads),
                                     np.int32(head_dim), np.int64(cache_slots)))
+
+    def rope_and_cache(self, qkv, cos, sin, cache_k, cache_v, slots, heads: int):
+        """NumpyOps.rope_and_cache in one kernel: two rotations, three copies and the K/V write
+        were six launches a layer."""
+        kv_heads, blocks, block_size, head_dim = cache_k.shape
+        tokens = qkv.shape[0]
+        q = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
+        self.kernel("kv_write.cu", "rope_write_kv")((tokens,), (THREADS,), (
+            q, cache_k, cache_v, self.contiguous(qkv), self.xp.ascontiguousarray(cos, dtype=np.float32),
+            self.xp.ascontiguousarray(sin, dtype=np.float32), self.xp.ascontiguousarray(slots, dtype=np.int32),
+            np.int32(heads), np.int32(kv_heads), np.int32(head_dim), np.int64(blocks * block_size)))
+        return q
 
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int) -> AttentionMeta:
         width = max(1, max(len(t) for t in block_tables))

@@ -18,7 +18,7 @@ KERNELS = {
     "activation.cu": ("silu_and_mul",),
     "embedding.cu": ("embedding",),
     "rotary.cu": ("rotary",),
-    "kv_write.cu": ("write_kv",),
+    "kv_write.cu": ("write_kv", "rope_write_kv"),
     "decode_attention.cu": ("decode_attention", "decode_attention_reduce"),
     "prefill_attention.cu": ("prefill_attention",),
     "sampling.cu": ("sample",),

@@ -165,6 +165,19 @@ class NumpyOps:
         cache_k.reshape(heads, -1, dim)[:, slots] = k.transpose(1, 0, 2)
         cache_v.reshape(heads, -1, dim)[:, slots] = v.transpose(1, 0, 2)
 
+    def rope_and_cache(self, qkv, cos, sin, cache_k, cache_v, slots, heads: int):
+        """From fused QKV rows (tokens, (heads + 2 kv_heads) head_dim): q and k rotated, k and v
+        stored at slots (write_kv), the rotated q returned as (tokens, heads, head_dim). What the
+        forward pass does between the QKV projection and attention, as one op so that a device
+        can do it in one kernel (model/ops/cuda_ops.py)."""
+        kv_heads, head_dim = cache_k.shape[0], cache_k.shape[-1]
+        tokens, q_size, kv_size = qkv.shape[0], heads * head_dim, kv_heads * head_dim
+        q = qkv[:, :q_size].reshape(tokens, heads, head_dim)
+        k = qkv[:, q_size:q_size + kv_size].reshape(tokens, kv_heads, head_dim)
+        v = qkv[:, q_size + kv_size:].reshape(tokens, kv_heads, head_dim)
+        self.write_kv(cache_k, cache_v, slots, self.rope(k, cos, sin), v)
+        return self.rope(q, cos, sin)
+
     def attention_meta(self, query_lens: list[int], context_lens: list[int],
                        block_tables: list[list[int]], block_size: int) -> list[AttentionChunk]:
         """Plan a step's attention once; every layer reuses it.
