@@ -1,30 +1,81 @@
 // Sampling, one block per row of fp32 logits (penalties and logit bias already applied):
 // greedy (temperature 0) is the argmax, lowest id on ties; otherwise softmax at the row's
 // temperature, then the kept set: top-k, top-p over the renormalised top-k, and min-p against
-// the most likely token, each a probability threshold found by bisection (block-wide counts
-// and sums, so no sort of the vocabulary); then one inverse-CDF draw over the kept tokens in id
-// order with the row's uniform u, which the host takes from seeded_uniform(seed, index) for a
-// seeded row, so a row's token never depends on the rest of the batch. A row whose logits hold
-// no finite value (NaN or -inf throughout: a model that overflowed) gets -1, no token, which the
-// host fails its request on and no kernel indexes with.
+// the most likely token, each a threshold on the tokens' weights (probability relative to the
+// most likely, in (0, 1]); then one inverse-CDF draw over the kept tokens in id order with the
+// row's uniform u, which the host takes from seeded_uniform(seed, index) for a seeded row, so a
+// row's token never depends on the rest of the batch. A row whose logits hold no finite value
+// (NaN or -inf throughout: a model that overflowed) gets -1, no token, which the host fails its
+// request on and no kernel indexes with.
+//
+// The top-k and top-p thresholds are radix selects over the weights' float bits (non-negative
+// floats order as their bits): four passes of 8 bits each, a histogram per pass in shared
+// memory, exact where bisection took 40 passes and came within 2^-40. Histograms count in
+// integers (masses in fixed point, 2^-40 a unit), so no float atomics: the same row gives the
+// same threshold every run.
 // Block size: a power of two, multiple of 32, at most 1024.
 #include "common.cuh"
 
-#define SAMPLE_BISECTIONS 40
+#define SAMPLE_BINS 256
+#define MASS_UNIT 1099511627776.0f  // 2^40: a weight <= 1 in fixed point; 128k of them fit 2^57
 
 // Probability of token i relative to the most likely one (which is 1), at temperature t.
 __device__ __forceinline__ float weight(const float* row, int i, float top, float inv_t) {
     return __expf((row[i] - top) * inv_t);
 }
 
-// Sum (or count) of the weights >= v over the vocabulary.
-__device__ __forceinline__ float mass_above(const float* row, int vocab, float top, float inv_t, float v, bool count) {
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float w = weight(row, i, top, inv_t);
-        if (w >= v) s += count ? 1.0f : w;
+// The largest weight v among those >= floor such that the tokens of weight >= v number at least
+// goal (count; top-k's k) or hold at least goal of the mass of all tokens >= floor (top-p's p).
+// floor where no v does (fewer than k tokens are left). Every thread gets it.
+__device__ float threshold(const float* row, int vocab, float top, float inv_t, float floor, bool count,
+                           float goal) {
+    __shared__ unsigned long long s_hist[SAMPLE_BINS];
+    __shared__ unsigned long long s_above, s_target;
+    __shared__ unsigned s_prefix;
+    __shared__ int s_found;
+    if (threadIdx.x == 0) {
+        s_above = 0;
+        s_prefix = 0;
+        s_found = 1;
     }
-    return block_sum(s);
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) s_hist[b] = 0;
+        __syncthreads();
+        unsigned prefix = s_prefix, high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+        if (s_found) {
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                float w = weight(row, i, top, inv_t);
+                unsigned bits = __float_as_uint(w);
+                if (w >= floor && (bits & high) == prefix)
+                    atomicAdd(&s_hist[(bits >> shift) & (SAMPLE_BINS - 1)],
+                              count ? 1ull : (unsigned long long)(w * MASS_UNIT));
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0 && s_found) {
+            if (shift == 24) {  // every kept token is in this pass's histogram: the goal in its units
+                unsigned long long total = 0;
+                for (int b = 0; b < SAMPLE_BINS; ++b) total += s_hist[b];
+                s_target = count ? (unsigned long long)goal : (unsigned long long)(double(total) * double(goal));
+                if (s_target > total) s_found = 0;
+            }
+            unsigned long long above = s_above;
+            int chosen = 0;
+            for (int b = SAMPLE_BINS - 1; b >= 0 && s_found; --b) {
+                if (above + s_hist[b] >= s_target) {
+                    chosen = b;
+                    break;
+                }
+                above += s_hist[b];
+            }
+            s_above = above;
+            s_prefix = prefix | (unsigned(chosen) << shift);
+        }
+        __syncthreads();
+    }
+    float v = s_found ? fmaxf(floor, __uint_as_float(s_prefix)) : floor;
+    __syncthreads();  // the shared state is reused by the next call
+    return v;
 }
 
 __global__ void sample(int* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperature,
@@ -55,23 +106,8 @@ __global__ void sample(int* __restrict__ out, const float* __restrict__ logits, 
     // The threshold: kept tokens have weight >= floor.
     float floor = min_p[r] > 0.0f ? min_p[r] : 0.0f;
     int k = top_k[r];
-    if (k > 0 && k < vocab) {  // the largest v with at least k weights >= v
-        float lo = 0.0f, hi = 1.0f;
-        for (int it = 0; it < SAMPLE_BISECTIONS; ++it) {
-            float mid = 0.5f * (lo + hi);
-            if (mass_above(row, vocab, top, inv_t, mid, true) >= float(k)) lo = mid; else hi = mid;
-        }
-        floor = fmaxf(floor, lo);
-    }
-    if (top_p[r] < 1.0f) {  // the largest v whose heavier tokens still hold top_p of the kept mass
-        float kept = mass_above(row, vocab, top, inv_t, floor, false), target = top_p[r] * kept;
-        float lo = floor, hi = 1.0f;
-        for (int it = 0; it < SAMPLE_BISECTIONS; ++it) {
-            float mid = 0.5f * (lo + hi);
-            if (mass_above(row, vocab, top, inv_t, mid, false) >= target) lo = mid; else hi = mid;
-        }
-        floor = fmaxf(floor, lo);
-    }
+    if (k > 0 && k < vocab) floor = threshold(row, vocab, top, inv_t, floor, true, float(k));
+    if (top_p[r] < 1.0f) floor = threshold(row, vocab, top, inv_t, floor, false, top_p[r]);
 
     // Inverse CDF over the kept tokens in id order: each thread owns a contiguous span.
     int span = (vocab + blockDim.x - 1) / blockDim.x, begin = threadIdx.x * span, end = min(vocab, begin + span);

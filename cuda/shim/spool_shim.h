@@ -42,6 +42,8 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
+inline float __uint_as_float(unsigned i) { return std::bit_cast<float>(i); }
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
 template <typename T> inline T __ldg(const T* p) { return *p; }
 
 // Half and bfloat16: storage types with CUDA's conversion functions (round to nearest even).
