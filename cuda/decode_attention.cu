@@ -1,29 +1,54 @@
 // Paged decode attention (one query token per sequence), flash-decoding style.
 //
-// decode_attention: grid (kv_heads, seqs, splits), 128 threads. A block takes one KV head of one
-// sequence over one split of its context; its four warps walk the split's tokens in turn. A
-// sequence's context splits into min(splits, ceil(context / min_split)) parts of whole pages,
-// from its own length only: its result does not depend on the rest of the batch, and a graph
-// captured for max_model_len needs only `splits` partials per head. Splits past the last part
-// write an empty partial (max -inf), which the reduce skips. For
-// each token, a warp loads the K and V rows once (each lane holds head_dim / 32 elements) and
-// uses them for every query head of the group (GQA), with an online softmax per query in fp32.
-// The warps then merge, and the block writes its partial result: the running max, the sum of
-// exponentials, and the unnormalised output, per query head.
+// decode_attention: grid (kv_heads, seqs, splits), 128 threads, GROUP (a template argument: 1, 2,
+// 4 or 8) at least the query heads per KV head. A block takes one KV head of one sequence over
+// one split of its context. A sequence's context splits into min(splits, ceil(context /
+// min_split)) parts of whole pages, from its own length only: its result does not depend on the
+// rest of the batch, and a graph captured for max_model_len needs only `splits` partials per
+// head. Splits past the last part write an empty partial (max -inf), which the reduce skips.
+//
+// Each warp takes whole pages (one block-table load per page) and splits into sub-warps of the
+// fewest lanes whose DA_DIMS contiguous elements each cover head_dim (16 lanes for 64, 32 for
+// 128): one 8-byte (16-bit types) or 16-byte (fp32) load per lane per K or V row, and each
+// sub-warp has DA_UNROLL rows in flight (fewer for fp32 and groups of 8). The K and V rows are loaded
+// once and used for every query head of the group (GQA), with an online softmax per sub-warp and
+// query in fp32; sub-warps then warps merge, and the block writes its partial result: the
+// running max, the sum of exponentials, and the unnormalised output, per query head.
 // decode_attention_reduce: grid (heads, seqs), merges the splits into the output.
 //
 // q: (seqs, heads, head_dim); caches: (kv_heads, blocks, block_size, head_dim);
 // block_tables: (seqs, max_blocks) int32; context_lens: (seqs) int32.
 // Partials: max and sum (seqs, heads, splits) fp32, acc (seqs, heads, splits, head_dim) fp32.
-// Limits: head_dim <= 128 (4 elements a lane), group = heads / kv_heads <= 8.
+// Limits: head_dim a multiple of 4, at most 128; heads / kv_heads <= GROUP.
 #include "common.cuh"
 
 #define DA_WARPS 4
 #define DA_DIMS 4
-#define DA_GROUP 8
+#define DA_UNROLL 4  // rows in flight per sub-warp for 16-bit types (fewer where registers run short)
+#define DA_MAX_DIM 128
 
-template <typename T>
-__global__ void __launch_bounds__(128) decode_attention(
+template <typename T> struct alignas(sizeof(T) * DA_DIMS) Dims {
+    T v[DA_DIMS];
+};
+
+// Sum over the `lanes` lanes of a sub-warp (a power of two), in every lane of it.
+__device__ __forceinline__ float subwarp_sum(float v, int lanes) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// (max, sum, acc) of one softmax merged with another's: each part scaled to the common max.
+__device__ __forceinline__ void merge(float& m, float& sum, float* acc, float m2, float sum2, const float* acc2) {
+    float top = fmaxf(m, m2);
+    float f = m == neg_inf() ? 0.0f : __expf(m - top), f2 = m2 == neg_inf() ? 0.0f : __expf(m2 - top);
+    sum = sum * f + sum2 * f2;
+#pragma unroll
+    for (int j = 0; j < DA_DIMS; ++j) acc[j] = acc[j] * f + acc2[j] * f2;
+    m = top;
+}
+
+template <typename T, int GROUP>
+__global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: at most 128 registers
     float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc,
     const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ block_tables, const int* __restrict__ context_lens, int heads, int kv_heads,
@@ -31,84 +56,121 @@ __global__ void __launch_bounds__(128) decode_attention(
     int kv_head = blockIdx.x, seq = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int group = heads / kv_heads;
+    int lanes = 32;  // a sub-warp: the fewest lanes (a power of two) that cover head_dim
+    while (lanes > 1 && (lanes / 2) * DA_DIMS >= head_dim) lanes /= 2;
+    int sub = lane / lanes, subs = 32 / lanes, d0 = (lane % lanes) * DA_DIMS;
+    bool dims = d0 < head_dim;  // this lane holds elements of the row
     int context = context_lens[seq];
     int parts = min(splits, max(1, (context + min_split - 1) / min_split));
     int pages = (context + block_size - 1) / block_size;
     int split_len = (pages + parts - 1) / parts * block_size;
     int begin = split * split_len, end = min(context, begin + split_len);
 
-    float query[DA_GROUP][DA_DIMS], acc[DA_GROUP][DA_DIMS], run_max[DA_GROUP], run_sum[DA_GROUP];
+    float query[GROUP][DA_DIMS], acc[GROUP][DA_DIMS], run_max[GROUP], run_sum[GROUP];
 #pragma unroll
-    for (int g = 0; g < DA_GROUP; ++g) {
+    for (int g = 0; g < GROUP; ++g) {
         run_max[g] = neg_inf();
         run_sum[g] = 0.0f;
+        Dims<T> x = {};
+        if (g < group && dims) x = *reinterpret_cast<const Dims<T>*>(q + (size_t(seq) * heads + kv_head * group + g) * head_dim + d0);
 #pragma unroll
         for (int j = 0; j < DA_DIMS; ++j) {
-            int d = lane + 32 * j;
-            bool live = g < group && d < head_dim;
-            query[g][j] = live ? to_float(q[(size_t(seq) * heads + kv_head * group + g) * head_dim + d]) * scale : 0.0f;
+            query[g][j] = to_float(x.v[j]) * scale;
             acc[g][j] = 0.0f;
         }
     }
 
+    // the same bytes in flight for fp32 (16-byte rows of 4) at half the rows; one row with a group of 8
+    constexpr int unroll = GROUP >= 8 ? 1 : sizeof(T) == 4 ? DA_UNROLL / 2 : DA_UNROLL;
     const int* table = block_tables + size_t(seq) * max_blocks;
     size_t head_base = size_t(kv_head) * num_blocks * block_size;
-    for (int t = begin + warp; t < end; t += DA_WARPS) {
-        size_t row = (head_base + size_t(table[t / block_size]) * block_size + t % block_size) * head_dim;
-        float key[DA_DIMS], value[DA_DIMS];
+    int first_page = begin / block_size, last_page = (end + block_size - 1) / block_size;
+    for (int page = first_page + warp; page < last_page; page += DA_WARPS) {  // warp-uniform
+        size_t page_base = (head_base + size_t(table[page]) * block_size) * head_dim;
+        int page_start = page * block_size;
+        for (int i0 = 0; i0 < block_size; i0 += subs * unroll) {
+            Dims<T> key[unroll], value[unroll];
+            bool valid[unroll];
 #pragma unroll
-        for (int j = 0; j < DA_DIMS; ++j) {
-            int d = lane + 32 * j;
-            key[j] = d < head_dim ? to_float(cache_k[row + d]) : 0.0f;
-            value[j] = d < head_dim ? to_float(cache_v[row + d]) : 0.0f;
-        }
+            for (int u = 0; u < unroll; ++u) {  // every load first: unroll rows in flight
+                int i = i0 + u * subs + sub;
+                valid[u] = i < block_size && page_start + i >= begin && page_start + i < end;
+                key[u] = value[u] = Dims<T>{};
+                if (valid[u] && dims) {
+                    key[u] = *reinterpret_cast<const Dims<T>*>(cache_k + page_base + size_t(i) * head_dim + d0);
+                    value[u] = *reinterpret_cast<const Dims<T>*>(cache_v + page_base + size_t(i) * head_dim + d0);
+                }
+            }
 #pragma unroll
-        for (int g = 0; g < DA_GROUP; ++g) {
-            if (g >= group) break;
-            float dot = 0.0f;
+            for (int u = 0; u < unroll; ++u) {
 #pragma unroll
-            for (int j = 0; j < DA_DIMS; ++j) dot += query[g][j] * key[j];
-            float score = warp_sum(dot);
-            float new_max = fmaxf(run_max[g], score);
-            float correction = __expf(run_max[g] - new_max), weight = __expf(score - new_max);
-            run_sum[g] = run_sum[g] * correction + weight;
+                for (int g = 0; g < GROUP; ++g) {
+                    float dot = 0.0f;
 #pragma unroll
-            for (int j = 0; j < DA_DIMS; ++j) acc[g][j] = acc[g][j] * correction + weight * value[j];
-            run_max[g] = new_max;
+                    for (int j = 0; j < DA_DIMS; ++j) dot += query[g][j] * to_float(key[u].v[j]);
+                    float score = subwarp_sum(dot, lanes);  // every lane shuffles; invalid rows are then skipped
+                    if (!valid[u] || g >= group) continue;
+                    float new_max = fmaxf(run_max[g], score);
+                    float correction = __expf(run_max[g] - new_max), weight = __expf(score - new_max);
+                    run_sum[g] = run_sum[g] * correction + weight;
+#pragma unroll
+                    for (int j = 0; j < DA_DIMS; ++j) acc[g][j] = acc[g][j] * correction + weight * to_float(value[u].v[j]);
+                    run_max[g] = new_max;
+                }
+            }
         }
     }
 
-    // Merge the warps: each writes its state to shared memory, warp 0 combines.
-    __shared__ float s_max[DA_WARPS][DA_GROUP], s_sum[DA_WARPS][DA_GROUP], s_acc[DA_WARPS][DA_GROUP][DA_DIMS * 32];
+    // Merge the sub-warps of each warp (lanes that hold the same elements), then the warps.
 #pragma unroll
-    for (int g = 0; g < DA_GROUP; ++g) {
+    for (int g = 0; g < GROUP; ++g) {
+#pragma unroll
+        for (int offset = 1; offset < 32; offset <<= 1) {  // unrolled: no local arrays
+            if (offset < lanes) continue;
+            float other[DA_DIMS];
+#pragma unroll
+            for (int j = 0; j < DA_DIMS; ++j) other[j] = __shfl_xor_sync(0xffffffffu, acc[g][j], offset);
+            float m2 = __shfl_xor_sync(0xffffffffu, run_max[g], offset);
+            float sum2 = __shfl_xor_sync(0xffffffffu, run_sum[g], offset);
+            merge(run_max[g], run_sum[g], acc[g], m2, sum2, other);
+        }
+    }
+    __shared__ float s_max[DA_WARPS][GROUP], s_sum[DA_WARPS][GROUP], s_acc[DA_WARPS][GROUP][DA_MAX_DIM];
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
         if (lane == 0) {
             s_max[warp][g] = run_max[g];
             s_sum[warp][g] = run_sum[g];
         }
+        if (sub == 0 && dims) {
 #pragma unroll
-        for (int j = 0; j < DA_DIMS; ++j) s_acc[warp][g][lane + 32 * j] = acc[g][j];
+            for (int j = 0; j < DA_DIMS; ++j) s_acc[warp][g][d0 + j] = acc[g][j];
+        }
     }
     __syncthreads();
-    if (warp == 0) {
-        for (int g = 0; g < group; ++g) {
-            float m = neg_inf();
-            for (int w = 0; w < DA_WARPS; ++w) m = fmaxf(m, s_max[w][g]);
-            float total = 0.0f, out[DA_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int w = 0; w < DA_WARPS; ++w) {
-                float f = s_max[w][g] == neg_inf() ? 0.0f : __expf(s_max[w][g] - m);
-                total += s_sum[w][g] * f;
+    if (warp == 0 && sub == 0) {
 #pragma unroll
-                for (int j = 0; j < DA_DIMS; ++j) out[j] += s_acc[w][g][lane + 32 * j] * f;
+        for (int g = 0; g < GROUP; ++g) {
+            if (g >= group) break;
+            float m = s_max[0][g], total = s_sum[0][g], out[DA_DIMS];
+#pragma unroll
+            for (int j = 0; j < DA_DIMS; ++j) out[j] = dims ? s_acc[0][g][d0 + j] : 0.0f;
+#pragma unroll
+            for (int w = 1; w < DA_WARPS; ++w) {
+                float other[DA_DIMS];
+#pragma unroll
+                for (int j = 0; j < DA_DIMS; ++j) other[j] = dims ? s_acc[w][g][d0 + j] : 0.0f;
+                merge(m, total, out, s_max[w][g], s_sum[w][g], other);
             }
             size_t at = (size_t(seq) * heads + kv_head * group + g) * splits + split;
             if (lane == 0) {
                 part_max[at] = m;
                 part_sum[at] = total;
             }
+            if (dims) {
 #pragma unroll
-            for (int j = 0; j < DA_DIMS; ++j)
-                if (lane + 32 * j < head_dim) part_acc[at * head_dim + lane + 32 * j] = out[j];
+                for (int j = 0; j < DA_DIMS; ++j) part_acc[at * head_dim + d0 + j] = out[j];
+            }
         }
     }
 }

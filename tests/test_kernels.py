@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher, DeviceLauncher, as_float, gpu_available, poisoned, storage
-from model.ops.kernels import name_expression
+from model.ops.kernels import name_expression, variant
 from model.ops.numpy_ops import NumpyOps, _apply_penalties
 from model.ops.protocol import SampleBatch
 
@@ -31,8 +31,8 @@ def launcher(request):
     return launchers[request.param]
 
 
-def kernel(launcher, file: str, name: str, dtype: str):
-    return launcher.function(file, name_expression(name, dtype))
+def kernel(launcher, file: str, name: str, dtype: str, variant=None):
+    return launcher.function(file, name_expression(name, dtype, variant))
 
 
 def assert_close(got, want, dtype, floor=1e-3):
@@ -176,7 +176,7 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
     part_max, part_sum = poisoned((seqs, heads, splits), "float32"), poisoned((seqs, heads, splits), "float32")
     part_acc = poisoned((seqs, heads, splits, head_dim), "float32")
     out = poisoned((seqs, heads, head_dim), dtype)
-    kernel(launcher, "decode_attention.cu", "decode_attention", dtype)(
+    kernel(launcher, "decode_attention.cu", "decode_attention", dtype, variant("decode_attention", heads // kv_heads))(
         (kv_heads, seqs, splits), (128,),
         (part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(heads), np.int32(kv_heads),
          np.int32(head_dim), np.int32(block_size), np.int32(tables.shape[1]), np.int32(num_blocks),
@@ -187,7 +187,8 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 3, 96),
+                                                   (4, 2, 32)])  # 96: a partial sub-warp; 32: four a warp
 @pytest.mark.parametrize("min_split", [512, 48])  # one split; several, so the reduce merges them
 def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_split):
     rng = np.random.default_rng(heads * head_dim + min_split)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the
 
 from model.ops.dtypes import to_bf16  # noqa: E402
 from model.ops.cuda_ops import DECODE_MIN_SPLIT, decode_splits  # noqa: E402
-from model.ops.kernels import name_expression  # noqa: E402
+from model.ops.kernels import name_expression, variant  # noqa: E402
 
 SHAPES = {"heads": 32, "kv_heads": 8, "head_dim": 128, "hidden": 4096, "block_size": 16}
 
@@ -107,7 +107,8 @@ def main(argv=None) -> int:
     part_max = xp.empty((args.seqs, s["heads"], splits), dtype=np.float32)
     part_sum = xp.empty_like(part_max)
     part_acc = xp.empty((args.seqs, s["heads"], splits, s["head_dim"]), dtype=np.float32)
-    decode = launcher.function("decode_attention.cu", name_expression("decode_attention", "bfloat16"))
+    decode = launcher.function("decode_attention.cu", name_expression(
+        "decode_attention", "bfloat16", variant("decode_attention", s["heads"] // s["kv_heads"])))
     reduce = launcher.function("decode_attention.cu", name_expression("decode_attention_reduce", "bfloat16"))
 
     def attention():

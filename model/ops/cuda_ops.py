@@ -20,7 +20,7 @@ import numpy as np
 
 from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
-from model.ops.kernels import name_expression
+from model.ops.kernels import name_expression, variant
 from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult
 from model.quant.quantized import float32
 
@@ -58,8 +58,8 @@ class CudaOps:
         self.storage_dtype = ARRAY_DTYPES[dtype]
         self.sampler = DeviceSampler(self)
 
-    def kernel(self, file: str, name: str):
-        return self.launcher.function(file, name_expression(name, self.dtype))
+    def kernel(self, file: str, name: str, variant: int | None = None):
+        return self.launcher.function(file, name_expression(name, self.dtype, variant))
 
     def asarray(self, x, dtype=np.float32):
         return self.xp.asarray(x, dtype=dtype)
@@ -184,7 +184,7 @@ class CudaOps:
             part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_sum = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_acc = self.xp.empty((seqs, heads, splits, head_dim), dtype=np.float32)
-            self.kernel("decode_attention.cu", "decode_attention")(
+            self.kernel("decode_attention.cu", "decode_attention", variant("decode_attention", heads // kv_heads))(
                 (kv_heads, seqs, splits), (THREADS,),
                 (part_max, part_sum, part_acc, q, cache_k, cache_v, meta.block_tables, meta.context_lens, *common,
                  np.int32(DECODE_MIN_SPLIT), np.float32(scale)))

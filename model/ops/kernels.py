@@ -26,14 +26,28 @@ KERNELS = {
     "logprobs.cu": ("logprobs",),
 }
 UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs"}  # fp32 logits whatever the model's storage type
+# Kernels with a second template argument, and its instances: decode attention's GROUP sizes its
+# per-thread arrays for the query heads a KV head serves (the smallest instance >= the model's).
+VARIANTS = {"decode_attention": (1, 2, 4, 8)}
 
 
-def name_expression(kernel: str, dtype: str) -> str:
-    return kernel if kernel in UNTYPED else f"{kernel}<{STORAGE_TYPES[dtype]}>"
+def name_expression(kernel: str, dtype: str, variant: int | None = None) -> str:
+    if kernel in UNTYPED:
+        return kernel
+    return f"{kernel}<{STORAGE_TYPES[dtype]}>" if variant is None else f"{kernel}<{STORAGE_TYPES[dtype]}, {variant}>"
+
+
+def variant(kernel: str, at_least: int) -> int:
+    """The smallest instance of kernel's second template argument that is at least at_least."""
+    fits = [v for v in VARIANTS[kernel] if v >= at_least]
+    if not fits:
+        raise ValueError(f"{kernel} serves at most {VARIANTS[kernel][-1]} query heads per KV head, not {at_least}")
+    return fits[0]
 
 
 def name_expressions(file: str) -> list[str]:
-    return list(dict.fromkeys(name_expression(k, d) for k in KERNELS[file] for d in STORAGE_TYPES))
+    return list(dict.fromkeys(name_expression(k, d, v) for k in KERNELS[file] for d in STORAGE_TYPES
+                              for v in VARIANTS.get(k, (None,))))
 
 
 def sources(file: str) -> list[Path]:
