@@ -57,6 +57,7 @@ class RawModuleLauncher:
         self.multiprocessors = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.modules: dict[str, cupy.RawModule] = {}
         self.graph_pool = None  # the memory every captured graph allocates from, and nothing else
+        self.capture_stream = None  # the one stream every graph is captured on
         self.side_stream = None  # spills' copies to the host
 
     def function(self, file: str, expression: str):
@@ -128,10 +129,12 @@ class RawModuleLauncher:
         """fn's kernels as a CUDA graph. fn runs once eagerly first (compiling its kernels and
         filling the graph pool), then under capture on a side stream. Its allocations come from
         a pool of their own: memory a graph uses as scratch must never be handed to eager code,
-        which may hold it across a replay."""
+        which may hold it across a replay. Every graph is captured on one stream with that one
+        pool, as vLLM does, so the graphs (replayed one at a time) share their scratch memory."""
         if self.graph_pool is None:
             self.graph_pool = cupy.cuda.MemoryPool()
-        stream = cupy.cuda.Stream(non_blocking=False)  # ordered with the legacy stream eager work uses
+            self.capture_stream = cupy.cuda.Stream(non_blocking=False)  # ordered with the legacy stream
+        stream = self.capture_stream
         with cupy.cuda.using_allocator(self.graph_pool.malloc), stream:
             fn()
             stream.synchronize()
