@@ -18,6 +18,13 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
+// Four contiguous elements, aligned as one load: 8 bytes for the 16-bit types, 16 for fp32.
+// An element offset that is a multiple of 4 from an array's start (allocations are 256-aligned
+// on a GPU, 16 in NumPy) is aligned for it.
+template <typename T> struct alignas(sizeof(T) * 4) Four {
+    T v[4];
+};
+
 struct Sum {
     __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };

@@ -23,13 +23,9 @@
 #include "common.cuh"
 
 #define DA_WARPS 4
-#define DA_DIMS 4
+#define DA_DIMS 4  // a lane's elements of a row: one Four
 #define DA_UNROLL 4  // rows in flight per sub-warp for 16-bit types (fewer where registers run short)
 #define DA_MAX_DIM 128
-
-template <typename T> struct alignas(sizeof(T) * DA_DIMS) Dims {
-    T v[DA_DIMS];
-};
 
 // Sum over the `lanes` lanes of a sub-warp (a power of two), in every lane of it.
 __device__ __forceinline__ float subwarp_sum(float v, int lanes) {
@@ -71,8 +67,8 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
     for (int g = 0; g < GROUP; ++g) {
         run_max[g] = neg_inf();
         run_sum[g] = 0.0f;
-        Dims<T> x = {};
-        if (g < group && dims) x = *reinterpret_cast<const Dims<T>*>(q + (size_t(seq) * heads + kv_head * group + g) * head_dim + d0);
+        Four<T> x = {};
+        if (g < group && dims) x = *reinterpret_cast<const Four<T>*>(q + (size_t(seq) * heads + kv_head * group + g) * head_dim + d0);
 #pragma unroll
         for (int j = 0; j < DA_DIMS; ++j) {
             query[g][j] = to_float(x.v[j]) * scale;
@@ -89,16 +85,16 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
         size_t page_base = (head_base + size_t(table[page]) * block_size) * head_dim;
         int page_start = page * block_size;
         for (int i0 = 0; i0 < block_size; i0 += subs * unroll) {
-            Dims<T> key[unroll], value[unroll];
+            Four<T> key[unroll], value[unroll];
             bool valid[unroll];
 #pragma unroll
             for (int u = 0; u < unroll; ++u) {  // every load first: unroll rows in flight
                 int i = i0 + u * subs + sub;
                 valid[u] = i < block_size && page_start + i >= begin && page_start + i < end;
-                key[u] = value[u] = Dims<T>{};
+                key[u] = value[u] = Four<T>{};
                 if (valid[u] && dims) {
-                    key[u] = *reinterpret_cast<const Dims<T>*>(cache_k + page_base + size_t(i) * head_dim + d0);
-                    value[u] = *reinterpret_cast<const Dims<T>*>(cache_v + page_base + size_t(i) * head_dim + d0);
+                    key[u] = *reinterpret_cast<const Four<T>*>(cache_k + page_base + size_t(i) * head_dim + d0);
+                    value[u] = *reinterpret_cast<const Four<T>*>(cache_v + page_base + size_t(i) * head_dim + d0);
                 }
             }
 #pragma unroll

@@ -51,7 +51,7 @@ def rounded(x, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,hidden", [(1, 64), (3, 100), (5, 576)])
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (3, 100), (5, 576), (2, 4102)])  # 4102: past the held fours, a tail
 def test_rms_norm(launcher, dtype, rows, hidden):
     rng = np.random.default_rng(rows * hidden)
     x, w = rng.standard_normal((rows, hidden)) * 3, rng.standard_normal(hidden)
@@ -63,7 +63,7 @@ def test_rms_norm(launcher, dtype, rows, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,hidden", [(2, 64), (4, 200)])
+@pytest.mark.parametrize("rows,hidden", [(2, 64), (4, 200), (2, 2050), (2, 2602)])  # 64 threads hold 2048
 def test_add_rms_norm_writes_the_sum_and_the_norm(launcher, dtype, rows, hidden):
     rng = np.random.default_rng(hidden)
     x, res, w = (rng.standard_normal((rows, hidden)), rng.standard_normal((rows, hidden)),
