@@ -141,7 +141,8 @@ def check_model(backend: Backend, config: ModelConfig) -> None:
     if backend.name != "cuda":
         return
     group = config.num_heads // config.num_kv_heads
-    if config.head_dim > CUDA_MAX_HEAD_DIM or group > CUDA_MAX_GROUP:
-        raise ValueError(f"the CUDA kernels take head_dim <= {CUDA_MAX_HEAD_DIM} and at most {CUDA_MAX_GROUP}"
+    if config.head_dim > CUDA_MAX_HEAD_DIM or config.head_dim % 4 or group > CUDA_MAX_GROUP:
+        raise ValueError(f"the CUDA kernels take a head_dim that is a multiple of 4, at most {CUDA_MAX_HEAD_DIM},"
+                         f" and at most {CUDA_MAX_GROUP}"
                          f" query heads per KV head; this model has {config.head_dim} and {group};"
                          " use --backend cpu")

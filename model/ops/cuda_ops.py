@@ -180,7 +180,8 @@ class CudaOps:
                   np.int32(meta.block_tables.shape[1]), np.int32(num_blocks))
         out = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         if meta.decode:
-            splits = min(decode_splits(self.launcher.multiprocessors, kv_heads), -(-meta.max_context // DECODE_MIN_SPLIT))
+            splits = min(decode_splits(self.launcher.multiprocessors, kv_heads),
+                         -(-meta.max_context // DECODE_MIN_SPLIT))
             part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_sum = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_acc = self.xp.empty((seqs, heads, splits, head_dim), dtype=np.float32)
