@@ -137,6 +137,31 @@ def test_a_row_whose_logits_overflow_fails_its_request_alone(tiny_dir):
     assert not poisoned.runner.ops.sampler.slots
 
 
+def test_prefill_runs_on_tensor_cores_and_falls_back_if_they_do_not_compile(tiny_dir, caplog):
+    """bf16 prefill goes through the WMMA kernel; where its file does not compile (a CUDA install
+    without <mma.h>), the CUDA-core kernel takes over with one warning, and the logits agree."""
+    class NoMma(CpuLauncher):
+        def function(self, file, expression):
+            if file == "prefill_attention_tc.cu":
+                raise RuntimeError("catastrophic error: cannot open source file \"mma.h\"")
+            return super().function(file, expression)
+
+    rng = np.random.default_rng(4)
+    logits, launched = [], []
+    for launcher in (CpuLauncher(), NoMma()):
+        function = launcher.function
+        launcher.function = lambda file, expression, f=function: (launched.append(file), f(file, expression))[1]
+        runner = ModelRunner.from_dir(tiny_dir, num_blocks=32, ops=CudaOps(np, launcher, "bfloat16"))
+        blocks = Blocks(runner)
+        prompt = rng.integers(3, 390, 30).tolist() if not logits else prompt
+        for _ in range(2):  # the warning once, not per step
+            plan = StepPlan([Row("a", prompt, 0, blocks.table("a", 30), sample=True)])
+            logits.append(runner.ops.to_host(runner.logits(plan)))
+    assert launched.count("prefill_attention_tc.cu") >= 2 and "prefill_attention.cu" in launched
+    assert len([r for r in caplog.records if "stays on CUDA cores" in r.message]) == 1
+    assert rel_err(logits[2], logits[0]) < TOLERANCE["bfloat16"]
+
+
 def test_the_device_sampler_refills_a_slot_whose_history_moved_on(tiny_dir):
     """Counts are kept per request; if the history the engine hands over is not the one counted
     (a step failed after sampling), the slot is rebuilt rather than trusted."""
@@ -166,7 +191,7 @@ def test_the_kernel_benchmark_runs_through_the_harness(tmp_path):
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     results = json.loads(out.read_text())["results"]
-    assert set(results) == {"copy", "rms_norm", "decode_attention"}
+    assert set(results) == {"copy", "rms_norm", "decode_attention", "prefill_attention", "prefill_attention_tc"}
     assert all(r["seconds"] > 0 and r["bytes"] > 0 for r in results.values())
 
 

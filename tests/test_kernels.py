@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher, DeviceLauncher, as_float, gpu_available, poisoned, storage
-from model.ops.kernels import name_expression, variant
+from model.ops.kernels import TENSOR_CORE_TYPES, name_expression, variant
 from model.ops.numpy_ops import NumpyOps, _apply_penalties
 from model.ops.protocol import SampleBatch
 
@@ -240,11 +240,15 @@ def paged_cache(rng, context_lens, kv_heads, head_dim, block_size=16):
     return rng.standard_normal(shape), rng.standard_normal(shape), tables
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64)])
-def test_paged_prefill_attention(launcher, dtype, heads, kv_heads, head_dim):
+PREFILL_KERNELS = [("prefill_attention", dtype, 16) for dtype in DTYPES] + [
+    ("prefill_attention_tc", dtype, 64) for dtype in TENSOR_CORE_TYPES]  # (kernel, dtype, rows a block)
+
+
+@pytest.mark.parametrize("name,dtype,rows_per_block", PREFILL_KERNELS)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 2, 96)])
+def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, kv_heads, head_dim):
     """Whole prompts, chunks on a cached prefix (on and off block boundaries), and a decode row,
-    in one launch."""
+    in one launch; on CUDA cores, and on tensor cores (WMMA) for the 16-bit types."""
     rng = np.random.default_rng(heads * head_dim)
     query_lens = [37, 16, 5, 1, 20]
     context_lens = [37, 48, 21, 30, 52]  # 37: a whole prompt; the rest: chunks after a prefix
@@ -253,8 +257,7 @@ def test_paged_prefill_attention(launcher, dtype, heads, kv_heads, head_dim):
     q = rng.standard_normal((tokens, heads, head_dim))
     starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     out = poisoned((tokens, heads, head_dim), dtype)
-    rows_per_block = 16
-    kernel(launcher, "prefill_attention.cu", "prefill_attention", dtype)(
+    kernel(launcher, f"{name}.cu", name, dtype)(
         (-(-max(query_lens) * (heads // kv_heads) // rows_per_block), len(query_lens), kv_heads), (128,),
         (out, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), starts,
          np.array(context_lens, dtype=np.int32), tables, np.int32(heads), np.int32(kv_heads), np.int32(head_dim),

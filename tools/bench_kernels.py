@@ -1,6 +1,7 @@
 """Kernel bandwidth: paged decode attention and RMSNorm in GB/s, against a plain device copy
 measured in the same run, on Llama-3-8B shapes (32 query heads, 8 KV heads, head_dim 128,
-hidden 4096, bf16). The aim (issue 12): both at 80% or more of the copy's bandwidth.
+hidden 4096, bf16). The aim (issue 12): both at 80% or more of the copy's bandwidth. And
+prefill attention of one --prefill-token prompt in TFLOP/s, on CUDA cores and on tensor cores.
 
     python tools/bench_kernels.py                       # on the GPU (CuPy and a device)
     python tools/bench_kernels.py --backend cpu --small # the same script through the CPU harness
@@ -22,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the CPU harness
 
 from model.ops.dtypes import to_bf16  # noqa: E402
-from model.ops.cuda_ops import DECODE_MIN_SPLIT, decode_splits  # noqa: E402
+from model.ops.cuda_ops import DECODE_MIN_SPLIT, PREFILL_ROWS, PREFILL_TC_ROWS, decode_splits  # noqa: E402
 from model.ops.kernels import name_expression, variant  # noqa: E402
 
 SHAPES = {"heads": 32, "kv_heads": 8, "head_dim": 128, "hidden": 4096, "block_size": 16}
@@ -70,11 +71,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seqs", type=int, default=64, help="decode: sequences (default: 64)")
     parser.add_argument("--context", type=int, default=4096, help="decode: tokens of context each (default: 4096)")
     parser.add_argument("--rows", type=int, default=16384, help="RMSNorm: rows of 4096 (default: 16384)")
+    parser.add_argument("--prefill", type=int, default=2048, help="prefill: prompt tokens (default: 2048)")
     parser.add_argument("--repeat", type=int, default=20, help="timed runs of each (default: 20)")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
     if args.small:
-        args.seqs, args.context, args.rows, args.repeat = 2, 40, 4, 1
+        args.seqs, args.context, args.rows, args.prefill, args.repeat = 2, 40, 4, 40, 1
     xp, launcher, timer = backend(args.backend)
     rng = np.random.default_rng(0)
     s = SHAPES
@@ -123,15 +125,37 @@ def main(argv=None) -> int:
     kv_bytes = 2 * args.seqs * args.context * s["kv_heads"] * s["head_dim"] * 2
     results["decode_attention"] = {"bytes": kv_bytes + 2 * q.size * 2, "seconds": seconds}
 
+    # Prefill attention: one whole prompt, causal; 4 flops a (query, key, dim) the causal half sees.
+    n = args.prefill
+    pages = -(-n // s["block_size"])
+    cache_shape = (s["kv_heads"], pages, s["block_size"], s["head_dim"])
+    cache_k, cache_v = bf16_random(xp, cache_shape, rng), bf16_random(xp, cache_shape, rng)
+    table = xp.asarray(rng.permutation(pages).reshape(1, pages).astype(np.int32))
+    q = bf16_random(xp, (n, s["heads"], s["head_dim"]), rng)
+    prefill_out = xp.empty_like(q)
+    starts, lens = xp.asarray(np.array([0, n], dtype=np.int32)), xp.asarray(np.array([n], dtype=np.int32))
+    flops = 4 * s["heads"] * s["head_dim"] * n * (n + 1) // 2
+    for name, rows in (("prefill_attention", PREFILL_ROWS), ("prefill_attention_tc", PREFILL_TC_ROWS)):
+        kernel = launcher.function(f"{name}.cu", name_expression(name, "bfloat16"))
+        grid = (-(-n * (s["heads"] // s["kv_heads"]) // rows), 1, s["kv_heads"])
+        args_ = (prefill_out, q, cache_k, cache_v, starts, lens, table, np.int32(s["heads"]), np.int32(s["kv_heads"]),
+                 np.int32(s["head_dim"]), np.int32(s["block_size"]), np.int32(pages), np.int32(pages),
+                 np.float32(s["head_dim"] ** -0.5))
+        seconds = timer(lambda: kernel(grid, (128,), args_), args.repeat)
+        results[name] = {"bytes": 2 * (2 * q.size + 2 * cache_k.size), "seconds": seconds, "flops": flops}
+
     copy_rate = results["copy"]["bytes"] / results["copy"]["seconds"]
     print(f"# backend {args.backend}; decode: {args.seqs} x {args.context} tokens, {splits} splits; "
-          f"RMSNorm: {args.rows} x {s['hidden']}; bf16")
+          f"RMSNorm: {args.rows} x {s['hidden']}; prefill: {n} tokens; bf16")
     print("| kernel | MB moved | time (us) | GB/s | of copy |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, r in results.items():
         r["gb_per_s"] = r["bytes"] / r["seconds"] / 1e9
         r["of_copy"] = r["bytes"] / r["seconds"] / copy_rate
         print(f"| {name} | {r['bytes'] / 1e6:.1f} | {r['seconds'] * 1e6:.1f} | {r['gb_per_s']:.1f} | {r['of_copy']:.0%} |")
+    for name in ("prefill_attention", "prefill_attention_tc"):
+        results[name]["tflops"] = results[name]["flops"] / results[name]["seconds"] / 1e12
+        print(f"# {name}: {results[name]['tflops']:.1f} TFLOP/s")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     return 0

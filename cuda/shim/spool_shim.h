@@ -252,3 +252,67 @@ template <typename T> inline T atomicMax(T* address, T value) {
     *address = std::max(old, value);
     return old;
 }
+
+// Tensor cores through WMMA (<mma.h>): the warp-collective load, mma, store and fill on 16 x 16 x
+// 16 tiles. A fragment's layout across the lanes is unspecified in CUDA; here every lane holds
+// the whole tile in fp32 (the 16-bit values are exact in it) and does the whole product, which
+// is what a kernel that only loads, multiplies and stores fragments can observe. Elementwise
+// access to a fragment's x[] is layout-dependent in CUDA: kernels must not use it.
+#define __align__(n) __attribute__((aligned(n)))
+namespace nvcuda::wmma {
+struct row_major {};
+struct col_major {};
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
+    static constexpr int rows = std::is_same_v<Use, matrix_b> ? K : M;
+    static constexpr int cols = std::is_same_v<Use, matrix_a> ? K : N;
+    static constexpr int num_elements = rows * cols;
+    float x[rows * cols];
+};
+
+inline float element(float v) { return v; }
+inline float element(__half v) { return __half2float(v); }
+inline float element(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename Use, int M, int N, int K, typename T, typename Layout>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned ldm) {
+    using F = fragment<Use, M, N, K, T, Layout>;
+    for (int r = 0; r < F::rows; ++r)
+        for (int c = 0; c < F::cols; ++c)
+            f.x[r * F::cols + c] = element(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
+}
+
+template <int M, int N, int K>
+inline void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm, layout_t layout) {
+    for (int r = 0; r < M; ++r)
+        for (int c = 0; c < N; ++c) f.x[r * N + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+
+template <int M, int N, int K>
+inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
+    for (int r = 0; r < M; ++r)
+        for (int c = 0; c < N; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];
+}
+
+template <typename Use, int M, int N, int K, typename T, typename Layout>
+inline void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, float v) {
+    for (float& x : f.x) x = v;
+}
+
+template <int M, int N, int K, typename T, typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, T, LA>& a,
+                     const fragment<matrix_b, M, N, K, T, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+    float out[M * N];
+    for (int r = 0; r < M; ++r)
+        for (int col = 0; col < N; ++col) {
+            float sum = c.x[r * N + col];
+            for (int k = 0; k < K; ++k) sum += a.x[r * K + k] * b.x[k * N + col];
+            out[r * N + col] = sum;
+        }
+    std::copy(out, out + M * N, d.x);
+}
+}  // namespace nvcuda::wmma

@@ -14,19 +14,24 @@ through these ops. Logits are fp32, and sampling runs on the device too
 (model/ops/cuda_sampler.py).
 """
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
-from model.ops.kernels import name_expression, variant
+from model.errors import one_line
+from model.ops.kernels import TENSOR_CORE_TYPES, name_expression, variant
 from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult
 from model.quant.quantized import float32
 
 THREADS = 128
 DECODE_MIN_SPLIT = 256  # context tokens a decode block takes at least; longer contexts are split and reduced
 PREFILL_ROWS = 16  # (token, head) rows per prefill attention block
+PREFILL_TC_ROWS = 64  # the same on tensor cores: 16 a warp
+
+log = logging.getLogger("spool.model")
 
 
 def decode_splits(multiprocessors: int, kv_heads: int) -> int:
@@ -57,6 +62,7 @@ class CudaOps:
         self.xp, self.launcher, self.dtype = xp, launcher, dtype
         self.storage_dtype = ARRAY_DTYPES[dtype]
         self.sampler = DeviceSampler(self)
+        self.tensor_cores = True  # until the tensor-core kernel fails to compile (prefill_kernel)
 
     def kernel(self, file: str, name: str, variant: int | None = None):
         return self.launcher.function(file, name_expression(name, self.dtype, variant))
@@ -193,12 +199,27 @@ class CudaOps:
                 (heads, seqs), (THREADS,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim),
                                             np.int32(splits)))
         else:
-            tiles = -(-max(meta.query_lens) * (heads // kv_heads) // PREFILL_ROWS)
-            self.kernel("prefill_attention.cu", "prefill_attention")(
+            name, rows = self.prefill_kernel(head_dim)
+            tiles = -(-max(meta.query_lens) * (heads // kv_heads) // rows)
+            self.kernel(f"{name}.cu", name)(
                 (tiles, seqs, kv_heads), (THREADS,),
                 (out, q, cache_k, cache_v, meta.query_starts, meta.context_lens, meta.block_tables, *common,
                  np.float32(scale)))
         return out.reshape(tokens, heads * head_dim)
+
+    def prefill_kernel(self, head_dim: int) -> tuple[str, int]:
+        """The prefill attention kernel and the query rows a block of it takes: on tensor cores
+        for the 16-bit types and a head_dim in tiles of 16, unless its file did not compile
+        here (WMMA's <mma.h> must come with the CUDA headers), then on CUDA cores, said once."""
+        if self.tensor_cores and self.dtype in TENSOR_CORE_TYPES and head_dim % 16 == 0:
+            try:
+                self.kernel("prefill_attention_tc.cu", "prefill_attention_tc")
+                return "prefill_attention_tc", PREFILL_TC_ROWS
+            except Exception as e:  # CuPy's CompileException, or a missing header
+                self.tensor_cores = False
+                log.warning(f"prefill attention stays on CUDA cores: the tensor-core kernel did not compile"
+                            f" ({one_line(e)})")
+        return "prefill_attention", PREFILL_ROWS
 
     def sample(self, logits, batch: SampleBatch) -> SampleResult:
         """NumpyOps.sample's contract; the ids stay on the device (to_host them)."""

@@ -21,6 +21,7 @@ KERNELS = {
     "kv_write.cu": ("write_kv", "rope_write_kv"),
     "decode_attention.cu": ("decode_attention", "decode_attention_reduce"),
     "prefill_attention.cu": ("prefill_attention",),
+    "prefill_attention_tc.cu": ("prefill_attention_tc",),
     "sampling.cu": ("sample",),
     "penalties.cu": ("apply_penalties", "count_tokens"),
     "logprobs.cu": ("logprobs",),
@@ -29,6 +30,8 @@ UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs"}  # fp32 logi
 # Kernels with a second template argument, and its instances: decode attention's GROUP sizes its
 # per-thread arrays for the query heads a KV head serves (the smallest instance >= the model's).
 VARIANTS = {"decode_attention": (1, 2, 4, 8)}
+TENSOR_CORE_TYPES = ("float16", "bfloat16")  # what WMMA multiplies
+DTYPES = {"prefill_attention_tc": TENSOR_CORE_TYPES}  # kernels not instantiated for every storage type
 
 
 def name_expression(kernel: str, dtype: str, variant: int | None = None) -> str:
@@ -46,7 +49,7 @@ def variant(kernel: str, at_least: int) -> int:
 
 
 def name_expressions(file: str) -> list[str]:
-    return list(dict.fromkeys(name_expression(k, d, v) for k in KERNELS[file] for d in STORAGE_TYPES
+    return list(dict.fromkeys(name_expression(k, d, v) for k in KERNELS[file] for d in DTYPES.get(k, STORAGE_TYPES)
                               for v in VARIANTS.get(k, (None,))))
 
 

@@ -1,0 +1,162 @@
+// Paged prefill attention on tensor cores (WMMA, 16 x 16 x 16 tiles, fp32 accumulation), for
+// fp16 and bf16 and a head_dim that is a multiple of 16 (at most 128); prefill_attention.cu's
+// CUDA-core kernel serves the rest. The same contract: causal, on top of a cached prefix, a
+// query at position p sees keys 0..p through the block table, rows being (token, head) pairs of
+// one KV head's group so a GQA group shares every K/V tile.
+//
+// Grid (ceil(query_len * group / 64), seqs, kv_heads), 128 threads: each warp takes 16 query
+// rows, the block 64, and the block stages 32 keys of K and V at a time in shared memory. Two
+// passes over the keys, so that no accumulator fragment is ever rescaled (a fragment's layout
+// across the lanes is not CUDA's to rely on): the first finds each row's softmax max and sum
+// from S = Q K^T, the second recomputes S and adds P V with P = exp(S - max) / sum, rounded to
+// the storage type as the tensor cores take it. The output goes out through shared memory, a
+// 16 x 16 tile at a time.
+//
+// q, out: (tokens, heads, head_dim); query_starts: (seqs + 1) int32; context_lens: (seqs) int32;
+// block_tables: (seqs, max_blocks) int32; caches: (kv_heads, blocks, block_size, head_dim).
+#include <mma.h>
+
+#include "common.cuh"
+
+#define TC_WARPS 4
+#define TC_ROWS 16  // query rows a warp takes: one tile
+#define TC_KEYS 32  // keys a block stages at once: two tiles
+#define TC_TILES 8  // head_dim / 16 at most
+#define TC_STRIDE (16 * TC_TILES + 8)  // shared rows padded: tiles stay 32-byte aligned, banks spread
+
+using namespace nvcuda;
+
+template <typename T>
+using TileA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+using Accumulator = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// The warp's 16 x 32 scores, S = Q K^T over head_dim, into scores (row-major, TC_KEYS a row).
+template <typename T>
+__device__ __forceinline__ void score_tile(float* scores, const T* queries, const T* keys, int tiles) {
+    Accumulator s[2];
+    wmma::fill_fragment(s[0], 0.0f);
+    wmma::fill_fragment(s[1], 0.0f);
+    for (int d = 0; d < tiles; ++d) {
+        TileA<T> a;
+        wmma::load_matrix_sync(a, queries + 16 * d, TC_STRIDE);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {  // K as stored (key-major) is K^T column-major
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+            wmma::load_matrix_sync(b, keys + 16 * n * TC_STRIDE + 16 * d, TC_STRIDE);
+            wmma::mma_sync(s[n], a, b, s[n]);
+        }
+    }
+    wmma::store_matrix_sync(scores, s[0], TC_KEYS, wmma::mem_row_major);
+    wmma::store_matrix_sync(scores + 16, s[1], TC_KEYS, wmma::mem_row_major);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) prefill_attention_tc(
+    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
+    const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
+    int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale) {
+    int seq = blockIdx.y, kv_head = blockIdx.z;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int group = heads / kv_heads, tiles = head_dim / 16;
+    int first = query_starts[seq], query_len = query_starts[seq + 1] - first;
+    int context = context_lens[seq], offset = context - query_len;  // position of query token 0
+    int rows = query_len * group, row0 = blockIdx.x * TC_WARPS * TC_ROWS;
+    if (row0 >= rows) return;
+
+    __shared__ __align__(32) T s_q[TC_WARPS * TC_ROWS][TC_STRIDE];
+    __shared__ __align__(32) T s_k[TC_KEYS][TC_STRIDE];
+    __shared__ __align__(32) T s_v[TC_KEYS][TC_STRIDE];
+    __shared__ __align__(32) float s_s[TC_WARPS][TC_ROWS][TC_KEYS];  // scores; then output tiles
+    __shared__ __align__(32) T s_p[TC_WARPS][TC_ROWS][TC_KEYS];
+
+    for (int j = threadIdx.x; j < TC_WARPS * TC_ROWS * head_dim; j += blockDim.x) {  // the queries, scaled
+        int r = j / head_dim, d = j % head_dim, row = row0 + r;
+        float value = 0.0f;
+        if (row < rows)
+            value = to_float(q[(size_t(first + row / group) * heads + kv_head * group + row % group) * head_dim + d]) * scale;
+        s_q[r][d] = from_float<T>(value);
+    }
+    int keys_end = offset + (min(row0 + TC_WARPS * TC_ROWS, rows) - 1) / group + 1;  // the last row's keys
+
+    // Each lane owns half of one row of the warp's scores: row lane / 2, keys 16 (lane % 2) onwards.
+    int my_row = warp * TC_ROWS + lane / 2, half = 16 * (lane % 2);
+    int visible = offset + (row0 + my_row) / group;  // the row's query sees keys 0..visible
+    const int* table = block_tables + size_t(seq) * max_blocks;
+    size_t head_base = size_t(kv_head) * num_blocks * block_size;
+    float* scores = &s_s[warp][0][0];
+    float row_max = neg_inf(), row_sum = 0.0f;
+    Accumulator acc[TC_TILES];
+#pragma unroll
+    for (int t = 0; t < TC_TILES; ++t) wmma::fill_fragment(acc[t], 0.0f);
+
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int tile = 0; tile < keys_end; tile += TC_KEYS) {
+            __syncthreads();  // the last tile is read (and the queries staged, the first time)
+            for (int j = threadIdx.x; j < TC_KEYS * head_dim; j += blockDim.x) {
+                int key = j / head_dim, d = j % head_dim, pos = tile + key;
+                T k = from_float<T>(0.0f), v = from_float<T>(0.0f);
+                if (pos < keys_end) {
+                    size_t at = (head_base + size_t(table[pos / block_size]) * block_size + pos % block_size) * head_dim;
+                    k = cache_k[at + d];
+                    if (pass) v = cache_v[at + d];
+                }
+                s_k[key][d] = k;
+                s_v[key][d] = v;
+            }
+            __syncthreads();
+            score_tile(scores, &s_q[warp * TC_ROWS][0], &s_k[0][0], tiles);
+            __syncwarp();
+            for (int c = 0; c < 16; ++c) {
+                int pos = tile + half + c;
+                bool seen = pos <= visible && pos < keys_end;
+                float s = scores[(lane / 2) * TC_KEYS + half + c];
+                if (pass == 0) {
+                    if (!seen) continue;
+                    float top = fmaxf(row_max, s);
+                    row_sum = row_sum * __expf(row_max - top) + __expf(s - top);
+                    row_max = top;
+                } else {
+                    float p = seen && row_sum > 0.0f ? __expf(s - row_max) / row_sum : 0.0f;
+                    s_p[warp][lane / 2][half + c] = from_float<T>(p);
+                }
+            }
+            if (pass == 0) continue;
+            __syncwarp();
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {  // O += P V, 16 keys at a time
+                TileA<T> p;
+                wmma::load_matrix_sync(p, &s_p[warp][0][16 * k], TC_KEYS);
+#pragma unroll
+                for (int t = 0; t < TC_TILES; ++t) {
+                    if (t >= tiles) break;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> v;
+                    wmma::load_matrix_sync(v, &s_v[16 * k][16 * t], TC_STRIDE);
+                    wmma::mma_sync(acc[t], p, v, acc[t]);
+                }
+            }
+        }
+        if (pass == 0) {  // the two halves of each row merge
+            float other_max = __shfl_xor_sync(0xffffffffu, row_max, 1);
+            float other_sum = __shfl_xor_sync(0xffffffffu, row_sum, 1);
+            float top = fmaxf(row_max, other_max);
+            row_sum = (row_max == neg_inf() ? 0.0f : row_sum * __expf(row_max - top)) +
+                      (other_max == neg_inf() ? 0.0f : other_sum * __expf(other_max - top));
+            row_max = top;
+        }
+    }
+
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < TC_TILES; ++t) {  // out, a 16 x 16 tile at a time through the scores' space
+        if (t >= tiles) break;
+        wmma::store_matrix_sync(scores, acc[t], TC_KEYS, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 16 * 16; e += 32) {
+            int r = e / 16, d = 16 * t + e % 16, row = row0 + warp * TC_ROWS + r;
+            if (row < rows)
+                out[(size_t(first + row / group) * heads + kv_head * group + row % group) * head_dim + d] =
+                    from_float<T>(scores[r * TC_KEYS + e % 16]);
+        }
+        __syncwarp();
+    }
+}

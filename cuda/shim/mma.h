@@ -1,0 +1,2 @@
+#pragma once
+// Empty: the CPU shim (spool_shim.h) emulates WMMA, nvcuda::wmma.
