@@ -14,6 +14,9 @@
 //
 // q, out: (tokens, heads, head_dim); query_starts: (seqs + 1) int32; context_lens: (seqs) int32;
 // block_tables: (seqs, max_blocks) int32; caches: (kv_heads, blocks, block_size, head_dim).
+// <mma.h> includes crt/mma.h: a CUDA toolkit's headers have it, the pip CUDA runtime wheel's do
+// not (then CudaOps falls back to prefill_attention.cu). NVRTC 13.5 compiles this file with a
+// toolkit's include directory.
 #include <mma.h>
 
 #include "common.cuh"

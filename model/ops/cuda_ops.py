@@ -210,7 +210,9 @@ class CudaOps:
     def prefill_kernel(self, head_dim: int) -> tuple[str, int]:
         """The prefill attention kernel and the query rows a block of it takes: on tensor cores
         for the 16-bit types and a head_dim in tiles of 16, unless its file did not compile
-        here (WMMA's <mma.h> must come with the CUDA headers), then on CUDA cores, said once."""
+        here, then on CUDA cores, said once. WMMA's <mma.h> includes crt/mma.h, which a CUDA
+        toolkit's headers have and the pip CUDA runtime wheel's lack (NVRTC 13.5, checked
+        2026-12-03)."""
         if self.tensor_cores and self.dtype in TENSOR_CORE_TYPES and head_dim % 16 == 0:
             try:
                 self.kernel("prefill_attention_tc.cu", "prefill_attention_tc")
@@ -218,7 +220,7 @@ class CudaOps:
             except Exception as e:  # CuPy's CompileException, or a missing header
                 self.tensor_cores = False
                 log.warning(f"prefill attention stays on CUDA cores: the tensor-core kernel did not compile"
-                            f" ({one_line(e)})")
+                            f" ({one_line(e)}); it needs the CUDA toolkit's headers (crt/mma.h)")
         return "prefill_attention", PREFILL_ROWS
 
     def sample(self, logits, batch: SampleBatch) -> SampleResult:
