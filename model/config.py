@@ -1,7 +1,8 @@
 """The model's shape, read from a Hugging Face config.json.
 
 One dataclass for the whole Llama family: the variants differ only in a few switches (q/k/v
-bias for Qwen2, per-head q/k RMSNorm for Qwen3, llama3 rope scaling, tied embeddings).
+bias for Qwen2, per-head q/k RMSNorm for Qwen3, fused q/k/v and gate/up tensors for Phi-3,
+layers without rotation for SmolLM3, rope scaling and partial rotation, tied embeddings).
 """
 
 import json
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.errors import ModelError
+from model.rope import KINDS, scaling_kind
 
 # model_type -> (attention_bias default, q/k norm)
 ARCHITECTURES = {
@@ -16,6 +18,8 @@ ARCHITECTURES = {
     "mistral": (False, False),
     "qwen2": (True, False),
     "qwen3": (False, True),
+    "phi3": (False, False),
+    "smollm3": (False, False),
 }
 
 # config.json's quantization_config.quant_method -> the name people know the format by; any
@@ -45,6 +49,8 @@ class ModelConfig:
     bos_token_id: int | None
     torch_dtype: str | None = None  # what the checkpoint was trained in: the GPU's default --dtype
     architectures: tuple[str, ...] = ()  # as config.json names them (what routers ask a worker)
+    partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate
+    rope_layers: tuple[bool, ...] | None = None  # which layers rotate q and k; None: all
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
@@ -60,15 +66,9 @@ class ModelConfig:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
             kv_heads = int(raw.get("num_key_value_heads") or heads)
-            rope_scaling = raw.get("rope_scaling")
-            if rope_scaling is not None:
-                kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-                if kind not in ("default", "linear", "llama3"):
-                    raise ModelError(
-                        f"unsupported rope_scaling type {kind!r} in config.json;"
-                        " Spool supports default, linear and llama3"
-                    )
             max_pos = int(raw.get("max_position_embeddings", 2048))
+            theta, rope_scaling, partial = _rope(raw, max_pos)
+            layers = int(raw["num_hidden_layers"])
             if raw.get("sliding_window") and raw.get("use_sliding_window", True):
                 # No sliding-window attention here: stay inside the window instead.
                 max_pos = min(max_pos, int(raw["sliding_window"]))
@@ -79,12 +79,12 @@ class ModelConfig:
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
+                num_layers=layers,
                 num_heads=heads,
                 num_kv_heads=kv_heads,
                 head_dim=int(raw.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(raw.get("rope_theta", 10000.0)),
+                rope_theta=theta,
                 rope_scaling=rope_scaling,
                 max_position_embeddings=max_pos,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -94,6 +94,8 @@ class ModelConfig:
                 bos_token_id=raw.get("bos_token_id"),
                 torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
                 architectures=tuple(raw.get("architectures") or ()),
+                partial_rotary_factor=partial,
+                rope_layers=_rope_layers(raw, model_type, layers),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelError(
@@ -132,9 +134,56 @@ class ModelConfig:
         return config
 
     @property
+    def fused_tensors(self) -> bool:
+        """Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj."""
+        return self.model_type == "phi3"
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+
+def _rope(raw: dict, max_pos: int) -> tuple[float, dict | None, float]:
+    """(theta, scaling or None, partial rotary factor) from either spelling: transformers 4's
+    rope_theta and rope_scaling, or 5's rope_parameters. A scaling comes back with its factor and
+    original length filled in as transformers fills them."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        raise ModelError("config.json's rope_parameters differ per layer type, which Spool does not"
+                         " support for this architecture")
+    scaling = dict(params or raw.get("rope_scaling") or {})
+    theta = float(scaling.pop("rope_theta", None) or raw.get("rope_theta") or 10000.0)
+    partial = float(scaling.pop("partial_rotary_factor", None) or raw.get("partial_rotary_factor") or 1.0)
+    kind = scaling_kind(scaling)
+    if kind not in KINDS:
+        raise ModelError(f"unsupported rope scaling type {kind!r} in config.json;"
+                         f" Spool supports {', '.join(KINDS)}")
+    if kind == "default":
+        return theta, None, partial
+    scaling["rope_type"] = kind
+    scaling.pop("type", None)
+    if kind in ("llama3", "yarn", "longrope"):
+        # Phi-3 keeps the trained length beside rope_scaling, and it wins (as in transformers)
+        original = raw.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = int(original or max_pos)
+    if kind in ("yarn", "longrope") and not scaling.get("factor"):
+        scaling["factor"] = max_pos / scaling["original_max_position_embeddings"]
+    return theta, scaling, partial
+
+
+def _rope_layers(raw: dict, model_type: str, layers: int) -> tuple[bool, ...] | None:
+    """SmolLM3's no_rope_layers (1: the layer rotates), or every interval-th layer not rotating."""
+    if model_type != "smollm3":
+        return None
+    flags = raw.get("no_rope_layers")
+    if flags is None:
+        interval = int(raw.get("no_rope_layer_interval", 4))
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(flags) != layers:
+        raise ModelError(f"config.json's no_rope_layers has {len(flags)} entries for {layers} layers")
+    rotates = tuple(bool(f) for f in flags)
+    return None if all(rotates) else rotates

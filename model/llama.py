@@ -11,28 +11,8 @@ import numpy as np
 
 from model.config import ModelConfig
 from model.ops.protocol import Ops
+from model.rope import rope_tables
 from model.weights import Weights
-
-
-def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-    """Inverse frequencies, with linear or llama3 scaling when the config asks for it."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-    scaling = config.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
-        inv_freq = inv_freq / float(scaling["factor"])
-    elif kind == "llama3":
-        factor = float(scaling["factor"])
-        low = float(scaling.get("low_freq_factor", 1.0))
-        high = float(scaling.get("high_freq_factor", 4.0))
-        old_len = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (old_len / wavelen - low) / (high - low)
-        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        inv_freq = np.where(wavelen > old_len / low, inv_freq / factor,
-                            np.where(wavelen < old_len / high, inv_freq, blended))
-    return inv_freq
 
 
 class Llama:
@@ -43,9 +23,11 @@ class Llama:
         self.config = config
         self.ops = ops
         positions = max_positions or config.max_position_embeddings
-        angles = np.arange(positions, dtype=np.float64)[:, None] * rope_inv_freq(config)[None, :]
-        self.cos = ops.asarray(np.cos(angles))
-        self.sin = ops.asarray(np.sin(angles))
+        cos, sin = rope_tables(config, positions)
+        self.cos, self.sin = ops.asarray(cos), ops.asarray(sin)
+        self.rotates = config.rope_layers or (True,) * config.num_layers
+        if not all(self.rotates):  # SmolLM3's layers without rotation: the identity's table
+            self.cos_still, self.sin_still = ops.asarray(np.ones_like(cos)), ops.asarray(np.zeros_like(sin))
         self.w = weights
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
@@ -66,9 +48,11 @@ class Llama:
         ops, c, w = self.ops, self.config, self.w
         eps = c.rms_norm_eps
         tokens = token_ids.shape[0]
-        cos, sin = self.cos[positions], self.sin[positions]
+        turning = self.cos[positions], self.sin[positions]
+        still = (self.cos_still[positions], self.sin_still[positions]) if not all(self.rotates) else None
         x, delta = ops.embedding(w.embed, token_ids), None
         for i, layer in enumerate(w.layers):
+            cos, sin = turning if self.rotates[i] else still
             x, h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
             qkv = ops.linear(h, layer.wqkv, layer.bqkv)
             if layer.q_norm is None:

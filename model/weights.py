@@ -23,7 +23,8 @@ import numpy as np
 
 from model.config import ModelConfig
 from model.errors import ModelError
-from model.quant.quantized import FloatRows, float32, fuse
+from model.quant.quantized import FloatRows, float32, fuse, take_rows
+from model.rope import rotary_dim, rotary_row_order
 
 GGUF_NAME = "model.gguf"  # in a model directory: the GGUF its weights are read from, in place
 
@@ -267,18 +268,35 @@ class _LayerReader:
         bias = None
         if c.attention_bias:
             bias = self.fused([(a + "q_proj.bias", (Q,)), (a + "k_proj.bias", (KV,)), (a + "v_proj.bias", (KV,))])
-        return LayerWeights(
+        if c.fused_tensors:
+            wqkv = self.take(a + "qkv_proj.weight", (Q + 2 * KV, H))
+            w_gate_up = self.take(p + "mlp.gate_up_proj.weight", (2 * I, H))
+        else:
+            wqkv = self.fused([(a + "q_proj.weight", (Q, H)), (a + "k_proj.weight", (KV, H)),
+                               (a + "v_proj.weight", (KV, H))])
+            w_gate_up = self.fused([(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))])
+        layer = LayerWeights(
             attn_norm=self.take(p + "input_layernorm.weight", (H,)),
-            wqkv=self.fused([(a + "q_proj.weight", (Q, H)), (a + "k_proj.weight", (KV, H)),
-                             (a + "v_proj.weight", (KV, H))]),
+            wqkv=wqkv,
             bqkv=bias,
             q_norm=self.take(a + "q_norm.weight", (D,)) if c.qk_norm else None,
             k_norm=self.take(a + "k_norm.weight", (D,)) if c.qk_norm else None,
             wo=self.take(a + "o_proj.weight", (H, Q)),
             mlp_norm=self.take(p + "post_attention_layernorm.weight", (H,)),
-            w_gate_up=self.fused([(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))]),
+            w_gate_up=w_gate_up,
             w_down=self.take(p + "mlp.down_proj.weight", (H, I)),
         )
+        order = rotary_row_order(D, rotary_dim(c))
+        if order is None:
+            return layer
+        # A partial rotation: each q/k head's rotated pairs moved to where the kernels rotate
+        # (model/rope.py); v's rows stay.
+        rows = np.concatenate([(np.arange(n)[:, None] * D + order).ravel() + first
+                               for n, first in ((c.num_heads, 0), (c.num_kv_heads, Q))] + [Q + KV + np.arange(KV)])
+        return replace(layer, wqkv=take_rows(layer.wqkv, rows),
+                       bqkv=None if bias is None else take_rows(bias, rows),
+                       q_norm=None if layer.q_norm is None else layer.q_norm[order],
+                       k_norm=None if layer.k_norm is None else layer.k_norm[order])
 
     def unread(self, name: str, shape: tuple):
         """The tensor for prepare to read in slabs of rows (tensors.rows)."""

@@ -3,7 +3,7 @@ fusing, a loop over heads. The tests hold the real forward pass against it."""
 
 import numpy as np
 
-from model.llama import rope_inv_freq
+from model.rope import frequencies
 
 
 def rms(x, w, eps):
@@ -23,7 +23,7 @@ def dense_logits(config, t: dict, ids) -> np.ndarray:
     c = config
     t = {k: v.astype(np.float64) for k, v in t.items()}
     pos = np.arange(len(ids), dtype=np.float64)
-    inv_freq = rope_inv_freq(c)
+    inv_freq, _ = frequencies(c, len(ids))
     x = t["model.embed_tokens.weight"][ids]
     n = len(ids)
     for i in range(c.num_layers):

@@ -3,13 +3,13 @@ metadata, Llama 3's from the rope_freqs tensor by matching the factors it would 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from model.errors import ModelError
+from model.rope import llama3_divisors
 
 
 def rope_scaling(field: Callable[[str], Any], tensors: dict, head_dim: int, theta: float,
@@ -68,12 +68,7 @@ def llama3_rope_factors(head_dim: int, theta: float, factor: float, low_freq_fac
                         high_freq_factor: float, original_max_position_embeddings: int) -> np.ndarray:
     """Per-frequency divisors of Llama 3's rope scaling: what llama.cpp stores as rope_freqs."""
     inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * math.pi / inv_freq
-    low_wavelen = original_max_position_embeddings / low_freq_factor
-    high_wavelen = original_max_position_embeddings / high_freq_factor
-    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    mid = 1.0 / ((1.0 - smooth) / factor + smooth)
-    return np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, factor, mid))
+    return llama3_divisors(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
 
 
 def _match_llama3_rope(freqs: np.ndarray, head_dim: int, theta: float) -> dict | None:

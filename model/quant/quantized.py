@@ -9,7 +9,7 @@ Q4_K_M file's Q4_K attn_q and Q6_K attn_v do: each part stays in its own kind, a
 multiplies part by part into one output.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -75,6 +75,20 @@ def fuse(parts: list) -> "QuantizedTensor | Fused":
         return QuantizedTensor(parts[0].kind, np.concatenate([p.blocks for p in parts]),
                                (sum(p.shape[0] for p in parts), parts[0].shape[1]))
     return Fused(tuple(parts))
+
+
+def take_rows(w, index: np.ndarray):
+    """w's rows (a float array's, a QuantizedTensor's block rows) in index's order; in a Fused,
+    each index stays within its part."""
+    if isinstance(w, QuantizedTensor):
+        return replace(w, blocks=w.blocks[index])
+    if isinstance(w, Fused):
+        parts, first = [], 0
+        for p in w.parts:
+            parts.append(take_rows(p, index[first:first + p.shape[0]] - first))
+            first += p.shape[0]
+        return Fused(tuple(parts))
+    return w[index]
 
 
 SLAB_VALUES = 1 << 22  # values dequantized at a time: gguf's temporaries are several times these

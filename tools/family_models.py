@@ -1,0 +1,115 @@
+"""Tiny random checkpoints of the families Spool runs, each in its real config.json's spelling
+(rope scalings, fused tensors, partial rotation, layers without rotation), a few layers and
+small widths. NumPy only: tests make them, and tools/family_fixtures.py feeds the same files to
+transformers for the reference logits committed under tests/data/families/.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 256, 64, 4, 2, 16, 128
+
+_BASE = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+         "num_hidden_layers": 2, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+         "head_dim": HEAD_DIM, "rms_norm_eps": 1e-5, "hidden_act": "silu", "rope_theta": 10000.0,
+         "max_position_embeddings": 256, "tie_word_embeddings": False, "bos_token_id": 1,
+         "eos_token_id": 2, "pad_token_id": 0, "torch_dtype": "float32"}
+
+
+def _family(model_type: str, architecture: str, **changes) -> dict:
+    return {**_BASE, "model_type": model_type, "architectures": [architecture], **changes}
+
+
+def _factors(n: int, seed: int, low: float, high: float) -> list[float]:
+    return [round(float(v), 4) for v in np.random.default_rng(seed).uniform(low, high, n)]
+
+
+# name -> (config.json, the context Spool serves it with: LongRoPE's factors depend on it)
+FAMILIES = {
+    "llama3-rope": (_family("llama", "LlamaForCausalLM", rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}), 256),
+    "qwen2": (_family("qwen2", "Qwen2ForCausalLM", tie_word_embeddings=True, use_sliding_window=False), 256),
+    # transformers 5's spelling: theta and scaling together in rope_parameters
+    "qwen3-yarn": (_family("qwen3", "Qwen3ForCausalLM", rope_theta=None, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}), 256),
+    "phi3-longrope-short": (_family("phi3", "Phi3ForCausalLM", original_max_position_embeddings=32, rope_scaling={
+        "type": "longrope", "short_factor": _factors(8, 1, 1.0, 2.0), "long_factor": _factors(8, 2, 2.0, 8.0)},
+        sliding_window=None), 32),
+    "phi3-longrope-long": (_family("phi3", "Phi3ForCausalLM", original_max_position_embeddings=32, rope_scaling={
+        "type": "longrope", "short_factor": _factors(8, 1, 1.0, 2.0), "long_factor": _factors(8, 2, 2.0, 8.0)},
+        sliding_window=None), 256),
+    # Phi-4-mini: a quarter of each head not rotated, tied embeddings
+    "phi4-mini": (_family("phi3", "Phi3ForCausalLM", partial_rotary_factor=0.75, tie_word_embeddings=True,
+                          sliding_window=None), 256),
+    "smollm3": (_family("smollm3", "SmolLM3ForCausalLM", num_hidden_layers=4, tie_word_embeddings=True,
+                        no_rope_layer_interval=2), 256),
+}
+
+
+def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Every tensor the checkpoint holds, under Hugging Face's names."""
+    c, kind = config, config["model_type"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    h, i = c["hidden_size"], c["intermediate_size"]
+    shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
+    if not c["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (c["vocab_size"], h)
+    for n in range(c["num_hidden_layers"]):
+        p, a = f"model.layers.{n}.", f"model.layers.{n}.self_attn."
+        shapes[p + "input_layernorm.weight"] = shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if kind == "phi3":
+            shapes[a + "qkv_proj.weight"] = (q + 2 * kv, h)
+            shapes[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
+        else:
+            shapes.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h),
+                           p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h)})
+        shapes[a + "o_proj.weight"] = (h, q)
+        shapes[p + "mlp.down_proj.weight"] = (h, i)
+        if kind == "qwen2":
+            shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
+        if kind == "qwen3":
+            shapes[a + "q_norm.weight"] = shapes[a + "k_norm.weight"] = (c["head_dim"],)
+    return shapes
+
+
+def random_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """float32 tensors scaled so that logits are neither flat nor one-hot."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in tensor_shapes(config).items():
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            t = 0.5 * rng.standard_normal(shape)
+        elif name == "model.embed_tokens.weight":
+            t = 0.5 * rng.standard_normal(shape)
+        else:
+            t = rng.standard_normal(shape) / np.sqrt(shape[1])
+        out[name] = t.astype(np.float32)
+    return out
+
+
+def digest(tensors: dict[str, np.ndarray]) -> str:
+    """Names and bytes of every tensor: what a fixture was made from."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(tensors[name]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def make_family(name: str, path: Path) -> tuple[Path, str]:
+    """The checkpoint of family `name` in directory path: (path, the tensors' digest)."""
+    from safetensors.numpy import save_file
+
+    config, _ = FAMILIES[name]
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = random_tensors(config)
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}, indent=1))
+    save_file(tensors, str(path / "model.safetensors"))
+    return path, digest(tensors)
