@@ -48,7 +48,8 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
     float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc,
     const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ block_tables, const int* __restrict__ context_lens, int heads, int kv_heads,
-    int head_dim, int block_size, int max_blocks, int num_blocks, int min_split, float scale) {
+    int head_dim, int block_size, int max_blocks, int num_blocks, int min_split, float scale, int window,
+    float softcap) {
     int kv_head = blockIdx.x, seq = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int group = heads / kv_heads;
@@ -57,10 +58,12 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
     int sub = lane / lanes, subs = 32 / lanes, d0 = (lane % lanes) * DA_DIMS;
     bool dims = d0 < head_dim;  // this lane holds elements of the row
     int context = context_lens[seq];
-    int parts = min(splits, max(1, (context + min_split - 1) / min_split));
-    int pages = (context + block_size - 1) / block_size;
+    int seen = window > 0 ? max(0, context - window) : 0;  // a sliding window's first key
+    int base = seen / block_size * block_size;  // the splits share the pages from seen's
+    int parts = min(splits, max(1, (context - seen + min_split - 1) / min_split));
+    int pages = (context - base + block_size - 1) / block_size;
     int split_len = (pages + parts - 1) / parts * block_size;
-    int begin = split * split_len, end = min(context, begin + split_len);
+    int begin = max(seen, base + split * split_len), end = min(context, base + (split + 1) * split_len);
 
     float query[GROUP][DA_DIMS], acc[GROUP][DA_DIMS], run_max[GROUP], run_sum[GROUP];
 #pragma unroll
@@ -106,6 +109,7 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
                     for (int j = 0; j < DA_DIMS; ++j) dot += query[g][j] * to_float(key[u].v[j]);
                     float score = subwarp_sum(dot, lanes);  // every lane shuffles; invalid rows are then skipped
                     if (!valid[u] || g >= group) continue;
+                    if (softcap > 0.0f) score = softcap * tanhf(score / softcap);
                     float new_max = fmaxf(run_max[g], score);
                     float correction = __expf(run_max[g] - new_max), weight = __expf(score - new_max);
                     run_sum[g] = run_sum[g] * correction + weight;

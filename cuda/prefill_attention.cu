@@ -1,7 +1,8 @@
 // Paged prefill attention, causal, on top of a cached prefix: one kernel serves whole prompts
 // and chunked prefill alike. Each sequence's new query tokens are the last query_len of its
 // context_len tokens, whose K/V are already in the cache (written by write_kv), so a query at
-// position p sees keys 0..p, read through the block table.
+// position p sees keys 0..p, read through the block table; with a sliding window only the last
+// `window` of them (keys p - window + 1 .. p). Scores are soft-capped where softcap is not 0.
 //
 // Flash-style tiles: grid (ceil(query_len * group / 16), seqs, kv_heads), 128 threads. A block
 // takes 16 query rows, a row being one (token, head) pair of the KV head's group, so the rows
@@ -24,7 +25,8 @@ template <typename T>
 __global__ void __launch_bounds__(128) prefill_attention(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
-    int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale) {
+    int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale, int window,
+    float softcap) {
     int seq = blockIdx.y, kv_head = blockIdx.z;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int group = heads / kv_heads;
@@ -49,6 +51,7 @@ __global__ void __launch_bounds__(128) prefill_attention(
     }
     int last_row = min(row0 + PA_ROWS, query_len * group) - 1;
     int keys_end = offset + last_row / group + 1;  // the block's last query sees keys < keys_end
+    int keys_begin = window > 0 ? max(0, offset + row0 / group - window + 1) / PA_KEYS * PA_KEYS : 0;
 
     float acc[PA_ROWS_PER_WARP][PA_DIMS], run_max[PA_ROWS_PER_WARP], run_sum[PA_ROWS_PER_WARP];
 #pragma unroll
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(128) prefill_attention(
 
     const int* table = block_tables + size_t(seq) * max_blocks;
     size_t head_base = size_t(kv_head) * num_blocks * block_size;
-    for (int tile = 0; tile < keys_end; tile += PA_KEYS) {
+    for (int tile = keys_begin; tile < keys_end; tile += PA_KEYS) {
         __syncthreads();  // the previous tile is no longer read (and s_q is staged, on the first)
         for (int j = threadIdx.x; j < PA_KEYS * head_dim; j += blockDim.x) {
             int key = j / head_dim, d = j % head_dim, pos = tile + key;
@@ -83,7 +86,8 @@ __global__ void __launch_bounds__(128) prefill_attention(
             int pos = tile + lane;
             float score = 0.0f;
             for (int d = 0; d < head_dim; ++d) score += s_q[r][d] * s_k[lane][d];
-            if (pos > visible) score = neg_inf();
+            if (softcap > 0.0f) score = softcap * tanhf(score / softcap);
+            if (pos > visible || (window > 0 && pos <= visible - window)) score = neg_inf();
             float tile_max = warp_reduce(score, Max());
             float new_max = fmaxf(run_max[i], tile_max);
             if (new_max == neg_inf()) continue;  // no key of this tile is visible to the row yet

@@ -2,7 +2,8 @@
 // fp16 and bf16 and a head_dim that is a multiple of 16 (at most 128); prefill_attention.cu's
 // CUDA-core kernel serves the rest. The same contract: causal, on top of a cached prefix, a
 // query at position p sees keys 0..p through the block table, rows being (token, head) pairs of
-// one KV head's group so a GQA group shares every K/V tile.
+// one KV head's group so a GQA group shares every K/V tile; a sliding window and soft-capped
+// scores as there.
 //
 // Grid (ceil(query_len * group / 64), seqs, kv_heads), 128 threads: each warp takes 16 query
 // rows, the block 64, and the block stages 32 keys of K and V at a time in shared memory. Two
@@ -57,7 +58,8 @@ template <typename T>
 __global__ void __launch_bounds__(128) prefill_attention_tc(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
-    int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale) {
+    int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale, int window,
+    float softcap) {
     int seq = blockIdx.y, kv_head = blockIdx.z;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int group = heads / kv_heads, tiles = head_dim / 16;
@@ -80,6 +82,7 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
         s_q[r][d] = from_float<T>(value);
     }
     int keys_end = offset + (min(row0 + TC_WARPS * TC_ROWS, rows) - 1) / group + 1;  // the last row's keys
+    int keys_begin = window > 0 ? max(0, offset + row0 / group - window + 1) / TC_KEYS * TC_KEYS : 0;
 
     // Each lane owns half of one row of the warp's scores: row lane / 2, keys 16 (lane % 2) onwards.
     int my_row = warp * TC_ROWS + lane / 2, half = 16 * (lane % 2);
@@ -93,7 +96,7 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
     for (int t = 0; t < TC_TILES; ++t) wmma::fill_fragment(acc[t], 0.0f);
 
     for (int pass = 0; pass < 2; ++pass) {
-        for (int tile = 0; tile < keys_end; tile += TC_KEYS) {
+        for (int tile = keys_begin; tile < keys_end; tile += TC_KEYS) {
             __syncthreads();  // the last tile is read (and the queries staged, the first time)
             for (int j = threadIdx.x; j < TC_KEYS * head_dim; j += blockDim.x) {
                 int key = j / head_dim, d = j % head_dim, pos = tile + key;
@@ -111,8 +114,9 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
             __syncwarp();
             for (int c = 0; c < 16; ++c) {
                 int pos = tile + half + c;
-                bool seen = pos <= visible && pos < keys_end;
+                bool seen = pos <= visible && pos < keys_end && (window <= 0 || pos > visible - window);
                 float s = scores[(lane / 2) * TC_KEYS + half + c];
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
                 if (pass == 0) {
                     if (!seen) continue;
                     float top = fmaxf(row_max, s);

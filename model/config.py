@@ -2,7 +2,8 @@
 
 One dataclass for the whole Llama family: the variants differ only in a few switches (q/k/v
 bias for Qwen2, per-head q/k RMSNorm for Qwen3, fused q/k/v and gate/up tensors for Phi-3,
-layers without rotation for SmolLM3, rope scaling and partial rotation, tied embeddings).
+layers without rotation for SmolLM3, Gemma's scaled embedding, GeGLU, norms around each block
+and soft-capping, sliding-window layers, rope scaling and partial rotation, tied embeddings).
 """
 
 import json
@@ -20,7 +21,10 @@ ARCHITECTURES = {
     "qwen3": (False, True),
     "phi3": (False, False),
     "smollm3": (False, False),
+    "gemma2": (False, False),
+    "gemma3_text": (False, True),
 }
+GEMMA = ("gemma2", "gemma3_text")
 
 # config.json's quantization_config.quant_method -> the name people know the format by; any
 # quantization_config is refused (Spool reads float weights and quantizes them itself)
@@ -51,6 +55,12 @@ class ModelConfig:
     architectures: tuple[str, ...] = ()  # as config.json names them (what routers ask a worker)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate
     rope_layers: tuple[bool, ...] | None = None  # which layers rotate q and k; None: all
+    layer_windows: tuple[int, ...] | None = None  # each layer's sliding window (0: all keys); None: none
+    local_rope_theta: float | None = None  # Gemma 3's sliding layers: their own theta, unscaled
+    query_scale: float | None = None  # scores' scale; None: head_dim ** -0.5
+    attn_softcap: float = 0.0  # Gemma 2: scores = cap * tanh(scores / cap); 0: none
+    final_softcap: float = 0.0  # Gemma 2: the same on the logits
+    gelu: bool = False  # GeGLU (tanh GELU) in place of SwiGLU
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
@@ -67,11 +77,13 @@ class ModelConfig:
             heads = int(raw["num_attention_heads"])
             kv_heads = int(raw.get("num_key_value_heads") or heads)
             max_pos = int(raw.get("max_position_embeddings", 2048))
-            theta, rope_scaling, partial = _rope(raw, max_pos)
+            theta, rope_scaling, partial, local_theta = _rope(raw, max_pos)
             layers = int(raw["num_hidden_layers"])
-            if raw.get("sliding_window") and raw.get("use_sliding_window", True):
-                # No sliding-window attention here: stay inside the window instead.
-                max_pos = min(max_pos, int(raw["sliding_window"]))
+            gemma = model_type in GEMMA
+            act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+            if act not in ("silu", "gelu_pytorch_tanh", "gelu_tanh"):
+                raise ModelError(f"unsupported activation {act!r} in config.json; Spool runs silu and"
+                                 " gelu_pytorch_tanh")
             eos = raw.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             return cls(
@@ -96,6 +108,12 @@ class ModelConfig:
                 architectures=tuple(raw.get("architectures") or ()),
                 partial_rotary_factor=partial,
                 rope_layers=_rope_layers(raw, model_type, layers),
+                layer_windows=_windows(raw, model_type, layers),
+                local_rope_theta=local_theta,
+                query_scale=float(raw["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+                attn_softcap=float(raw.get("attn_logit_softcapping") or 0.0),
+                final_softcap=float(raw.get("final_logit_softcapping") or 0.0),
+                gelu=act != "silu",
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelError(
@@ -134,6 +152,12 @@ class ModelConfig:
         return config
 
     @property
+    def gemma(self) -> bool:
+        """Gemma's shape: the embedding times sqrt(hidden), norms of (1 + weight), a norm after
+        attention and after the MLP too."""
+        return self.model_type in GEMMA
+
+    @property
     def fused_tensors(self) -> bool:
         """Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj."""
         return self.model_type == "phi3"
@@ -147,23 +171,32 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
-def _rope(raw: dict, max_pos: int) -> tuple[float, dict | None, float]:
-    """(theta, scaling or None, partial rotary factor) from either spelling: transformers 4's
-    rope_theta and rope_scaling, or 5's rope_parameters. A scaling comes back with its factor and
-    original length filled in as transformers fills them."""
+def _rope(raw: dict, max_pos: int) -> tuple[float, dict | None, float, float | None]:
+    """(theta, scaling or None, partial rotary factor, the sliding layers' theta or None) from
+    either spelling: transformers 4's rope_theta, rope_scaling and Gemma 3's
+    rope_local_base_freq, or 5's rope_parameters (per layer type for Gemma 3). A scaling comes
+    back with its factor and original length filled in as transformers fills them."""
     params = raw.get("rope_parameters")
+    local = raw.get("rope_local_base_freq") if raw.get("model_type") == "gemma3_text" else None
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-        raise ModelError("config.json's rope_parameters differ per layer type, which Spool does not"
-                         " support for this architecture")
+        if set(params) != {"full_attention", "sliding_attention"} or \
+                scaling_kind(params["sliding_attention"]) != "default":
+            raise ModelError(f"config.json's rope_parameters per layer type ({', '.join(params)}) are not"
+                             " the full/sliding pair of Gemma 3 with unscaled sliding layers")
+        local, params = params["sliding_attention"].get("rope_theta", 10000.0), params["full_attention"]
+    elif raw.get("model_type") == "gemma3_text":
+        local = local or 10000.0
     scaling = dict(params or raw.get("rope_scaling") or {})
-    theta = float(scaling.pop("rope_theta", None) or raw.get("rope_theta") or 10000.0)
+    default_theta = 1e6 if raw.get("model_type") == "gemma3_text" else 10000.0
+    theta = float(scaling.pop("rope_theta", None) or raw.get("rope_theta") or default_theta)
     partial = float(scaling.pop("partial_rotary_factor", None) or raw.get("partial_rotary_factor") or 1.0)
     kind = scaling_kind(scaling)
     if kind not in KINDS:
         raise ModelError(f"unsupported rope scaling type {kind!r} in config.json;"
                          f" Spool supports {', '.join(KINDS)}")
+    local = None if local is None else float(local)
     if kind == "default":
-        return theta, None, partial
+        return theta, None, partial, local
     scaling["rope_type"] = kind
     scaling.pop("type", None)
     if kind in ("llama3", "yarn", "longrope"):
@@ -172,7 +205,29 @@ def _rope(raw: dict, max_pos: int) -> tuple[float, dict | None, float]:
         scaling["original_max_position_embeddings"] = int(original or max_pos)
     if kind in ("yarn", "longrope") and not scaling.get("factor"):
         scaling["factor"] = max_pos / scaling["original_max_position_embeddings"]
-    return theta, scaling, partial
+    return theta, scaling, partial, local
+
+
+def _windows(raw: dict, model_type: str, layers: int) -> tuple[int, ...] | None:
+    """Each layer's sliding window, as transformers lays them out: Gemma's by layer_types (or
+    every other layer for Gemma 2, five of six for Gemma 3), Qwen's from max_window_layers on
+    when use_sliding_window says so, every layer for the rest (Mistral, Phi-3)."""
+    window = int(raw.get("sliding_window") or 0)
+    if not window or not raw.get("use_sliding_window", True):
+        return None
+    types = raw.get("layer_types")
+    if types is None and model_type in GEMMA:
+        pattern = 2 if model_type == "gemma2" else int(raw.get("sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    elif types is None and model_type in ("qwen2", "qwen3"):
+        first = int(raw.get("max_window_layers", layers))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    elif types is None:
+        types = ["sliding_attention"] * layers
+    if len(types) != layers:
+        raise ModelError(f"config.json's layer_types has {len(types)} entries for {layers} layers")
+    windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+    return windows if any(windows) else None
 
 
 def _rope_layers(raw: dict, model_type: str, layers: int) -> tuple[bool, ...] | None:

@@ -6,6 +6,7 @@ K/V through the rows' block tables.
 """
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -23,13 +24,20 @@ class Llama:
         self.config = config
         self.ops = ops
         positions = max_positions or config.max_position_embeddings
-        cos, sin = rope_tables(config, positions)
-        self.cos, self.sin = ops.asarray(cos), ops.asarray(sin)
-        self.rotates = config.rope_layers or (True,) * config.num_layers
-        if not all(self.rotates):  # SmolLM3's layers without rotation: the identity's table
-            self.cos_still, self.sin_still = ops.asarray(np.ones_like(cos)), ops.asarray(np.zeros_like(sin))
+        tables = {"global": rope_tables(config, positions)}
+        if config.local_rope_theta is not None:  # Gemma 3's sliding layers: their own theta, unscaled
+            tables["local"] = rope_tables(replace(config, rope_theta=config.local_rope_theta, rope_scaling=None),
+                                          positions)
+        self.windows = config.layer_windows or (0,) * config.num_layers
+        rotates = config.rope_layers or (True,) * config.num_layers
+        if not all(rotates):  # SmolLM3's layers without rotation: the identity's table
+            tables["still"] = np.ones_like(tables["global"][0]), np.zeros_like(tables["global"][1])
+        self.layer_rope = ["still" if not rotates[i] else "local" if self.windows[i] and "local" in tables
+                           else "global" for i in range(config.num_layers)]
+        self.tables = {kind: (ops.asarray(cos), ops.asarray(sin)) for kind, (cos, sin) in tables.items()}
         self.w = weights
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.scale = config.query_scale or 1.0 / math.sqrt(config.head_dim)
+        self.embed_scale = embedding_scale(config)
 
     @property
     def weight_bytes(self) -> int:
@@ -48,23 +56,45 @@ class Llama:
         ops, c, w = self.ops, self.config, self.w
         eps = c.rms_norm_eps
         tokens = token_ids.shape[0]
-        turning = self.cos[positions], self.sin[positions]
-        still = (self.cos_still[positions], self.sin_still[positions]) if not all(self.rotates) else None
-        x, delta = ops.embedding(w.embed, token_ids), None
+        rows = {kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.tables.items()}
+        x, delta = ops.embedding(w.embed, token_ids, self.embed_scale), None
         for i, layer in enumerate(w.layers):
-            cos, sin = turning if self.rotates[i] else still
+            cos, sin = rows[self.layer_rope[i]]
             x, h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
             qkv = ops.linear(h, layer.wqkv, layer.bqkv)
             if layer.q_norm is None:
                 q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
-            else:  # Qwen3: each head normalised before the rotation
+            else:  # Qwen3, Gemma 3: each head normalised before the rotation
                 q = qkv[:, :c.q_size].reshape(tokens, c.num_heads, c.head_dim)
                 k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(tokens, c.num_kv_heads, c.head_dim)
                 v = qkv[:, c.q_size + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
                 q = ops.rope(ops.rms_norm(q, layer.q_norm, eps), cos, sin)
                 ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(ops.rms_norm(k, layer.k_norm, eps), cos, sin), v)
-            attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale)
-            x, h = ops.add_rms_norm(x, ops.linear(attn, layer.wo), layer.mlp_norm, eps)
-            delta = ops.linear(ops.silu_and_mul(ops.linear(h, layer.w_gate_up)), layer.w_down)
+            attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, self.windows[i],
+                                       c.attn_softcap)
+            out = ops.linear(attn, layer.wo)
+            if layer.post_attn_norm is not None:
+                out = ops.rms_norm(out, layer.post_attn_norm, eps)
+            x, h = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
+            gate_up = ops.linear(h, layer.w_gate_up)
+            delta = ops.linear(ops.gelu_and_mul(gate_up) if c.gelu else ops.silu_and_mul(gate_up), layer.w_down)
+            if layer.post_mlp_norm is not None:
+                delta = ops.rms_norm(delta, layer.post_mlp_norm, eps)
         _, h = ops.add_rms_norm(x[logit_index], delta[logit_index], w.norm, eps)
-        return ops.logits(h, w.lm_head)
+        return ops.logits(h, w.lm_head, c.final_softcap)
+
+
+def embedding_scale(config: ModelConfig) -> float:
+    """Gemma multiplies its embedding by sqrt(hidden), rounded to the type it was trained in
+    (transformers and vLLM round it to the checkpoint's dtype: 33.75 for 1152 in bfloat16,
+    not 33.94); 1 for the other families."""
+    if not config.gemma:
+        return 1.0
+    scale = np.float32(math.sqrt(config.hidden_size))
+    if config.torch_dtype == "bfloat16":  # round to nearest even on the upper 16 bits
+        bits = int(scale.view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        scale = np.uint32(bits).view(np.float32)
+    elif config.torch_dtype == "float16":
+        scale = np.float32(np.float16(scale))
+    return float(scale)

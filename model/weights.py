@@ -188,6 +188,8 @@ class LayerWeights:
     mlp_norm: np.ndarray
     w_gate_up: np.ndarray  # (2 * intermediate, hidden): gate and up in one GEMM
     w_down: np.ndarray  # (hidden, intermediate)
+    post_attn_norm: np.ndarray | None = None  # Gemma: the attention's output normalised before the residual add
+    post_mlp_norm: np.ndarray | None = None  # Gemma: the same for the MLP's
 
 
 @dataclass
@@ -246,6 +248,11 @@ class _LayerReader:
         self.check(name, shape)
         return self.tensors.read(name)
 
+    def norm(self, name: str, shape: tuple) -> np.ndarray:
+        """An RMSNorm's weight as the ops multiply by it: Gemma stores w for a scale of 1 + w."""
+        w = self.take(name, shape)
+        return w + np.float32(1.0) if self.config.gemma else w
+
     def fused(self, parts: list[tuple[str, tuple]]):
         """The parts stacked along their first axis, each read straight into its rows; where any
         is quantized, their blocks stacked, or a Fused of parts of different kinds (quantized.fuse)."""
@@ -276,16 +283,20 @@ class _LayerReader:
                                (a + "v_proj.weight", (KV, H))])
             w_gate_up = self.fused([(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))])
         layer = LayerWeights(
-            attn_norm=self.take(p + "input_layernorm.weight", (H,)),
+            attn_norm=self.norm(p + "input_layernorm.weight", (H,)),
             wqkv=wqkv,
             bqkv=bias,
-            q_norm=self.take(a + "q_norm.weight", (D,)) if c.qk_norm else None,
-            k_norm=self.take(a + "k_norm.weight", (D,)) if c.qk_norm else None,
+            q_norm=self.norm(a + "q_norm.weight", (D,)) if c.qk_norm else None,
+            k_norm=self.norm(a + "k_norm.weight", (D,)) if c.qk_norm else None,
             wo=self.take(a + "o_proj.weight", (H, Q)),
-            mlp_norm=self.take(p + "post_attention_layernorm.weight", (H,)),
+            mlp_norm=self.norm(p + ("pre_feedforward_layernorm.weight" if c.gemma else
+                                    "post_attention_layernorm.weight"), (H,)),
             w_gate_up=w_gate_up,
             w_down=self.take(p + "mlp.down_proj.weight", (H, I)),
         )
+        if c.gemma:
+            layer.post_attn_norm = self.norm(p + "post_attention_layernorm.weight", (H,))
+            layer.post_mlp_norm = self.norm(p + "post_feedforward_layernorm.weight", (H,))
         order = rotary_row_order(D, rotary_dim(c))
         if order is None:
             return layer
@@ -313,4 +324,4 @@ class _LayerReader:
             lm_head = embed
         else:
             lm_head = prepare(self.unread("lm_head.weight", shape))
-        return embed, prepare(self.take("model.norm.weight", (c.hidden_size,))), lm_head
+        return embed, prepare(self.norm("model.norm.weight", (c.hidden_size,))), lm_head

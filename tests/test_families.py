@@ -86,3 +86,6 @@ def test_family_switches_are_read():
     assert c["phi4-mini"].partial_rotary_factor == 0.75 and c["phi4-mini"].fused_tensors
     assert c["smollm3"].rope_layers == (True, False, True, False)
     assert c["llama3-rope"].rope_layers is None and c["llama3-rope"].partial_rotary_factor == 1.0
+    assert c["gemma2"].layer_windows == (8, 0) and c["gemma2"].attn_softcap == 2.0 and c["gemma2"].gelu
+    assert c["gemma3"].layer_windows == (6, 6, 0) and c["gemma3"].local_rope_theta == 100.0
+    assert c["gemma3"].query_scale == 16 ** -0.5 and c["gemma3"].qk_norm and c["gemma3"].final_softcap == 0.0

@@ -35,12 +35,12 @@ def kernel(launcher, file: str, name: str, dtype: str, variant=None):
     return launcher.function(file, name_expression(name, dtype, variant))
 
 
-def assert_close(got, want, dtype, floor=1e-3):
+def assert_close(got, want, dtype, floor=1e-3, ulps=1):
     """Relative to each value, with an absolute floor for values near zero: an attention output
     is an average of O(1) values, so its error is O(1) ulps whatever the average comes to."""
     got, want = as_float(got, dtype), np.asarray(want, dtype=np.float32)
     assert not np.isnan(got).any(), "the kernel left elements unwritten"
-    tol = ULP[dtype] * (np.abs(want) + floor) * (1 if dtype == "float32" else 2)
+    tol = ULP[dtype] * (np.abs(want) + floor) * (1 if dtype == "float32" else 2) * ulps
     bad = np.abs(got - want) > tol
     assert not bad.any(), f"{bad.sum()} of {bad.size} differ; worst {np.abs(got - want).max()}"
 
@@ -79,14 +79,19 @@ def test_add_rms_norm_writes_the_sum_and_the_norm(launcher, dtype, rows, hidden)
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,inter", [(1, 32), (3, 100), (7, 1536)])
-def test_silu_and_mul(launcher, dtype, tokens, inter):
+@pytest.mark.parametrize("name", ["silu_and_mul", "gelu_and_mul"])
+def test_gated_activations(launcher, dtype, tokens, inter, name):
     rng = np.random.default_rng(inter)
     gate_up = rng.standard_normal((tokens, 2 * inter)) * 4
     out = poisoned((tokens, inter), dtype)
     block = 128
-    kernel(launcher, "activation.cu", "silu_and_mul", dtype)(((inter + block - 1) // block, tokens), (block,),
+    kernel(launcher, "activation.cu", name, dtype)(((inter + block - 1) // block, tokens), (block,),
                                                    (out, storage(gate_up, dtype), np.int32(inter)))
-    assert_close(out, NUMPY.silu_and_mul(rounded(gate_up, dtype)), dtype)
+    want = getattr(NUMPY, name)(rounded(gate_up, dtype))
+    if name == "silu_and_mul":
+        assert_close(out, want, dtype)
+    else:  # 1 + tanh cancels for a negative gate: an ulp of 1 times gate * up (|gate * up| < 16) absolute
+        assert_close(out, want, dtype, floor=16.0, ulps=2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,8 +100,12 @@ def test_embedding_gather(launcher, dtype):
     table = storage(rng.standard_normal((50, 72)), dtype)
     ids = rng.integers(0, 50, size=9).astype(np.int32)
     out = poisoned((9, 72), dtype)
-    kernel(launcher, "embedding.cu", "embedding", dtype)((9,), (64,), (out, table, ids, np.int32(72), np.int32(50)))
+    kernel(launcher, "embedding.cu", "embedding", dtype)((9,), (64,), (out, table, ids, np.int32(72), np.int32(50),
+                                                                   np.float32(1.0)))
     assert np.array_equal(out, table[ids])
+    kernel(launcher, "embedding.cu", "embedding", dtype)((9,), (64,), (out, table, ids, np.int32(72), np.int32(50),
+                                                                   np.float32(8.0)))  # Gemma's sqrt(hidden)
+    assert_close(out, NUMPY.embedding(as_float(table, dtype), ids, 8.0), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -105,7 +114,8 @@ def test_embedding_of_an_id_outside_the_table_is_zeros(launcher, dtype):
     table = storage(np.random.default_rng(1).standard_normal((50, 72)), dtype)
     ids = np.array([3, -1, 50, 1 << 30, 49], dtype=np.int32)
     out = poisoned((5, 72), dtype)
-    kernel(launcher, "embedding.cu", "embedding", dtype)((5,), (64,), (out, table, ids, np.int32(72), np.int32(50)))
+    kernel(launcher, "embedding.cu", "embedding", dtype)((5,), (64,), (out, table, ids, np.int32(72), np.int32(50),
+                                                                   np.float32(1.0)))
     assert np.array_equal(out[[0, 4]], table[[3, 49]])
     assert not as_float(out[1:4], dtype).any()
 
@@ -167,7 +177,8 @@ def test_rope_and_cache_from_fused_qkv_rows(launcher, dtype, heads, kv_heads, he
     assert np.array_equal(as_float(caches[1], dtype), want_v)  # v is copied, not computed
 
 
-def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=None):
+def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=None, window=0,
+                     softcap=0.0):
     """Both kernels, as the GPU path launches them: partials per split, then the reduce; splits
     as CudaOps chooses them for these contexts unless given (a graph's: more than they need)."""
     seqs, heads, head_dim = q.shape
@@ -180,7 +191,7 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
         (kv_heads, seqs, splits), (128,),
         (part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(heads), np.int32(kv_heads),
          np.int32(head_dim), np.int32(block_size), np.int32(tables.shape[1]), np.int32(num_blocks),
-         np.int32(min_split), np.float32(head_dim ** -0.5)))
+         np.int32(min_split), np.float32(head_dim ** -0.5), np.int32(window), np.float32(softcap)))
     kernel(launcher, "decode_attention.cu", "decode_attention_reduce", dtype)(
         (heads, seqs), (64,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim), np.int32(splits)))
     return out
@@ -189,8 +200,10 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 3, 96),
                                                    (4, 2, 32)])  # 96: a partial sub-warp; 32: four a warp
-@pytest.mark.parametrize("min_split", [512, 48])  # one split; several, so the reduce merges them
-def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_split):
+@pytest.mark.parametrize("min_split,window,softcap", [
+    (512, 0, 0.0), (48, 0, 0.0),  # one split; several, so the reduce merges them
+    (48, 40, 2.5)])  # a sliding window (rows shorter and longer than it) and Gemma 2's soft cap
+def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_split, window, softcap):
     rng = np.random.default_rng(heads * head_dim + min_split)
     block_size, num_blocks = 16, 40
     context_lens = np.array([1, 16, 33, 130, 47], dtype=np.int32)  # on and off block boundaries
@@ -204,10 +217,10 @@ def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_
     cache_k = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
     cache_v = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
     got = decode_attention(launcher, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), tables,
-                           context_lens, dtype, min_split)
+                           context_lens, dtype, min_split, window=window, softcap=softcap)
     meta = NUMPY.attention_meta([1] * seqs, context_lens.tolist(), tables.tolist(), block_size)
     want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
-                                     head_dim ** -0.5).reshape(seqs, heads, head_dim)
+                                 head_dim ** -0.5, window, softcap).reshape(seqs, heads, head_dim)
     assert_close(got, want, dtype, floor=1.0)
 
 
@@ -246,9 +259,11 @@ PREFILL_KERNELS = [("prefill_attention", dtype, 16) for dtype in DTYPES] + [
 
 @pytest.mark.parametrize("name,dtype,rows_per_block", PREFILL_KERNELS)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 2, 96)])
-def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, kv_heads, head_dim):
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (13, 2.5)])
+def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, kv_heads, head_dim, window, softcap):
     """Whole prompts, chunks on a cached prefix (on and off block boundaries), and a decode row,
-    in one launch; on CUDA cores, and on tensor cores (WMMA) for the 16-bit types."""
+    in one launch; on CUDA cores, and on tensor cores (WMMA) for the 16-bit types; with a
+    sliding window shorter than most rows and soft-capped scores too."""
     rng = np.random.default_rng(heads * head_dim)
     query_lens = [37, 16, 5, 1, 20]
     context_lens = [37, 48, 21, 30, 52]  # 37: a whole prompt; the rest: chunks after a prefix
@@ -261,10 +276,11 @@ def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, k
         (-(-max(query_lens) * (heads // kv_heads) // rows_per_block), len(query_lens), kv_heads), (128,),
         (out, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), starts,
          np.array(context_lens, dtype=np.int32), tables, np.int32(heads), np.int32(kv_heads), np.int32(head_dim),
-         np.int32(16), np.int32(tables.shape[1]), np.int32(cache_k.shape[1]), np.float32(head_dim ** -0.5)))
+         np.int32(16), np.int32(tables.shape[1]), np.int32(cache_k.shape[1]), np.float32(head_dim ** -0.5),
+         np.int32(window), np.float32(softcap)))
     meta = NUMPY.attention_meta(query_lens, context_lens, tables.tolist(), 16)
     want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
-                                     head_dim ** -0.5).reshape(tokens, heads, head_dim)
+                                 head_dim ** -0.5, window, softcap).reshape(tokens, heads, head_dim)
     assert_close(out, want, dtype, floor=1.0)
 
 

@@ -47,6 +47,16 @@ FAMILIES = {
                           sliding_window=None), 256),
     "smollm3": (_family("smollm3", "SmolLM3ForCausalLM", num_hidden_layers=4, tie_word_embeddings=True,
                         no_rope_layer_interval=2), 256),
+    # caps and windows small enough to matter in 30 tokens of a tiny model
+    "gemma2": (_family("gemma2", "Gemma2ForCausalLM", hidden_act="gelu_pytorch_tanh",
+                       hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, rms_norm_eps=1e-6,
+                       query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=2.0,
+                       final_logit_softcapping=3.0), 256),
+    "gemma3": (_family("gemma3_text", "Gemma3ForCausalLM", hidden_act="gelu_pytorch_tanh",
+                       hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, rms_norm_eps=1e-6,
+                       num_hidden_layers=3, sliding_window_pattern=3, query_pre_attn_scalar=16,
+                       sliding_window=6, rope_local_base_freq=100.0,
+                       rope_scaling={"rope_type": "linear", "factor": 2.0}), 256),
 }
 
 
@@ -61,6 +71,8 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     for n in range(c["num_hidden_layers"]):
         p, a = f"model.layers.{n}.", f"model.layers.{n}.self_attn."
         shapes[p + "input_layernorm.weight"] = shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if kind.startswith("gemma"):
+            shapes[p + "pre_feedforward_layernorm.weight"] = shapes[p + "post_feedforward_layernorm.weight"] = (h,)
         if kind == "phi3":
             shapes[a + "qkv_proj.weight"] = (q + 2 * kv, h)
             shapes[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
@@ -71,7 +83,7 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.down_proj.weight"] = (h, i)
         if kind == "qwen2":
             shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
-        if kind == "qwen3":
+        if kind in ("qwen3", "gemma3_text"):
             shapes[a + "q_norm.weight"] = shapes[a + "k_norm.weight"] = (c["head_dim"],)
     return shapes
 
@@ -79,14 +91,17 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 def random_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """float32 tensors scaled so that logits are neither flat nor one-hot."""
     rng = np.random.default_rng(seed)
+    unit = 0.0 if config["model_type"].startswith("gemma") else 1.0  # Gemma stores w of 1 + w
     out = {}
     for name, shape in tensor_shapes(config).items():
         if name.endswith("norm.weight"):
-            t = 1.0 + 0.1 * rng.standard_normal(shape)
+            t = unit + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             t = 0.5 * rng.standard_normal(shape)
-        elif name == "model.embed_tokens.weight":
-            t = 0.5 * rng.standard_normal(shape)
+        elif name == "model.embed_tokens.weight":  # tied: small, or each token predicts itself
+            t = (0.15 if config["tie_word_embeddings"] else 0.5) * rng.standard_normal(shape)
+            if config["model_type"].startswith("gemma"):
+                t /= np.sqrt(shape[1])  # Gemma multiplies it by sqrt(hidden)
         else:
             t = rng.standard_normal(shape) / np.sqrt(shape[1])
         out[name] = t.astype(np.float32)

@@ -95,20 +95,25 @@ class CudaOps:
         self.launcher.linear(self.contiguous(x), w, bias, out)
         return out
 
-    def logits(self, h, w):
-        """h @ w.T in fp32, for the sampler."""
+    def logits(self, h, w, softcap: float = 0.0):
+        """h @ w.T in fp32, for the sampler; soft-capped (Gemma 2) where softcap is not 0."""
         out = self.xp.empty((h.shape[0], w.shape[0]), dtype=np.float32)
         self.launcher.linear(self.contiguous(h), w, None, out)
+        if softcap:
+            out /= np.float32(softcap)
+            self.xp.tanh(out, out=out)
+            out *= np.float32(softcap)
         return out
 
     def contiguous(self, x):
         return self.xp.ascontiguousarray(x)
 
-    def embedding(self, table, token_ids):
+    def embedding(self, table, token_ids, scale: float = 1.0):
         vocab, hidden = table.shape
         out = self.xp.empty((token_ids.shape[0], hidden), dtype=self.storage_dtype)
         self.kernel("embedding.cu", "embedding")((token_ids.shape[0],), (THREADS,), (
-            out, table, self.xp.ascontiguousarray(token_ids, dtype=np.int32), np.int32(hidden), np.int32(vocab)))
+            out, table, self.xp.ascontiguousarray(token_ids, dtype=np.int32), np.int32(hidden), np.int32(vocab),
+            np.float32(scale)))
         return out
 
     def rms_norm(self, x, weight, eps: float):
@@ -139,11 +144,17 @@ class CudaOps:
         return out
 
     def silu_and_mul(self, gate_up):
+        return self._gated(gate_up, "silu_and_mul")
+
+    def gelu_and_mul(self, gate_up):
+        return self._gated(gate_up, "gelu_and_mul")
+
+    def _gated(self, gate_up, name: str):
         gate_up = self.contiguous(gate_up)
         tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = self.xp.empty((tokens, inter), dtype=self.storage_dtype)
-        self.kernel("activation.cu", "silu_and_mul")(((inter + THREADS - 1) // THREADS, tokens), (THREADS,),
-                                                    (out, gate_up, np.int32(inter)))
+        self.kernel("activation.cu", name)(((inter + THREADS - 1) // THREADS, tokens), (THREADS,),
+                                           (out, gate_up, np.int32(inter)))
         return out
 
     def write_kv(self, cache_k, cache_v, slots, k, v) -> None:
@@ -177,7 +188,8 @@ class CudaOps:
                              context_lens=self.xp.asarray(np.asarray(context_lens, dtype=np.int32)),
                              max_context=int(max(context_lens)))
 
-    def paged_attention(self, q, cache_k, cache_v, meta: AttentionMeta, scale: float):
+    def paged_attention(self, q, cache_k, cache_v, meta: AttentionMeta, scale: float, window: int = 0,
+                        softcap: float = 0.0):
         q = self.contiguous(q)
         tokens, heads, head_dim = q.shape
         kv_heads, num_blocks, block_size, _ = cache_k.shape
@@ -186,15 +198,15 @@ class CudaOps:
                   np.int32(meta.block_tables.shape[1]), np.int32(num_blocks))
         out = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         if meta.decode:
-            splits = min(decode_splits(self.launcher.multiprocessors, kv_heads),
-                         -(-meta.max_context // DECODE_MIN_SPLIT))
+            keys = min(meta.max_context, window) if window else meta.max_context
+            splits = min(decode_splits(self.launcher.multiprocessors, kv_heads), -(-keys // DECODE_MIN_SPLIT))
             part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_sum = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_acc = self.xp.empty((seqs, heads, splits, head_dim), dtype=np.float32)
             self.kernel("decode_attention.cu", "decode_attention", variant("decode_attention", heads // kv_heads))(
                 (kv_heads, seqs, splits), (THREADS,),
                 (part_max, part_sum, part_acc, q, cache_k, cache_v, meta.block_tables, meta.context_lens, *common,
-                 np.int32(DECODE_MIN_SPLIT), np.float32(scale)))
+                 np.int32(DECODE_MIN_SPLIT), np.float32(scale), np.int32(window), np.float32(softcap)))
             self.kernel("decode_attention.cu", "decode_attention_reduce")(
                 (heads, seqs), (THREADS,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim),
                                             np.int32(splits)))
@@ -204,7 +216,7 @@ class CudaOps:
             self.kernel(f"{name}.cu", name)(
                 (tiles, seqs, kv_heads), (THREADS,),
                 (out, q, cache_k, cache_v, meta.query_starts, meta.context_lens, meta.block_tables, *common,
-                 np.float32(scale)))
+                 np.float32(scale), np.int32(window), np.float32(softcap)))
         return out.reshape(tokens, heads * head_dim)
 
     def prefill_kernel(self, head_dim: int) -> tuple[str, int]:

@@ -112,11 +112,12 @@ def _add_row(typingctx, acc, acc_at, p, row, at, dim):
     return nbtypes.void(acc, acc_at, p, row, at, dim), codegen
 
 
-@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, float32, {F2})",
-        f"void({F3}, {H4}, {H4}, {I1}, {I2}, float32, {F2})")
-def _attention(q, cache_k, cache_v, context, tables, scale, out):
+@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, float32, int64, float32, {F2})",
+        f"void({F3}, {H4}, {H4}, {I1}, {I2}, float32, int64, float32, {F2})")
+def _attention(q, cache_k, cache_v, context, tables, scale, window, softcap, out):
     """For each query token t: out[t] = softmax(q K^T * scale) V over its context[t]
-    cached positions, block by block with a running max and sum per query head.
+    cached positions (the last `window` of them for a sliding window), block by block with a
+    running max and sum per query head; scores soft-capped where softcap is not 0.
     K/V rows are float32 or float16 bits, read through _dot_row and _add_row."""
     tokens = context.shape[0]
     heads, dim = q.shape[1], q.shape[2]
@@ -134,10 +135,12 @@ def _attention(q, cache_k, cache_v, context, tables, scale, out):
         for g in range(group):
             for d in range(dim):
                 qs[g * dim + d] = q[t, kh * group + g, d] * scale
+        start = max(0, n - window) if window > 0 else 0  # the first position this token sees
         blocks = -(-n // block_size)
-        for b in range(blocks):
-            keys = min(block_size, n - b * block_size)
-            first = (kh * cache_blocks + tables[t, b]) * block_size * dim  # the block's flat offset
+        for b in range(start // block_size, blocks):
+            lo = max(0, start - b * block_size)  # keys of the block before the window
+            keys = min(block_size, n - b * block_size) - lo
+            first = ((kh * cache_blocks + tables[t, b]) * block_size + lo) * dim  # the first key's flat offset
             if b + 1 < blocks:  # the next block's K and V, while this one computes
                 following = (kh * cache_blocks + tables[t, b + 1]) * block_size * dim
                 for line in range(0, block_size * dim, 64 // cache_k.itemsize):
@@ -146,6 +149,8 @@ def _attention(q, cache_k, cache_v, context, tables, scale, out):
             for i in range(keys):
                 for g in range(group):
                     s[g, i] = _dot_row(qs, g * dim, cache_k, first + i * dim, dim)
+                    if softcap > 0:
+                        s[g, i] = softcap * np.tanh(s[g, i] / softcap)
             for g in range(group):
                 top = m[g]
                 for i in range(keys):
@@ -165,10 +170,12 @@ def _attention(q, cache_k, cache_v, context, tables, scale, out):
 
 
 def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, plan: AttentionPlan,
-                    scale: float) -> np.ndarray:
+                    scale: float, window: int = 0, softcap: float = 0.0) -> np.ndarray:
     tokens, heads, dim = q.shape
     out = np.empty((tokens, heads * dim), dtype=np.float32)
     if tokens:
-        work = int(plan.context.sum()) * heads * dim
-        _attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.context, plan.tables, np.float32(scale), out)
+        seen = np.minimum(plan.context, window) if window else plan.context
+        work = int(seen.sum()) * heads * dim
+        _attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.context, plan.tables, np.float32(scale),
+                   np.int64(window), np.float32(softcap), out)
     return out

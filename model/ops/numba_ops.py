@@ -14,7 +14,7 @@ import numpy as np
 
 from model.ops import numba_attention, numba_rowwise, numba_sampler
 from model.ops.numba_kernels import QUANTIZED_KV
-from model.ops.numpy_ops import NumpyOps
+from model.ops.numpy_ops import NumpyOps, soft_capped
 from model.ops.protocol import SampleBatch, SampleResult
 from model.quant import blocks, pack
 from model.quant.matmul import matmul
@@ -46,6 +46,7 @@ class NumbaOps(NumpyOps):
     add_rms_norm = staticmethod(numba_rowwise.add_rms_norm)
     rope = staticmethod(numba_rowwise.rope)
     silu_and_mul = staticmethod(numba_rowwise.silu_and_mul)
+    gelu_and_mul = staticmethod(numba_rowwise.gelu_and_mul)
 
     def __init__(self, weights: str = "float32", activations: str = "int8"):
         super().__init__()
@@ -78,10 +79,13 @@ class NumbaOps(NumpyOps):
                      " converted to q8_0")
             self.converted.clear()
 
-    def embedding(self, table, token_ids: np.ndarray) -> np.ndarray:
+    def embedding(self, table, token_ids: np.ndarray, scale: float = 1.0) -> np.ndarray:
         if isinstance(table, Strips):
-            return table.dequantize(token_ids)
-        return super().embedding(table, token_ids)
+            rows = table.dequantize(token_ids)
+            if scale != 1.0:
+                rows *= np.float32(scale)
+            return rows
+        return super().embedding(table, token_ids, scale)
 
     def linear(self, x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
         if isinstance(w, Fused):
@@ -94,17 +98,20 @@ class NumbaOps(NumpyOps):
             out += bias
         return out
 
-    def logits(self, h: np.ndarray, w) -> np.ndarray:
+    def logits(self, h: np.ndarray, w, softcap: float = 0.0) -> np.ndarray:
         """The LM head, C-ordered: at 8 rows and up h @ w.T is as fast as NumpyOps' (w @ h.T).T."""
         if isinstance(w, Strips):
-            return matmul(h, w, self.ACTIVATIONS[self.activations])
-        return h @ w.T if h.shape[0] >= 8 else np.ascontiguousarray(self.linear(h, w))
+            out = matmul(h, w, self.ACTIVATIONS[self.activations])
+        else:
+            out = h @ w.T if h.shape[0] >= 8 else np.ascontiguousarray(self.linear(h, w))
+        return soft_capped(out, softcap)
 
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int) -> numba_attention.AttentionPlan:
         return numba_attention.AttentionPlan(list(query_lens), list(context_lens), block_tables, block_size)
 
-    def paged_attention(self, q, cache_k, cache_v, meta: numba_attention.AttentionPlan, scale: float) -> np.ndarray:
-        return numba_attention.paged_attention(q, cache_k, cache_v, meta, scale)
+    def paged_attention(self, q, cache_k, cache_v, meta: numba_attention.AttentionPlan, scale: float,
+                        window: int = 0, softcap: float = 0.0) -> np.ndarray:
+        return numba_attention.paged_attention(q, cache_k, cache_v, meta, scale, window, softcap)
 
     def sample(self, logits: np.ndarray, batch: SampleBatch) -> SampleResult:
         """NumpyOps.sample's contract; the plain rows drawn in one kernel (model/ops/numba_sampler.py)."""

@@ -125,3 +125,20 @@ def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
     out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)
     _silu_and_mul(out.size, np.ascontiguousarray(gate_up), out)
     return out
+
+
+@kernel(f"void({F2}, {F2})")
+def _gelu_and_mul(gate_up, out):
+    tokens, width = out.shape
+    for t in prange(tokens):
+        for i in range(width):
+            g = gate_up[t, i]
+            inner = np.float32(0.7978845608028654) * (g + np.float32(0.044715) * g * g * g)
+            out[t, i] = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(inner)) * gate_up[t, width + i]
+
+
+def gelu_and_mul(gate_up: np.ndarray) -> np.ndarray:
+    """GeGLU with GELU's tanh form (Gemma's gelu_pytorch_tanh)."""
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)
+    _gelu_and_mul(out.size, np.ascontiguousarray(gate_up), out)
+    return out

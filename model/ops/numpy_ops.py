@@ -5,7 +5,8 @@ chunk of rows, never a Python loop over heads or tokens: rows are sorted by quer
 context length and taken a few at a time, each chunk padded only to its own longest row.
 """
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +32,27 @@ class AttentionChunk:
     query_valid: np.ndarray  # (rows, max_queries) bool
     key_blocks: np.ndarray  # (rows, max_blocks) block ids, padding clipped to block 0
     bias: np.ndarray  # (1, rows, 1, max_queries, max_blocks * block_size): 0 or -inf
+    query_pos: np.ndarray  # (rows, max_queries) each query's position
+    windowed: dict = field(default_factory=dict)  # sliding window -> bias with keys before it hidden too
+
+    def bias_for(self, window: int) -> np.ndarray:
+        """The bias of a layer that sees only the last `window` positions (0: all of them)."""
+        if not window:
+            return self.bias
+        if window not in self.windowed:
+            key_pos = np.arange(self.bias.shape[-1])
+            early = key_pos[None, None, :] <= self.query_pos[:, :, None] - window  # (rows, max_q, keys)
+            self.windowed[window] = np.where(early[None, :, None], np.float32(-np.inf), self.bias)
+        return self.windowed[window]
+
+
+def soft_capped(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap) in place, or x itself for cap 0."""
+    if cap:
+        x /= np.float32(cap)
+        np.tanh(x, out=x)
+        x *= np.float32(cap)
+    return x
 
 
 def _apply_penalties(logits: np.ndarray, p: SamplingParams,
@@ -115,8 +137,12 @@ class NumpyOps:
     def loaded(self) -> None:
         pass
 
-    def embedding(self, table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
-        return table[token_ids]
+    def embedding(self, table: np.ndarray, token_ids: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """The table's rows, times scale (Gemma's sqrt(hidden))."""
+        rows = table[token_ids]
+        if scale != 1.0:
+            rows *= np.float32(scale)
+        return rows
 
     def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         """x @ w.T (+ bias) for activations x (tokens, in) and a weight w (out, in)."""
@@ -125,8 +151,9 @@ class NumpyOps:
             out += bias
         return out
 
-    def logits(self, h: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return self.linear(h, w)  # float32 already
+    def logits(self, h: np.ndarray, w: np.ndarray, softcap: float = 0.0) -> np.ndarray:
+        """The LM head in float32; with a softcap (Gemma 2), cap * tanh(logits / cap)."""
+        return soft_capped(self.linear(h, w), softcap)
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         variance = np.mean(np.square(x), axis=-1, keepdims=True)
@@ -156,6 +183,13 @@ class NumpyOps:
         np.divide(gate, out, out=out)
         out *= up
         return out
+
+    def gelu_and_mul(self, gate_up: np.ndarray) -> np.ndarray:
+        """GeGLU with GELU's tanh form (Gemma's gelu_pytorch_tanh)."""
+        half = gate_up.shape[-1] // 2
+        gate, up = gate_up[:, :half], gate_up[:, half:]
+        inner = np.float32(math.sqrt(2 / math.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
+        return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up
 
     def write_kv(self, cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray,
                  k: np.ndarray, v: np.ndarray) -> None:
@@ -214,14 +248,17 @@ class NumpyOps:
             query_pos = (ctx - n)[:, None] + qi[None, :]  # (rows, max_q)
             visible = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
             bias = np.where(visible, np.float32(0), np.float32(-np.inf))
-            chunks.append(AttentionChunk(query_index, query_valid, key_blocks, bias[None, :, None]))
+            chunks.append(AttentionChunk(query_index, query_valid, key_blocks, bias[None, :, None], query_pos))
         return chunks
 
     def paged_attention(self, q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
-                        meta: list[AttentionChunk], scale: float) -> np.ndarray:
+                        meta: list[AttentionChunk], scale: float, window: int = 0,
+                        softcap: float = 0.0) -> np.ndarray:
         """q is (tokens, heads, head_dim); the caches are (kv_heads, blocks, block_size, head_dim),
         read only through the block ids in meta, a whole block per copy. Everything is laid out
-        kv-head-major, so both batched matmuls see contiguous matrices."""
+        kv-head-major, so both batched matmuls see contiguous matrices. window: a sliding
+        window's length (each query sees its last `window` positions; 0: all); softcap: Gemma 2's
+        scores = cap * tanh(scores / cap), 0 for none."""
         tokens, heads, dim = q.shape
         kv_heads, _, block_size, _ = cache_k.shape
         group = heads // kv_heads
@@ -238,8 +275,8 @@ class NumpyOps:
             v = v.reshape(kv_heads, rows, ctx, dim)
             scores = np.matmul(qc, k.transpose(0, 1, 3, 2),
                                out=self.scratch("s", (kv_heads, rows, group * max_q, ctx)))
-            scores = scores.reshape(kv_heads, rows, group, max_q, ctx)
-            scores += c.bias
+            scores = soft_capped(scores.reshape(kv_heads, rows, group, max_q, ctx), softcap)
+            scores += c.bias_for(window)
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
