@@ -85,9 +85,9 @@ class Llama:
 
 
 def embedding_scale(config: ModelConfig) -> float:
-    """Gemma multiplies its embedding by sqrt(hidden), rounded to the type it was trained in
-    (transformers and vLLM round it to the checkpoint's dtype: 33.75 for 1152 in bfloat16,
-    not 33.94); 1 for the other families."""
+    """Gemma multiplies its embedding by sqrt(hidden), rounded to bfloat16 for a bfloat16
+    checkpoint as transformers and vLLM round it (33.75 for 1152, not 33.94), in float32 for the
+    rest (a GGUF's, as llama.cpp does); 1 for the other families."""
     if not config.gemma:
         return 1.0
     scale = np.float32(math.sqrt(config.hidden_size))
@@ -95,6 +95,4 @@ def embedding_scale(config: ModelConfig) -> float:
         bits = int(scale.view(np.uint32))
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         scale = np.uint32(bits).view(np.float32)
-    elif config.torch_dtype == "float16":
-        scale = np.float32(np.float16(scale))
     return float(scale)

@@ -109,6 +109,8 @@ class ModelTensors:
             self.entries.update(_read_header(path))
         self.maps: dict[Path, mmap.mmap] = {}
 
+    norms_include_one = False  # Gemma's norms as its checkpoints store them: w, for 1 + w
+
     def __enter__(self) -> "ModelTensors":
         return self
 
@@ -249,9 +251,10 @@ class _LayerReader:
         return self.tensors.read(name)
 
     def norm(self, name: str, shape: tuple) -> np.ndarray:
-        """An RMSNorm's weight as the ops multiply by it: Gemma stores w for a scale of 1 + w."""
+        """An RMSNorm's weight as the ops multiply by it: Gemma's checkpoints store w for a scale
+        of 1 + w (llama.cpp's GGUFs store 1 + w already)."""
         w = self.take(name, shape)
-        return w + np.float32(1.0) if self.config.gemma else w
+        return w + np.float32(1.0) if self.config.gemma and not self.tensors.norms_include_one else w
 
     def fused(self, parts: list[tuple[str, tuple]]):
         """The parts stacked along their first axis, each read straight into its rows; where any

@@ -12,18 +12,22 @@ import json
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher
 from model.config import ModelConfig
+from model.gguf.convert import convert_gguf
 from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
 from model.ops.numpy_ops import NumpyOps
+from model.quant.strips import Strips
 from model.runner import ModelRunner, Row, StepPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
+from family_gguf import write_family_gguf  # noqa: E402
 from family_models import FAMILIES, make_family  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "families"
@@ -60,6 +64,50 @@ def test_family_matches_transformers(checkpoints, name, backend):
     path, fixture, context = checkpoints(name)
     runner = ModelRunner.from_dir(path, num_blocks=16, block_size=4, ops=BACKENDS[backend](),
                                   max_model_len=context)
+    assert_matches(runner, fixture)
+
+
+# Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)
+GGUF_FAMILIES = ["gemma3", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2", "qwen3-yarn"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
+def test_family_gguf_matches_transformers(checkpoints, tmp_path, name, backend):
+    """The same checkpoint as llama.cpp's converter would write it (tests/family_gguf.py),
+    served in place: the transformers fixture holds for it too."""
+    _, fixture, context = checkpoints(name)
+    served = convert_gguf(write_family_gguf(name, tmp_path / f"{name}.gguf"), tmp_path / "served")
+    runner = ModelRunner.from_dir(served, num_blocks=16, block_size=4, ops=BACKENDS[backend](),
+                                  max_model_len=context)
+    assert_matches(runner, fixture)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi4-mini"])
+def test_family_gguf_of_q8_0_served_packed(checkpoints, tmp_path, name):
+    """Q8_0 matrices kept in their blocks (fused q/k/v and gate/up for Phi): logits within
+    Q8_0's rounding of transformers' float32 ones (weights and activations both rounded to 8
+    bits: 2-4% of the largest logit at these widths, as for a llama checkpoint quantized while
+    loading)."""
+    _, fixture, context = checkpoints(name)
+    path = write_family_gguf(name, tmp_path / f"{name}.gguf", gguf.GGMLQuantizationType.Q8_0)
+    runner = ModelRunner.from_dir(convert_gguf(path, tmp_path / "served"), num_blocks=16, block_size=4,
+                                  ops=NumbaOps("q8_0"), max_model_len=context)
+    assert all(isinstance(layer.wqkv, Strips) and isinstance(layer.w_gate_up, Strips) for layer in runner.model.w.layers)
+    ids = [int(i) for i in fixture["ids"]]
+    plan = StepPlan([Row("a", ids, 0, list(range(16)), sample=True)])
+    err = rel_err(runner.ops.to_host(runner.logits(plan))[0], fixture["logits"][-1])
+    assert 1e-5 < err < 5e-2, err
+
+
+def test_gemma2_gguf_reads_what_llama_cpp_reads(tmp_path):
+    """Soft caps and the every-other-layer window from the metadata, the query scale inferred."""
+    c = ModelConfig.load(convert_gguf(write_family_gguf("gemma2", tmp_path / "g.gguf"), tmp_path / "served"))
+    assert (c.attn_softcap, c.final_softcap, c.layer_windows) == (2.0, 3.0, (8, 0))
+    assert c.query_scale == 16 ** -0.5 and c.gelu and c.gemma
+
+
+def assert_matches(runner, fixture):
     ids, want = [int(i) for i in fixture["ids"]], fixture["logits"]
     table = list(range(15, -1, -1))  # blocks out of order
     half = len(ids) // 2

@@ -100,7 +100,7 @@ def _hf_config(m: GGUFModel) -> dict[str, Any]:
         "num_attention_heads": c.num_heads,
         "num_key_value_heads": c.num_kv_heads,
         "head_dim": c.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": "gelu_pytorch_tanh" if c.gelu else "silu",
         "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta,
         "rope_scaling": c.rope_scaling,
@@ -112,6 +112,18 @@ def _hf_config(m: GGUFModel) -> dict[str, Any]:
         "eos_token_id": m.vocab.eos_id,
         "torch_dtype": c.torch_dtype,
     }
+    if c.partial_rotary_factor != 1.0:
+        config["partial_rotary_factor"] = c.partial_rotary_factor
+    if c.layer_windows:
+        config["sliding_window"] = max(c.layer_windows)
+        config["layer_types"] = ["sliding_attention" if w else "full_attention" for w in c.layer_windows]
+    if c.gemma:
+        config["hidden_activation"] = config["hidden_act"]
+        config["query_pre_attn_scalar"] = round(c.query_scale ** -2)
+        config["attn_logit_softcapping"] = c.attn_softcap or None
+        config["final_logit_softcapping"] = c.final_softcap or None
+        if c.local_rope_theta is not None:
+            config["rope_local_base_freq"] = c.local_rope_theta
     if c.model_type == "llama":
         config["mlp_bias"] = False
     if c.model_type in ("qwen2", "qwen3"):

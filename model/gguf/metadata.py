@@ -1,10 +1,14 @@
 """A GGUF file's metadata, read once and checked into a typed value: the architecture, its
 shapes and rope scaling, the tensors under their Hugging Face names, and the tokenizer's fields.
 
-Supported: architectures llama, qwen2 (q/k/v bias) and qwen3 (q/k norm); tokenizers `gpt2`
-(byte-level BPE) and `llama` (SentencePiece). Anything Spool cannot represent faithfully (other
-architectures, MoE, sliding windows, unknown rope scaling, unknown tensors) raises ModelError
-instead of being dropped.
+Supported: architectures llama, qwen2 (q/k/v bias), qwen3 (q/k norm), phi3 (fused q/k/v and
+gate/up, LongRoPE factors as tensors, partial rotation), gemma2 and gemma3 (norms around each
+block, stored as 1 + w; sliding windows in llama.cpp's layer pattern; soft caps); tokenizers
+`gpt2` (byte-level BPE) and `llama` (SentencePiece). What llama.cpp infers rather than stores is
+inferred the same way (Gemma's query scale from the layer count, Gemma 3's sliding layers' theta,
+Phi-3's window ignored). Anything Spool cannot represent faithfully (other architectures, MoE,
+a sliding window elsewhere, unknown rope scaling, unknown tensors) raises ModelError instead of
+being dropped.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ HF_NAMES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
+GEMMA = ("gemma2", "gemma3")
 
 # GGUF per-layer tensor suffix -> Hugging Face per-layer name
 _LAYER_TENSORS = {
@@ -44,10 +52,24 @@ _LAYER_TENSORS = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# where an architecture names a layer's tensors otherwise
+_ARCH_LAYER_TENSORS = {
+    "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
+    "gemma": {"post_attention_norm.weight": "post_attention_layernorm.weight",
+              "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+              "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+}
 _REQUIRED_LAYER_TENSORS = (
     "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
     "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
 )
+_ARCH_REQUIRED = {
+    "phi3": ("attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_norm.weight", "ffn_up.weight",
+             "ffn_down.weight"),
+    "gemma2": _REQUIRED_LAYER_TENSORS + ("post_attention_norm.weight", "post_ffw_norm.weight"),
+    "gemma3": _REQUIRED_LAYER_TENSORS + ("post_attention_norm.weight", "post_ffw_norm.weight",
+                                         "attn_q_norm.weight", "attn_k_norm.weight"),
+}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -55,7 +77,7 @@ _GLOBAL_TENSORS = {
 }
 # Tensors llama.cpp writes that carry no weights Hugging Face needs (rope_freqs is read into
 # the rope scaling instead; attn_rot_embd is an old precomputed rotary table).
-_CONSUMED = {"rope_freqs.weight"}
+_CONSUMED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 
 # GGUF token types (gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
@@ -105,10 +127,10 @@ def read_gguf(path: Path) -> GGUFModel:
 
     if (_field(reader, k("expert_count")) or 0) > 0:
         raise ModelError(f"{path.name} is a mixture-of-experts model, which Spool does not run; use a dense model")
-    if _field(reader, k("attention.sliding_window")):
+    if _field(reader, k("attention.sliding_window")) and arch not in (*GEMMA, "phi3"):
         raise ModelError(
-            f"{path.name} uses sliding-window attention, which this GGUF converter does not support;"
-            " use the Hugging Face model directory instead"
+            f"{path.name} uses sliding-window attention, which this GGUF converter does not support"
+            f" for architecture {arch}; use the Hugging Face model directory instead"
         )
 
     hidden = int(_require(reader, k("embedding_length"), path))
@@ -123,10 +145,10 @@ def read_gguf(path: Path) -> GGUFModel:
             f"{path.name} has key length {head_dim} but value length {value_dim}, which Spool does not support"
         )
     rope_dims = int(_field(reader, k("rope.dimension_count"), head_dim))
-    if rope_dims != head_dim:
+    if rope_dims != head_dim and (arch == "llama" or rope_dims % 2 or rope_dims > head_dim):
         raise ModelError(
             f"{path.name} applies rope to {rope_dims} of {head_dim} head dimensions (partial rotary),"
-            " which Spool does not support"
+            f" which Spool does not support for architecture {arch}"
         )
     # GGUF stores these as float32: keep their shortest decimal form (1e-05, not 9.99999974e-06).
     eps = float(str(np.float32(_field(reader, k("attention.layer_norm_rms_epsilon"), 1e-5))))
@@ -134,7 +156,7 @@ def read_gguf(path: Path) -> GGUFModel:
     ctx = int(_field(reader, k("context_length"), 2048))
 
     tensors = {t.name: t for t in reader.tensors}
-    scaling = rope_scaling(lambda name: _field(reader, k(f"rope.{name}")), tensors, head_dim, theta, path)
+    scaling = rope_scaling(lambda name: _field(reader, k(f"rope.{name}")), tensors, rope_dims, theta, path, ctx)
     entries = _entries(reader.tensors, arch, layers, heads, kv_heads, path)
     have = {e.tensor.name for e in entries}
     _check_complete(have, arch, layers, path)
@@ -160,9 +182,35 @@ def read_gguf(path: Path) -> GGUFModel:
         rope_scaling=scaling, max_position_embeddings=ctx, tie_word_embeddings="output.weight" not in tensors,
         attention_bias=has_bias, qk_norm=ARCHITECTURES[model_type][1],
         eos_token_ids=() if v.eos_id is None else (v.eos_id,), bos_token_id=v.bos_id, torch_dtype="float16",
-        architectures=(hf_arch,),
+        architectures=(hf_arch,), partial_rotary_factor=rope_dims / head_dim,
+        **(_gemma(reader, arch, layers, hidden, heads, head_dim) if arch in GEMMA else {}),
     )
     return GGUFModel(architecture=arch, config=config, tensors=tuple(entries), vocab=v)
+
+
+def _gemma(reader, arch: str, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
+    """Gemma's switches as llama.cpp reads or infers them (src/models/gemma2.cpp, gemma3.cpp)."""
+    k = lambda name: f"{arch}.{name}"  # noqa: E731
+    window = int(_field(reader, k("attention.sliding_window"), 4096 if arch == "gemma2" else 0) or 0)
+    windows = None
+    if window:
+        pattern = _field(reader, k("attention.sliding_window_pattern"), 2 if arch == "gemma2" else 6)
+        if isinstance(pattern, list):  # one flag a layer
+            windows = tuple(window if flag else 0 for flag in pattern)
+        else:  # every pattern-th layer global
+            windows = tuple(window if (i + 1) % int(pattern) else 0 for i in range(layers))
+        if len(windows) != layers:
+            raise ModelError(f"{arch}.attention.sliding_window_pattern has {len(windows)} flags for {layers} layers")
+    big = layers == (46 if arch == "gemma2" else 62)  # the 27B: scaled by hidden / heads, not head_dim
+    local = _field(reader, k("rope.freq_base_swa"))
+    return {
+        "layer_windows": windows,
+        "local_rope_theta": None if arch == "gemma2" else float(str(np.float32(local if local else 10000.0))),
+        "query_scale": float((hidden // heads if big else head_dim) ** -0.5),
+        "attn_softcap": float(_field(reader, k("attn_logit_softcapping"), 0.0) or 0.0) if arch == "gemma2" else 0.0,
+        "final_softcap": float(_field(reader, k("final_logit_softcapping"), 0.0) or 0.0),
+        "gelu": True,
+    }
 
 
 def read_gguf_tensors(path: Path) -> tuple[GGUFTensor, ...]:
@@ -237,14 +285,15 @@ def _entries(tensors, arch: str, layers: int, heads: int, kv_heads: int, path: P
             entries.append(GGUFTensor(_GLOBAL_TENSORS[name], t, 0, shape))
             continue
         parts = name.split(".", 2)
-        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSORS:
+        names = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS.get("gemma" if arch in GEMMA else arch, {})}
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
             i = int(parts[1])
             if i >= layers:
                 raise ModelError(f"{path.name} has tensor {name} beyond its {layers} layers; the file is inconsistent")
             permute = 0
             if arch == "llama" and parts[2].startswith(("attn_q.", "attn_k.")):
                 permute = heads if parts[2].startswith("attn_q.") else kv_heads
-            entries.append(GGUFTensor(f"model.layers.{i}.{_LAYER_TENSORS[parts[2]]}", t, permute, shape))
+            entries.append(GGUFTensor(f"model.layers.{i}.{names[parts[2]]}", t, permute, shape))
             continue
         raise ModelError(
             f"{path.name} has tensor {name!r}, which this converter does not know how to map;"
@@ -255,7 +304,8 @@ def _entries(tensors, arch: str, layers: int, heads: int, kv_heads: int, path: P
 
 def _check_complete(have: set[str], arch: str, layers: int, path: Path) -> None:
     missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in have]
-    missing += [f"blk.{i}.{s}" for i in range(layers) for s in _REQUIRED_LAYER_TENSORS if f"blk.{i}.{s}" not in have]
+    required = _ARCH_REQUIRED.get(arch, _REQUIRED_LAYER_TENSORS)
+    missing += [f"blk.{i}.{s}" for i in range(layers) for s in required if f"blk.{i}.{s}" not in have]
     if arch == "qwen2":
         missing += [f"blk.{i}.attn_{x}.bias" for i in range(layers) for x in "qkv" if f"blk.{i}.attn_{x}.bias" not in have]
     if arch == "qwen3":
@@ -282,6 +332,9 @@ def _hf_shapes(vocab: int, hidden: int, ffn: int, heads: int, kv_heads: int, hea
         "self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,),
         "mlp.gate_proj.weight": (ffn, hidden), "mlp.up_proj.weight": (ffn, hidden),
         "mlp.down_proj.weight": (hidden, ffn),
+        "self_attn.qkv_proj.weight": ((heads + 2 * kv_heads) * head_dim, hidden),
+        "mlp.gate_up_proj.weight": (2 * ffn, hidden),
+        "pre_feedforward_layernorm.weight": (hidden,), "post_feedforward_layernorm.weight": (hidden,),
     }
 
 

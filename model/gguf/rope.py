@@ -1,5 +1,6 @@
 """A GGUF's rope scaling as Hugging Face's config.json states it: linear and YaRN from the
-metadata, Llama 3's from the rope_freqs tensor by matching the factors it would have."""
+metadata, LongRoPE from the rope_factors tensors Phi-3 files carry, Llama 3's from the
+rope_freqs tensor by matching the factors it would have."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from model.rope import llama3_divisors
 
 
 def rope_scaling(field: Callable[[str], Any], tensors: dict, head_dim: int, theta: float,
-                 path: Path) -> dict | None:
+                 path: Path, context: int) -> dict | None:
     """field(name): the metadata value {architecture}.rope.{name}, or None; tensors: the file's
-    tensors by name."""
+    tensors by name; head_dim: the rotated dims of a head; context: the trained context now."""
     kind = field("scaling.type")
     factor = field("scaling.factor")
     scaling = None
@@ -44,10 +45,7 @@ def rope_scaling(field: Callable[[str], Any], tensors: dict, head_dim: int, thet
             " use the Hugging Face model directory instead"
         )
     if any(n in tensors for n in ("rope_factors_long.weight", "rope_factors_short.weight")):
-        raise ModelError(
-            f"{path.name} uses LongRoPE factors, which this GGUF converter does not support;"
-            " use the Hugging Face model directory instead"
-        )
+        return _longrope(field, tensors, head_dim, path, context)
     if "rope_freqs.weight" in tensors:
         if scaling is not None:
             raise ModelError(f"{path.name} has both rope scaling {kind!r} and a rope_freqs tensor; the file is inconsistent")
@@ -61,6 +59,27 @@ def rope_scaling(field: Callable[[str], Any], tensors: dict, head_dim: int, thet
                 f"{path.name} has a rope_freqs tensor that matches no Llama 3 rope scaling this"
                 " converter knows; use the Hugging Face model directory instead"
             )
+    return scaling
+
+
+def _longrope(field, tensors: dict, head_dim: int, path: Path, context: int) -> dict:
+    import gguf
+
+    factors = {}
+    for which in ("long", "short"):
+        t = tensors.get(f"rope_factors_{which}.weight")
+        if t is None:
+            raise ModelError(f"{path.name} has one of the two LongRoPE factor tensors only; the file is inconsistent")
+        factors[which] = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64).ravel()
+        if factors[which].shape != (head_dim // 2,):
+            raise ModelError(f"{path.name}'s rope_factors_{which} has {factors[which].size} entries for"
+                             f" {head_dim // 2} rotated pairs; the file is inconsistent")
+    original = int(field("scaling.original_context_length") or context)
+    scaling = {"rope_type": "longrope", "long_factor": [float(str(np.float32(f))) for f in factors["long"]],
+               "short_factor": [float(str(np.float32(f))) for f in factors["short"]],
+               "original_max_position_embeddings": original, "factor": context / original}
+    if field("scaling.attn_factor"):
+        scaling["attention_factor"] = float(field("scaling.attn_factor"))
     return scaling
 
 

@@ -44,6 +44,8 @@ class GGUFTensors:
                 self._dequantizable(e)
         self.map: mmap.mmap | None = None
 
+    norms_include_one = True  # llama.cpp's converter adds Gemma's 1 to its norms
+
     def __enter__(self) -> "GGUFTensors":
         with open(self.path, "rb") as f:
             self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

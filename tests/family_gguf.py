@@ -1,0 +1,93 @@
+"""The family checkpoints of tools/family_models.py written as GGUF files the way llama.cpp's
+converter writes them (conversion/gemma.py, phi.py, qwen.py of the llama.cpp that
+llama-cpp-python 0.3.36 bundles): its tensor names (gguf-py's own map), Gemma's norms stored
+as 1 + w, Phi-3's LongRoPE factors as tensors, what llama.cpp infers left out. F32 tensors, so
+the file's values are the checkpoint's, and the transformers fixtures hold for it too (or
+quantized matrices, served packed).
+"""
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from family_models import FAMILIES, random_tensors
+
+ARCHES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
+          "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}
+
+
+def byte_tokens() -> tuple[list[str], list[str]]:
+    """A byte-level BPE vocabulary of exactly 256 tokens (255 bytes and one merge), and its merge."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = [t for t in sorted(pre_tokenizers.ByteLevel.alphabet()) if t not in "Ġt"]
+    return ["Ġ", "t", *alphabet[:253], "Ġt"], ["Ġ t"]
+
+
+def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | None = None) -> Path:
+    """quant: the type of every matrix but the embedding (F32 for the rest)."""
+    c, _ = FAMILIES[name]
+    kind = c["model_type"]
+    arch = gguf.MODEL_ARCH_NAMES[ARCHES[kind]]
+    w = gguf.GGUFWriter(str(path), arch)
+    heads, rope = c["num_attention_heads"], c.get("rope_parameters") or c.get("rope_scaling") or {}
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(rope.get("rope_theta") or c["rope_theta"])
+    w.add_rope_dimension_count(int(c.get("partial_rotary_factor", 1.0) * c["hidden_size"]) // heads)
+    extra = {}
+    kind_of = rope.get("rope_type", rope.get("type"))
+    if kind_of == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    elif kind_of == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    elif kind_of == "longrope":
+        original = c["original_max_position_embeddings"]
+        scale = c["max_position_embeddings"] / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(original))))
+        extra = {"rope_factors_long.weight": np.array(rope["long_factor"], dtype=np.float32),
+                 "rope_factors_short.weight": np.array(rope["short_factor"], dtype=np.float32)}
+    if kind == "gemma2":
+        w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(c["final_logit_softcapping"])
+        w.add_sliding_window(c["sliding_window"])
+    if kind == "gemma3_text":
+        w.add_sliding_window(c["sliding_window"])
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["sliding_window_pattern"])
+        w.add_float32(f"{arch}.rope.freq_base_swa", c["rope_local_base_freq"])
+    tokens, merges = byte_tokens()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
+    names = gguf.get_tensor_name_map(ARCHES[kind], c["num_hidden_layers"])
+    for hf, array in random_tensors(c).items():
+        if kind.startswith("gemma") and hf.endswith("norm.weight"):
+            array = array + np.float32(1.0)
+        gguf_name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+        if quant is not None and array.ndim == 2 and hf != "model.embed_tokens.weight":
+            w.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            w.add_tensor(gguf_name, array)
+    for gguf_name, array in extra.items():
+        w.add_tensor(gguf_name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
