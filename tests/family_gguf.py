@@ -14,7 +14,7 @@ import numpy as np
 from family_models import FAMILIES, random_tensors
 
 ARCHES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
-          "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}
+          "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "smollm3": gguf.MODEL_ARCH.SMOLLM3}
 
 
 def byte_tokens() -> tuple[list[str], list[str]]:
@@ -79,6 +79,9 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     for hf, array in random_tensors(c).items():
         if kind.startswith("gemma") and hf.endswith("norm.weight"):
             array = array + np.float32(1.0)
+        if kind == "smollm3" and (".q_proj." in hf or ".k_proj." in hf):  # llama.cpp's rope row order
+            n = heads if ".q_proj." in hf else c["num_key_value_heads"]
+            array = array.reshape(n, 2, -1, array.shape[1]).swapaxes(1, 2).reshape(array.shape)
         gguf_name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
         if quant is not None and array.ndim == 2 and hf != "model.embed_tokens.weight":
             w.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)

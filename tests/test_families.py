@@ -68,7 +68,8 @@ def test_family_matches_transformers(checkpoints, name, backend):
 
 
 # Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)
-GGUF_FAMILIES = ["gemma3", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2", "qwen3-yarn"]
+GGUF_FAMILIES = ["gemma3", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2", "qwen3-yarn",
+                 "smollm3-4"]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
@@ -133,6 +134,7 @@ def test_family_switches_are_read():
     assert c["phi3-longrope-long"].rope_scaling["factor"] == 256 / 32
     assert c["phi4-mini"].partial_rotary_factor == 0.75 and c["phi4-mini"].fused_tensors
     assert c["smollm3"].rope_layers == (True, False, True, False)
+    assert c["smollm3-4"].rope_layers == (True, True, True, False)
     assert c["llama3-rope"].rope_layers is None and c["llama3-rope"].partial_rotary_factor == 1.0
     assert c["gemma2"].layer_windows == (8, 0) and c["gemma2"].attn_softcap == 2.0 and c["gemma2"].gelu
     assert c["gemma3"].layer_windows == (6, 6, 0) and c["gemma3"].local_rope_theta == 100.0

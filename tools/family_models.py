@@ -47,6 +47,7 @@ FAMILIES = {
                           sliding_window=None), 256),
     "smollm3": (_family("smollm3", "SmolLM3ForCausalLM", num_hidden_layers=4, tie_word_embeddings=True,
                         no_rope_layer_interval=2), 256),
+    "smollm3-4": (_family("smollm3", "SmolLM3ForCausalLM", num_hidden_layers=4, tie_word_embeddings=True), 256),
     # caps and windows small enough to matter in 30 tokens of a tiny model
     "gemma2": (_family("gemma2", "Gemma2ForCausalLM", hidden_act="gelu_pytorch_tanh",
                        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, rms_norm_eps=1e-6,

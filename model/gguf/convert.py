@@ -112,6 +112,8 @@ def _hf_config(m: GGUFModel) -> dict[str, Any]:
         "eos_token_id": m.vocab.eos_id,
         "torch_dtype": c.torch_dtype,
     }
+    if c.rope_layers is not None:
+        config["no_rope_layers"] = [int(r) for r in c.rope_layers]
     if c.partial_rotary_factor != 1.0:
         config["partial_rotary_factor"] = c.partial_rotary_factor
     if c.layer_windows:

@@ -1,7 +1,8 @@
 """A GGUF file's metadata, read once and checked into a typed value: the architecture, its
 shapes and rope scaling, the tensors under their Hugging Face names, and the tokenizer's fields.
 
-Supported: architectures llama, qwen2 (q/k/v bias), qwen3 (q/k norm), phi3 (fused q/k/v and
+Supported: architectures llama, qwen2 (q/k/v bias), qwen3 (q/k norm), smollm3 (every 4th
+layer without rotation), phi3 (fused q/k/v and
 gate/up, LongRoPE factors as tensors, partial rotation), gemma2 and gemma3 (norms around each
 block, stored as 1 + w; sliding windows in llama.cpp's layer pattern; soft caps); tokenizers
 `gpt2` (byte-level BPE) and `llama` (SentencePiece). What llama.cpp infers rather than stores is
@@ -29,6 +30,7 @@ HF_NAMES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -145,7 +147,7 @@ def read_gguf(path: Path) -> GGUFModel:
             f"{path.name} has key length {head_dim} but value length {value_dim}, which Spool does not support"
         )
     rope_dims = int(_field(reader, k("rope.dimension_count"), head_dim))
-    if rope_dims != head_dim and (arch == "llama" or rope_dims % 2 or rope_dims > head_dim):
+    if rope_dims != head_dim and (arch in ("llama", "smollm3") or rope_dims % 2 or rope_dims > head_dim):
         raise ModelError(
             f"{path.name} applies rope to {rope_dims} of {head_dim} head dimensions (partial rotary),"
             f" which Spool does not support for architecture {arch}"
@@ -183,6 +185,8 @@ def read_gguf(path: Path) -> GGUFModel:
         attention_bias=has_bias, qk_norm=ARCHITECTURES[model_type][1],
         eos_token_ids=() if v.eos_id is None else (v.eos_id,), bos_token_id=v.bos_id, torch_dtype="float16",
         architectures=(hf_arch,), partial_rotary_factor=rope_dims / head_dim,
+        # SmolLM3: every 4th layer without rotation, as llama.cpp fixes it (n_no_rope_layer_step)
+        rope_layers=tuple((i + 1) % 4 != 0 for i in range(layers)) if arch == "smollm3" else None,
         **(_gemma(reader, arch, layers, hidden, heads, head_dim) if arch in GEMMA else {}),
     )
     return GGUFModel(architecture=arch, config=config, tensors=tuple(entries), vocab=v)
@@ -291,7 +295,7 @@ def _entries(tensors, arch: str, layers: int, heads: int, kv_heads: int, path: P
             if i >= layers:
                 raise ModelError(f"{path.name} has tensor {name} beyond its {layers} layers; the file is inconsistent")
             permute = 0
-            if arch == "llama" and parts[2].startswith(("attn_q.", "attn_k.")):
+            if arch in ("llama", "smollm3") and parts[2].startswith(("attn_q.", "attn_k.")):
                 permute = heads if parts[2].startswith("attn_q.") else kv_heads
             entries.append(GGUFTensor(f"model.layers.{i}.{names[parts[2]]}", t, permute, shape))
             continue
