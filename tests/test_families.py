@@ -139,3 +139,33 @@ def test_family_switches_are_read():
     assert c["gemma2"].layer_windows == (8, 0) and c["gemma2"].attn_softcap == 2.0 and c["gemma2"].gelu
     assert c["gemma3"].layer_windows == (6, 6, 0) and c["gemma3"].local_rope_theta == 100.0
     assert c["gemma3"].query_scale == 16 ** -0.5 and c["gemma3"].qk_norm and c["gemma3"].final_softcap == 0.0
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_windowed_rows_are_the_same_bits_in_any_batch(checkpoints, name):
+    """Sliding windows and soft caps keep issue 26's batch invariance on the default dtype: a
+    decode row past its window gives the same bits alone, among other decode rows and beside
+    prefill chunks, and a prompt's last logits are the same bits however it was chunked."""
+    path, _, _ = checkpoints(name)
+    runner = ModelRunner.from_dir(path, num_blocks=160, block_size=4, ops=NumbaOps("q8_0"))
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 256, n).tolist() for n in (30, 17, 41, 9, 26)]
+    tables = [list(range(16 * i, 16 * (i + 1))) for i in range(10)]
+    for i, prompt in enumerate(prompts):
+        runner.logits(StepPlan([Row(i, prompt, 0, tables[i])]))
+
+    def decode(i):
+        return Row(i, [5 + i], len(prompts[i]), tables[i], sample=True)
+
+    def first(rows):
+        return np.asarray(runner.logits(StepPlan(rows)))[0]
+
+    alone = first([decode(0)])
+    np.testing.assert_array_equal(first([decode(0), *map(decode, range(1, 5))]), alone)
+    chunk = Row("p", rng.integers(3, 256, 23).tolist(), 0, tables[6], sample=True)
+    np.testing.assert_array_equal(first([decode(0), chunk, decode(3)]), alone)
+    prompt = prompts[2]
+    whole = first([Row("w", prompt, 0, tables[7], sample=True)])
+    for start, end in ((0, 13), (13, 14), (14, 40)):
+        runner.logits(StepPlan([Row("c", prompt[start:end], start, tables[8]), decode(1)]))
+    np.testing.assert_array_equal(first([Row("c", prompt[40:], 40, tables[8], sample=True)]), whole)
