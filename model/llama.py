@@ -47,9 +47,10 @@ class Llama:
             arrays.append(self.w.lm_head)
         return sum(a.nbytes for a in arrays if a is not None)
 
-    def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index):
+    def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index, pooled_index=None):
         """Hidden states for all tokens of a step, K/V written to the cache, and logits (fp32)
-        for the tokens at logit_index only.
+        for the tokens at logit_index only; with pooled_index, (those logits, the final
+        normalised hidden states of the tokens at pooled_index: embedding rows').
 
         The residual stream x is only ever touched through ops (add_rms_norm adds each block's
         output, delta, and normalises in one pass), so the arrays may hold any storage type."""
@@ -81,7 +82,10 @@ class Llama:
             if layer.post_mlp_norm is not None:
                 delta = ops.rms_norm(delta, layer.post_mlp_norm, eps)
         _, h = ops.add_rms_norm(x[logit_index], delta[logit_index], w.norm, eps)
-        return ops.logits(h, w.lm_head, c.final_softcap)
+        logits = ops.logits(h, w.lm_head, c.final_softcap)
+        if pooled_index is None:
+            return logits
+        return logits, ops.add_rms_norm(x[pooled_index], delta[pooled_index], w.norm, eps)[1]
 
 
 def embedding_scale(config: ModelConfig) -> float:

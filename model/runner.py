@@ -36,6 +36,7 @@ class Row:
     prompt_ids: Sequence[int] = ()  # for the repetition penalty
     output_ids: Sequence[int] = ()  # for penalties, and the seeded draw's token index
     mask: object = None  # a Future of the tokens allowed next (model.sampling.allowed_tokens' words), or None
+    embed: bool = False  # an embedding request's last chunk: its last token's state, pooled, not a token
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Launched:
     rows: list[Row]  # the sampling rows, in the order of ids
     ids: object  # ops.download of the sampled ids
     sampled: SampleResult | None
+    embedded: list = field(default_factory=list)  # a Sampled with its embedding for each embedding row
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Sampled:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    embedding: np.ndarray | None = None  # an embedding row's: its last token's final hidden state, unit length
 
 
 def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | None = None,
@@ -106,8 +109,12 @@ class ModelRunner:
 
     def logits(self, plan: StepPlan):
         """Run the forward pass; fp32 logits (sampling rows, vocab) on the ops device."""
+        return self.forward(plan)[0]
+
+    def forward(self, plan: StepPlan):
+        """(fp32 logits of the sampling rows, the embedding rows' final hidden states or None)."""
         if self.graphs is not None and self.graphs.can_replay(plan):
-            return self.graphs.replay(plan, self.fill_ahead)
+            return self.graphs.replay(plan, self.fill_ahead), None
         ops, rows = self.ops, plan.rows
         query_lens = [len(r.token_ids) for r in rows]
         token_ids = np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in rows])
@@ -115,12 +122,15 @@ class ModelRunner:
         slots = np.concatenate([self.cache.slots(r.block_table, r.start_pos, n) for r, n in zip(rows, query_lens)])
         ends = np.cumsum(query_lens) - 1
         logit_index = np.array([end for r, end in zip(rows, ends) if r.sample], dtype=np.int64)
+        pooled_index = np.array([end for r, end in zip(rows, ends) if r.embed], dtype=np.int64)
         meta = ops.attention_meta(query_lens, [r.start_pos + n for r, n in zip(rows, query_lens)],
                                   [r.block_table for r in rows], self.block_size)
         device_tokens = ops.asarray(token_ids, np.int64)
         self.fill_ahead(device_tokens, ends - np.asarray(query_lens) + 1, rows)
-        return self.model.forward(device_tokens, ops.asarray(positions, np.int64),
-                                  ops.asarray(slots, np.int32), meta, self.cache, ops.asarray(logit_index, np.int64))
+        out = self.model.forward(device_tokens, ops.asarray(positions, np.int64), ops.asarray(slots, np.int32), meta,
+                                 self.cache, ops.asarray(logit_index, np.int64),
+                                 ops.asarray(pooled_index, np.int64) if pooled_index.size else None)
+        return out if pooled_index.size else (out, None)
 
     def fill_ahead(self, device_tokens, starts, rows) -> None:
         """Rows whose input is AHEAD take the token the step before sampled for their request,
@@ -135,15 +145,23 @@ class ModelRunner:
         """Queue the step on the device: forward pass, sampling, and the copy of the sampled ids
         to the host. On the CPU the work is done when this returns."""
         sampling = [r for r in plan.rows if r.sample]
-        logits = self.logits(plan)  # the masks are computed meanwhile
+        logits, hidden = self.forward(plan)  # the masks are computed meanwhile
+        embedded = [] if hidden is None else self.embeddings([r for r in plan.rows if r.embed], hidden)
         if not sampling:
-            return Launched([], None, None)
+            return Launched([], None, None, embedded)
         sampled = self.ops.sample(logits, SampleBatch(
             [r.params for r in sampling], [r.prompt_ids for r in sampling], [self.history(r) for r in sampling],
             self.rng, keys=[r.request_id for r in sampling],
             masks=[None if r.mask is None else r.mask.result() for r in sampling]))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
-        return Launched(sampling, self.ops.download(sampled.token_ids), sampled)
+        return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded)
+
+    def embeddings(self, rows: list[Row], hidden) -> list[Sampled]:
+        """Each embedding row's final hidden state as a unit vector (last-token pooling, as
+        Qwen3-Embedding and vLLM's default for decoder models pool)."""
+        h = self.ops.to_host(hidden).astype(np.float64)
+        h /= np.maximum(np.linalg.norm(h, axis=1, keepdims=True), 1e-12)
+        return [Sampled(r.request_id, NO_TOKEN, embedding=h[i].astype(np.float32)) for i, r in enumerate(rows)]
 
     @staticmethod
     def history(row: Row):
@@ -158,10 +176,10 @@ class ModelRunner:
         """Wait for a launched step's sampled ids; an id outside the vocabulary comes back as
         NO_TOKEN, which fails that row's request alone (app/engine/outputs.py)."""
         if not launched.rows:
-            return []
+            return launched.embedded
         ids, sampled, vocab = launched.ids.result(), launched.sampled, self.config.vocab_size
         return [Sampled(r.request_id, int(ids[i]) if 0 <= ids[i] < vocab else NO_TOKEN, sampled.logprobs[i],
-                        sampled.top_logprobs[i]) for i, r in enumerate(launched.rows)]
+                        sampled.top_logprobs[i]) for i, r in enumerate(launched.rows)] + launched.embedded
 
     def step(self, plan: StepPlan) -> list[Sampled]:
         return self.collect(self.launch(plan))

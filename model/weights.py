@@ -107,6 +107,9 @@ class ModelTensors:
         self.entries: dict[str, _Entry] = {}
         for path in files:
             self.entries.update(_read_header(path))
+        if "embed_tokens.weight" in self.entries and "model.embed_tokens.weight" not in self.entries:
+            # a base model's checkpoint (Qwen3-Embedding saves its Qwen3Model): the causal LM's names
+            self.entries = {f"model.{name}": e for name, e in self.entries.items()}
         self.maps: dict[Path, mmap.mmap] = {}
 
     norms_include_one = False  # Gemma's norms as its checkpoints store them: w, for 1 + w

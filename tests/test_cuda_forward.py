@@ -110,16 +110,16 @@ def test_a_row_whose_logits_overflow_fails_its_request_alone(tiny_dir):
     def run(poison: bool):
         runner = ModelRunner.from_dir(tiny_dir, num_blocks=32, block_size=4, ops=CudaOps(np, CpuLauncher()))
         assert runner.overlaps
-        forward = runner.logits
+        forward = runner.forward
 
-        def logits(plan):
-            out = forward(plan)
+        def poisoned_forward(plan):
+            out, hidden = forward(plan)
             sampling = [r for r in plan.rows if r.sample]
             for i, r in enumerate(sampling):
                 if poison and r.request_id == "bad" and len(r.output_ids) >= 2:
                     out[i] = np.nan
-            return out
-        runner.logits = logits
+            return out, hidden
+        runner.forward = poisoned_forward
         h = Harness(runner, tok)
         for rid, prompt in prompts.items():
             h.submit(prompt, request_id=rid, sampling=params[rid], max_tokens=8)

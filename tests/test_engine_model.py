@@ -96,9 +96,9 @@ def test_masks_are_computed_while_the_forward_pass_runs(setup):
     forward_started = threading.Event()
 
     class Runner(ModelRunner):
-        def logits(self, plan):
+        def forward(self, plan):
             forward_started.set()
-            return super().logits(plan)
+            return super().forward(plan)
 
     h = Harness(Runner.from_dir(path, num_blocks=128, block_size=4), tok)
     mask_now = h.outputs.mask_now

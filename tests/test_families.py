@@ -27,6 +27,7 @@ from model.runner import ModelRunner, Row, StepPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
+from family_fixtures import EMBED_LENGTHS  # noqa: E402
 from family_gguf import write_family_gguf  # noqa: E402
 from family_models import FAMILIES, make_family  # noqa: E402
 
@@ -65,6 +66,39 @@ def test_family_matches_transformers(checkpoints, name, backend):
     runner = ModelRunner.from_dir(path, num_blocks=16, block_size=4, ops=BACKENDS[backend](),
                                   max_model_len=context)
     assert_matches(runner, fixture)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("name", ["gemma3", "phi4-mini", "qwen3-yarn", "smollm3"])
+def test_family_embeddings_match_transformers(checkpoints, name, backend):
+    """Embedding rows of three lengths in one step, one beside a sampling row: each the unit
+    vector of transformers' last hidden state (its base model's, after the final norm)."""
+    path, fixture, context = checkpoints(name)
+    runner = ModelRunner.from_dir(path, num_blocks=64, block_size=4, ops=BACKENDS[backend](), max_model_len=context)
+    ids = [int(i) for i in fixture["ids"]]
+    rows = [Row(i, ids[:n], 0, list(range(8 * i, 8 * i + 8)), embed=True) for i, n in enumerate(EMBED_LENGTHS)]
+    rows.insert(1, Row("s", ids, 0, list(range(40, 48)), sample=True))
+    got = {s.request_id: s for s in runner.step(StepPlan(rows))}
+    assert set(got) == {0, 1, 2, "s"} and got["s"].token_id == int(np.argmax(fixture["logits"][-1]))
+    for i, want in enumerate(fixture["pooled"]):
+        assert got[i].embedding.dtype == np.float32 and abs(np.linalg.norm(got[i].embedding) - 1) < 1e-5
+        assert np.abs(got[i].embedding - want).max() < 1e-4, i
+
+
+def test_a_base_models_checkpoint_loads_as_the_causal_lm(checkpoints, tmp_path):
+    """Qwen3-Embedding saves its Qwen3Model: tensor names without "model.", no lm_head."""
+    from safetensors.numpy import load_file, save_file
+
+    path, fixture, context = checkpoints("qwen2")  # tied: no lm_head to drop
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((path / "config.json").read_text())
+    save_file({k.removeprefix("model."): v for k, v in load_file(path / "model.safetensors").items()},
+              str(bare / "model.safetensors"))
+    runner = ModelRunner.from_dir(bare, num_blocks=16, block_size=4, max_model_len=context)
+    ids = [int(i) for i in fixture["ids"]][:EMBED_LENGTHS[0]]
+    [got] = runner.step(StepPlan([Row("e", ids, 0, list(range(4)), embed=True)]))
+    assert np.abs(got.embedding - fixture["pooled"][0]).max() < 1e-4
 
 
 # Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)

@@ -1,4 +1,5 @@
-"""The reference logits and greedy tokens of every family in tools/family_models.py, computed
+"""The reference logits, greedy tokens and pooled embeddings of every family in
+tools/family_models.py, computed
 once by transformers and written to tests/data/families/<name>.npz, which tests/test_families.py
 holds every backend against.
 
@@ -25,6 +26,7 @@ from family_models import FAMILIES, make_family  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "families"
 PROMPT, GREEDY = 18, 12  # within the shortest served context (32) together
+EMBED_LENGTHS = (5, 11, 18)  # prefixes of the prompt embedded
 
 
 def prompt_ids(name: str, vocab: int) -> np.ndarray:
@@ -45,13 +47,20 @@ def reference(name: str) -> dict:
         path, digest = make_family(name, Path(tmp) / name)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, attn_implementation="eager").eval()
+        base = transformers.AutoModel.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     ids = prompt_ids(name, config["vocab_size"])
     with torch.inference_mode():
         logits = model(torch.tensor(ids)[None]).logits[0].numpy()
         tokens = list(ids)
         for _ in range(GREEDY):  # the whole sequence again each step: no cache to trust
             tokens.append(int(model(torch.tensor(tokens)[None]).logits[0, -1].argmax()))
+        # embeddings: the last token's final hidden state (after the final norm), unit length
+        pooled = []
+        for n in EMBED_LENGTHS:
+            last = base(torch.tensor(ids[:n])[None]).last_hidden_state[0, -1].numpy().astype(np.float64)
+            pooled.append(last / np.linalg.norm(last))
     return {"ids": ids, "logits": logits.astype(np.float32), "greedy": np.array(tokens[len(ids):]),
+            "pooled": np.array(pooled, dtype=np.float32),
             "digest": digest, "config": json.dumps(config, sort_keys=True), "context": context,
             "versions": f"torch {torch.__version__}, transformers {transformers.__version__}"}
 

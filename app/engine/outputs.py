@@ -96,6 +96,9 @@ class OutputProcessor:
         """One new token: the grammar, the stop checks, the detokenizer and the stop-string
         buffer. Returns how the request ends, when this token ends it."""
         p = request.params
+        if p.embed:  # its prompt is read: the vector is the whole answer
+            request.embedding = sampled.embedding
+            return Ending("stop")
         token = sampled.token_id
         if token == NO_TOKEN:
             return Ending("error", error="the model gave no token: its logits held no finite value")
@@ -147,7 +150,7 @@ class OutputProcessor:
                       request.pending_logprobs if request.params.sampling.logprobs is not None else None)
         if final:
             frame.finish_reason, frame.stop_reason = request.finish_reason, request.stop_reason
-            frame.usage, frame.error = request.usage(), request.error
+            frame.usage, frame.error, frame.embedding = request.usage(), request.error, request.embedding
         request.pending_text, request.pending_ids, request.pending_logprobs = "", [], []
         try:
             request.emit(frame)

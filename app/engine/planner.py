@@ -305,10 +305,12 @@ class Planner:
             budget -= n
             end = start + n
             tokens = request.all_ids[start:end]
-            sample = end == request.target and not request.output_ids
+            last = end == request.target and not request.output_ids
+            sample = last and not request.params.embed
             rows.append(Row(request.id, tokens, start, request.block_table, sample=sample,
                             params=self.rows.sampling_params(request), prompt_ids=request.prompt_ids,
-                            output_ids=request.output_ids, mask=self.rows.mask(request) if sample else None))
+                            output_ids=request.output_ids, mask=self.rows.mask(request) if sample else None,
+                            embed=last and request.params.embed))
             served.append(request)
         for request in served:
             self.prefilling.remove(request)
@@ -355,7 +357,7 @@ class Planner:
                 self.prefilling.remove(request)
                 request.state = State.DECODING
                 self.decoding.append(request)
-            if row.sample:
+            if row.sample or row.embed:
                 sampling.append((request, row))
         return sampling
 

@@ -38,6 +38,7 @@ class GenerationParams:
     ignore_eos: bool = False  # suppresses the model's end-of-generation set only
     grammar: str | None = None  # llguidance grammar text (JSON or Lark) the output must follow
     thinking: ThinkingBudget | None = None
+    embed: bool = False  # an embedding: the prompt's last hidden state, pooled, and no token
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Frame:
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     usage: Usage | None = None
     error: str | None = None
+    embedding: object = None  # an embedding request's final frame: its unit vector (float32)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     spilled: object = None  # host copy of the K/V while preempted by spill (the runner's; the engine drops it)
     spill_blocks: int = 0  # how many blocks that copy holds
+    embedding: object = None  # what an embedding request produced, for its final frame
     immune_until: int = 0  # output length before which it is not preempted again
     finish_reason: str | None = None
     stop_reason: str | int | None = None

@@ -21,6 +21,7 @@ from app.server.websocket import websocket_route
 ROUTES = [
     ("POST", "/v1/chat/completions", routes.chat_completions),
     ("POST", "/v1/completions", routes.completions),
+    ("POST", "/v1/embeddings", routes.create_embeddings),
     ("GET", "/v1/models", routes.models),
     ("GET", "/health", routes.health),
     ("GET", "/metrics", routes.prometheus),

@@ -52,6 +52,7 @@ class Choice:
     cached_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    embedding: object = None  # an embedding request's vector
 
 
 @dataclass
@@ -177,7 +178,7 @@ class Generation:
                     self.first_token_at = now
                 if frame.finish_reason is not None:
                     choice.finish_reason, choice.stop_reason = frame.finish_reason, frame.stop_reason
-                    choice.error = frame.error
+                    choice.error, choice.embedding = frame.error, frame.embedding
                     choice.completion_tokens = frame.usage.completion_tokens
                     choice.cached_tokens = frame.usage.cached_tokens
             return frames

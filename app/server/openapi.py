@@ -12,6 +12,8 @@ ROUTES = [
      s.ChatCompletionRequest, s.ChatCompletionResponse),
     ("/v1/completions", "post", "Text completion (JSON, or SSE chunks with stream=true)",
      s.CompletionRequest, s.CompletionResponse),
+    ("/v1/embeddings", "post", "Each input's last hidden state as a unit vector (float or base64)",
+     s.EmbeddingRequest, s.EmbeddingResponse),
     ("/v1/models", "get", "The served model", None, s.ModelList),
     ("/tokenize", "post", "Text or chat messages to token ids", s.TokenizeRequest, None),
     ("/detokenize", "post", "Token ids to text", s.DetokenizeRequest, None),

@@ -81,12 +81,14 @@ def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_promp
         raise APIError(400, str(e), param="messages") from None
 
 
-def completion_prompts(req, tokenizer) -> list[list[int]]:
-    p = req.prompt
+def completion_prompts(req, tokenizer, field: str = "prompt") -> list[list[int]]:
+    """The token ids of each prompt (or embedding input: field "input") a request gives: a
+    string, strings, token ids, or lists of them."""
+    p = getattr(req, field)
     if isinstance(p, str):
         return [tokenizer.encode(p)]
     if not p:
-        raise APIError(400, "prompt is empty", param="prompt")
+        raise APIError(400, f"{field} is empty", param=field)
     if all(isinstance(x, str) for x in p):
         return [tokenizer.encode(x) for x in p]
     if all(isinstance(x, int) for x in p):

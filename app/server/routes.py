@@ -7,16 +7,19 @@ through one Generation, which owns submit, abort, the deadline and the access lo
 
 from quart import request
 
-from app.server import metrics, openapi
+from app.engine import GenerationParams
+from app.server import embeddings, metrics, openapi
 from app.server.errors import APIError, decode_json, validate
 from app.server.generation import RETRY_AFTER_SECONDS
-from app.server.prompts import chat_prompt, start_generation
+from app.server.generation import Generation
+from app.server.prompts import chat_prompt, completion_prompts, start_generation
 from app.server.responders.chat import ChatResponder
 from app.server.responders.completions import CompletionResponder
 from app.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     ModelCard,
     ModelList,
     TokenizeRequest,
@@ -52,6 +55,18 @@ async def completions(state: ServerState):
     if req.echo:
         raise APIError(400, "echo is not supported", param="echo")
     return await generate(state, req, "cmpl", CompletionResponder)
+
+
+async def create_embeddings(state: ServerState):
+    """OpenAI's /v1/embeddings: each input's last hidden state, unit length, batched by the
+    engine with everything else."""
+    req = await parse(EmbeddingRequest)
+    state.check_model(req.model)
+    embeddings.check_dimensions(req, state.engine.runner.config.hidden_size)
+    gen = Generation(state.engine, completion_prompts(req, state.tokenizer, "input"), 1,
+                     lambda index: GenerationParams(max_tokens=1, embed=True), "embd", state.request_timeout)
+    await gen.collect()
+    return embeddings.reply(gen, req, state.model_name)
 
 
 async def models(state: ServerState):
