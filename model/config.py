@@ -25,6 +25,13 @@ ARCHITECTURES = {
     "gemma3_text": (False, True),
 }
 GEMMA = ("gemma2", "gemma3_text")
+# Gemma3TextConfig's defaults: a Gemma 3 4B-27B config.json (Gemma3ForConditionalGeneration)
+# gives its text_config only where they differ
+GEMMA3_TEXT_DEFAULTS = {
+    "model_type": "gemma3_text", "vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "bos_token_id": 2, "eos_token_id": 1}
 
 # config.json's quantization_config.quant_method -> the name people know the format by; any
 # quantization_config is refused (Spool reads float weights and quantizes them itself)
@@ -64,6 +71,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
+        raw = text_model(raw)
         model_type = raw.get("model_type", "")
         if model_type not in ARCHITECTURES:
             supported = ", ".join(sorted(ARCHITECTURES))
@@ -242,3 +250,12 @@ def _rope_layers(raw: dict, model_type: str, layers: int) -> tuple[bool, ...] | 
         raise ModelError(f"config.json's no_rope_layers has {len(flags)} entries for {layers} layers")
     rotates = tuple(bool(f) for f in flags)
     return None if all(rotates) else rotates
+
+
+def text_model(raw: dict) -> dict:
+    """A vision-language config's language model as a text model's config (Gemma 3 4B-27B:
+    the vision tower is not served); any other config as it is."""
+    if raw.get("model_type") != "gemma3" or not isinstance(raw.get("text_config"), dict):
+        return raw
+    outer = {k: raw[k] for k in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype", "architectures") if k in raw}
+    return {**GEMMA3_TEXT_DEFAULTS, **raw["text_config"], **outer, "model_type": "gemma3_text"}

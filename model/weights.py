@@ -93,6 +93,22 @@ def _read_header(path: Path) -> dict[str, _Entry]:
     return entries
 
 
+# where other checkpoints keep the causal LM's "model." tensors: a base model's (Qwen3-Embedding
+# saves its Qwen3Model), and a vision-language model's language model (Gemma 3 4B-27B, as
+# transformers 4 and 5 save it; the vision tower's tensors are left unread)
+_MODEL_PREFIXES = ("", "language_model.model.", "model.language_model.")
+
+
+def _causal_lm_names(entries: dict) -> dict:
+    if "model.embed_tokens.weight" in entries:
+        return entries
+    for prefix in _MODEL_PREFIXES:
+        if prefix + "embed_tokens.weight" in entries:
+            return {name if name == "lm_head.weight" else "model." + name[len(prefix):]: e
+                    for name, e in entries.items() if name.startswith(prefix) or name == "lm_head.weight"}
+    return entries
+
+
 class ModelTensors:
     """The tensors of a model directory's safetensors files (one or sharded), memory-mapped;
     read_into converts one tensor at a time. Use as a context manager: the maps close on exit."""
@@ -107,9 +123,7 @@ class ModelTensors:
         self.entries: dict[str, _Entry] = {}
         for path in files:
             self.entries.update(_read_header(path))
-        if "embed_tokens.weight" in self.entries and "model.embed_tokens.weight" not in self.entries:
-            # a base model's checkpoint (Qwen3-Embedding saves its Qwen3Model): the causal LM's names
-            self.entries = {f"model.{name}": e for name, e in self.entries.items()}
+        self.entries = _causal_lm_names(self.entries)
         self.maps: dict[Path, mmap.mmap] = {}
 
     norms_include_one = False  # Gemma's norms as its checkpoints store them: w, for 1 + w

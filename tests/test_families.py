@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher
-from model.config import ModelConfig
+from model.config import GEMMA3_TEXT_DEFAULTS, ModelConfig
 from model.gguf.convert import convert_gguf
 from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
@@ -99,6 +99,35 @@ def test_a_base_models_checkpoint_loads_as_the_causal_lm(checkpoints, tmp_path):
     ids = [int(i) for i in fixture["ids"]][:EMBED_LENGTHS[0]]
     [got] = runner.step(StepPlan([Row("e", ids, 0, list(range(4)), embed=True)]))
     assert np.abs(got.embedding - fixture["pooled"][0]).max() < 1e-4
+
+
+def test_a_gemma3_vision_language_checkpoint_serves_its_language_model(checkpoints, tmp_path):
+    """Gemma 3 4B-27B: Gemma3ForConditionalGeneration's config.json (text_config holding only
+    what differs from Gemma3TextConfig's defaults) and its language model's tensors under
+    language_model.model. (transformers 4) or model.language_model. (5), a vision tower beside
+    them: the text model's logits, the tower unread."""
+    from safetensors.numpy import load_file, save_file
+
+    path, fixture, context = checkpoints("gemma3")
+    text = json.loads((path / "config.json").read_text())
+    defaults = {k: v for k, v in GEMMA3_TEXT_DEFAULTS.items() if k in text and text[k] == v}
+    outer = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+             "eos_token_id": text["eos_token_id"], "torch_dtype": "float32",
+             "text_config": {k: v for k, v in text.items() if k not in defaults and k not in ("architectures",)},
+             "vision_config": {"model_type": "siglip_vision_model"}}
+    tensors = load_file(path / "model.safetensors")
+    for prefix in ("language_model.model.", "model.language_model."):
+        vl = tmp_path / prefix.replace(".", "-")
+        vl.mkdir()
+        (vl / "config.json").write_text(json.dumps(outer))
+        save_file({**{prefix + k.removeprefix("model."): v for k, v in tensors.items()},
+                   "vision_tower.vision_model.post_layernorm.weight": np.ones(8, np.float32)},
+                  str(vl / "model.safetensors"))
+        assert ModelConfig.load(vl).model_type == "gemma3_text"
+        runner = ModelRunner.from_dir(vl, num_blocks=16, block_size=4, max_model_len=context)
+        ids = [int(i) for i in fixture["ids"]]
+        logits = runner.logits(StepPlan([Row("a", ids, 0, list(range(16)), sample=True)]))[0]
+        assert rel_err(logits, fixture["logits"][-1]) < 1e-4
 
 
 # Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)
