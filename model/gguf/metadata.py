@@ -23,6 +23,7 @@ import numpy as np
 from model.config import ARCHITECTURES, ModelConfig
 from model.errors import ModelError, one_line
 from model.gguf.index import read_index
+from model.gguf.gemma import gemma_switches
 from model.gguf.rope import rope_scaling
 
 # general.architecture -> (HF model_type, HF architectures entry)
@@ -187,34 +188,10 @@ def read_gguf(path: Path) -> GGUFModel:
         architectures=(hf_arch,), partial_rotary_factor=rope_dims / head_dim,
         # SmolLM3: every 4th layer without rotation, as llama.cpp fixes it (n_no_rope_layer_step)
         rope_layers=tuple((i + 1) % 4 != 0 for i in range(layers)) if arch == "smollm3" else None,
-        **(_gemma(reader, arch, layers, hidden, heads, head_dim) if arch in GEMMA else {}),
+        **(gemma_switches(lambda key, default=None: _field(reader, key, default), arch, layers, hidden, heads,
+                          head_dim) if arch in GEMMA else {}),
     )
     return GGUFModel(architecture=arch, config=config, tensors=tuple(entries), vocab=v)
-
-
-def _gemma(reader, arch: str, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
-    """Gemma's switches as llama.cpp reads or infers them (src/models/gemma2.cpp, gemma3.cpp)."""
-    k = lambda name: f"{arch}.{name}"  # noqa: E731
-    window = int(_field(reader, k("attention.sliding_window"), 4096 if arch == "gemma2" else 0) or 0)
-    windows = None
-    if window:
-        pattern = _field(reader, k("attention.sliding_window_pattern"), 2 if arch == "gemma2" else 6)
-        if isinstance(pattern, list):  # one flag a layer
-            windows = tuple(window if flag else 0 for flag in pattern)
-        else:  # every pattern-th layer global
-            windows = tuple(window if (i + 1) % int(pattern) else 0 for i in range(layers))
-        if len(windows) != layers:
-            raise ModelError(f"{arch}.attention.sliding_window_pattern has {len(windows)} flags for {layers} layers")
-    big = layers == (46 if arch == "gemma2" else 62)  # the 27B: scaled by hidden / heads, not head_dim
-    local = _field(reader, k("rope.freq_base_swa"))
-    return {
-        "layer_windows": windows,
-        "local_rope_theta": None if arch == "gemma2" else float(str(np.float32(local if local else 10000.0))),
-        "query_scale": float((hidden // heads if big else head_dim) ** -0.5),
-        "attn_softcap": float(_field(reader, k("attn_logit_softcapping"), 0.0) or 0.0) if arch == "gemma2" else 0.0,
-        "final_softcap": float(_field(reader, k("final_logit_softcapping"), 0.0) or 0.0),
-        "gelu": True,
-    }
 
 
 def read_gguf_tensors(path: Path) -> tuple[GGUFTensor, ...]:
