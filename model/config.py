@@ -3,7 +3,8 @@
 One dataclass for the whole Llama family: the variants differ only in a few switches (q/k/v
 bias for Qwen2, per-head q/k RMSNorm for Qwen3, fused q/k/v and gate/up tensors for Phi-3,
 layers without rotation for SmolLM3, Gemma's scaled embedding, GeGLU, norms around each block
-and soft-capping, sliding-window layers, rope scaling and partial rotation, tied embeddings).
+and soft-capping, sliding-window layers, rope scaling and partial rotation, tied embeddings,
+and mixtures of experts in place of the MLP: Mixtral, Qwen3-MoE, OLMoE).
 """
 
 import json
@@ -23,6 +24,9 @@ ARCHITECTURES = {
     "smollm3": (False, False),
     "gemma2": (False, False),
     "gemma3_text": (False, True),
+    "mixtral": (False, False),
+    "qwen3_moe": (False, True),
+    "olmoe": (False, True),
 }
 GEMMA = ("gemma2", "gemma3_text")
 # Gemma3TextConfig's defaults: a Gemma 3 4B-27B config.json (Gemma3ForConditionalGeneration)
@@ -68,6 +72,12 @@ class ModelConfig:
     attn_softcap: float = 0.0  # Gemma 2: scores = cap * tanh(scores / cap); 0: none
     final_softcap: float = 0.0  # Gemma 2: the same on the logits
     gelu: bool = False  # GeGLU (tanh GELU) in place of SwiGLU
+    num_experts: int = 0  # a mixture of experts' experts per layer; 0: a dense MLP
+    experts_per_token: int = 0  # the top k a token is routed to
+    expert_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = True  # the top-k routing weights rescaled to sum to 1 (Mixtral always)
+    moe_layers: tuple[bool, ...] | None = None  # which layers route to experts (the rest dense); None: all
+    qk_norm_whole: bool = False  # OLMoE: q and k normalised over the whole projection, not per head
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
@@ -92,6 +102,10 @@ class ModelConfig:
             if act not in ("silu", "gelu_pytorch_tanh", "gelu_tanh"):
                 raise ModelError(f"unsupported activation {act!r} in config.json; Spool runs silu and"
                                  " gelu_pytorch_tanh")
+            if raw.get("clip_qkv") is not None:
+                raise ModelError(f"config.json sets clip_qkv ({raw['clip_qkv']}), which Spool does not"
+                                 " implement; OLMoE's released checkpoints leave it null")
+            experts = int(raw.get("num_local_experts") or raw.get("num_experts") or 0)
             eos = raw.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             return cls(
@@ -122,6 +136,13 @@ class ModelConfig:
                 attn_softcap=float(raw.get("attn_logit_softcapping") or 0.0),
                 final_softcap=float(raw.get("final_logit_softcapping") or 0.0),
                 gelu=act != "silu",
+                num_experts=experts,
+                experts_per_token=int(raw["num_experts_per_tok"]) if experts else 0,
+                expert_intermediate_size=int(raw.get("moe_intermediate_size") or raw["intermediate_size"])
+                if experts else 0,
+                norm_topk_prob=model_type == "mixtral" or bool(raw.get("norm_topk_prob", False)),
+                moe_layers=_moe_layers(raw, layers) if experts else None,
+                qk_norm_whole=model_type == "olmoe",
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelError(
@@ -169,6 +190,10 @@ class ModelConfig:
     def fused_tensors(self) -> bool:
         """Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj."""
         return self.model_type == "phi3"
+
+    def sparse(self, layer: int) -> bool:
+        """Whether layer routes to experts."""
+        return self.num_experts > 0 and (self.moe_layers is None or self.moe_layers[layer])
 
     @property
     def q_size(self) -> int:
@@ -236,6 +261,13 @@ def _windows(raw: dict, model_type: str, layers: int) -> tuple[int, ...] | None:
         raise ModelError(f"config.json's layer_types has {len(types)} entries for {layers} layers")
     windows = tuple(window if t == "sliding_attention" else 0 for t in types)
     return windows if any(windows) else None
+
+
+def _moe_layers(raw: dict, layers: int) -> tuple[bool, ...] | None:
+    """Qwen3-MoE's dense layers: those in mlp_only_layers, and all but every decoder_sparse_step-th."""
+    dense, step = set(raw.get("mlp_only_layers") or ()), int(raw.get("decoder_sparse_step") or 1)
+    sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+    return None if all(sparse) else sparse
 
 
 def _rope_layers(raw: dict, model_type: str, layers: int) -> tuple[bool, ...] | None:

@@ -66,19 +66,27 @@ class Llama:
             if layer.q_norm is None:
                 q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
             else:  # Qwen3, Gemma 3: each head normalised before the rotation
-                q = qkv[:, :c.q_size].reshape(tokens, c.num_heads, c.head_dim)
-                k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(tokens, c.num_kv_heads, c.head_dim)
+                q, k = qkv[:, :c.q_size], qkv[:, c.q_size:c.q_size + c.kv_size]
+                if c.qk_norm_whole:  # OLMoE: over the whole projection
+                    q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
+                q = q.reshape(tokens, c.num_heads, c.head_dim)
+                k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
                 v = qkv[:, c.q_size + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
-                q = ops.rope(ops.rms_norm(q, layer.q_norm, eps), cos, sin)
-                ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(ops.rms_norm(k, layer.k_norm, eps), cos, sin), v)
+                if not c.qk_norm_whole:
+                    q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
+                q = ops.rope(q, cos, sin)
+                ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, self.windows[i],
                                        c.attn_softcap)
             out = ops.linear(attn, layer.wo)
             if layer.post_attn_norm is not None:
                 out = ops.rms_norm(out, layer.post_attn_norm, eps)
             x, h = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
-            gate_up = ops.linear(h, layer.w_gate_up)
-            delta = ops.linear(ops.gelu_and_mul(gate_up) if c.gelu else ops.silu_and_mul(gate_up), layer.w_down)
+            if layer.experts is not None:
+                delta = ops.moe(h, layer.experts, c.gelu)
+            else:
+                gate_up = ops.linear(h, layer.w_gate_up)
+                delta = ops.linear(ops.gelu_and_mul(gate_up) if c.gelu else ops.silu_and_mul(gate_up), layer.w_down)
             if layer.post_mlp_norm is not None:
                 delta = ops.rms_norm(delta, layer.post_mlp_norm, eps)
         _, h = ops.add_rms_norm(x[logit_index], delta[logit_index], w.norm, eps)

@@ -68,7 +68,7 @@ def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | Non
     """The model on ops (NumpyOps when none), prepared layer by layer; progress as load_weights'."""
     config = ModelConfig.load(Path(model_dir))
     ops = ops or NumpyOps()
-    weights = load_weights(Path(model_dir), config, ops.weight, progress)
+    weights = load_weights(Path(model_dir), config, ops.weight, progress, ops.asarray)
     ops.loaded()
     return Llama(config, weights, ops, max_model_len)
 

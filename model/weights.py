@@ -197,18 +197,47 @@ def read_model_tensors(model_dir: Path) -> dict[str, np.ndarray]:
 
 
 @dataclass
+class Experts:
+    """A mixture of experts in place of the MLP: the router, and every expert's gate/up and down
+    stacked along their rows (expert e's gate then up rows from e x 2 x intermediate, its down
+    rows from e x hidden), so that a backend multiplies the rows routed to an expert as one GEMM
+    and every expert's as one grouped call."""
+
+    router: np.ndarray  # (experts, hidden), float32 on every backend as llama.cpp keeps it
+    gate_up: np.ndarray  # (experts x 2 x intermediate, hidden)
+    down: np.ndarray  # (experts x hidden, intermediate)
+    top_k: int
+    normalize: bool  # the top k's weights rescaled to sum to 1
+
+    @property
+    def count(self) -> int:
+        return self.router.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.router.nbytes + self.gate_up.nbytes + self.down.nbytes
+
+    def prepared(self, prepare: Callable, keep_float: Callable) -> "Experts":
+        """The experts' matrices through prepare (ops.weight), the router through keep_float
+        (ops.asarray): routing on rounded weights would choose other experts than the checkpoint's."""
+        return replace(self, router=keep_float(float32(self.router)), gate_up=prepare(self.gate_up),
+                       down=prepare(self.down))
+
+
+@dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # (hidden,)
     wqkv: np.ndarray  # (q + 2 kv, hidden): q, k and v projections in one GEMM
     bqkv: np.ndarray | None  # (q + 2 kv,) for Qwen2
-    q_norm: np.ndarray | None  # (head_dim,) for Qwen3
+    q_norm: np.ndarray | None  # (head_dim,) for Qwen3; (q,) for OLMoE
     k_norm: np.ndarray | None
     wo: np.ndarray  # (hidden, q)
     mlp_norm: np.ndarray
-    w_gate_up: np.ndarray  # (2 * intermediate, hidden): gate and up in one GEMM
-    w_down: np.ndarray  # (hidden, intermediate)
+    w_gate_up: np.ndarray | None  # (2 * intermediate, hidden): gate and up in one GEMM; None with experts
+    w_down: np.ndarray | None  # (hidden, intermediate)
     post_attn_norm: np.ndarray | None = None  # Gemma: the attention's output normalised before the residual add
     post_mlp_norm: np.ndarray | None = None  # Gemma: the same for the MLP's
+    experts: Experts | None = None  # a mixture of experts' layer: in place of w_gate_up and w_down
 
 
 @dataclass
@@ -219,15 +248,17 @@ class Weights:
     lm_head: np.ndarray  # (vocab, hidden); the embedding itself when tied
 
 
-def prepared(layer: LayerWeights, prepare: Callable) -> LayerWeights:
-    """A layer as read (float32 arrays, a GGUF's blocks) as the ops keep it (ops.weight on each)."""
-    return replace(layer, **{k: prepare(v) for k, v in vars(layer).items() if v is not None})
+def prepared(layer: LayerWeights, prepare: Callable, keep_float: Callable = float32) -> LayerWeights:
+    """A layer as read (float32 arrays, a GGUF's blocks) as the ops keep it (ops.weight on each;
+    a router through keep_float, ops.asarray: Experts.prepared)."""
+    return replace(layer, **{k: v.prepared(prepare, keep_float) if isinstance(v, Experts) else prepare(v)
+                             for k, v in vars(layer).items() if v is not None})
 
 
 def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = float32,
-                 progress: bool | None = None) -> Weights:
+                 progress: bool | None = None, keep_float: Callable = float32) -> Weights:
     """The model's weights through prepare (ops.weight; float32 arrays by default), one layer's
-    tensors at a time.
+    tensors at a time; routers through keep_float (ops.asarray).
     progress: a bar on stderr; None shows it only when stderr is a terminal."""
     from tqdm import tqdm
 
@@ -237,7 +268,7 @@ def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = float
         reader = _LayerReader(tensors, model_dir, config)
         layers = []
         for i in range(config.num_layers):
-            layers.append(prepared(reader.layer(i), prepare))
+            layers.append(prepared(reader.layer(i), prepare, keep_float))
             bar.update()
         embed, norm, lm_head = reader.outer(prepare)
         bar.update()
@@ -295,24 +326,32 @@ class _LayerReader:
         bias = None
         if c.attention_bias:
             bias = self.fused([(a + "q_proj.bias", (Q,)), (a + "k_proj.bias", (KV,)), (a + "v_proj.bias", (KV,))])
+        experts, w_gate_up, w_down = None, None, None
         if c.fused_tensors:
             wqkv = self.take(a + "qkv_proj.weight", (Q + 2 * KV, H))
             w_gate_up = self.take(p + "mlp.gate_up_proj.weight", (2 * I, H))
         else:
             wqkv = self.fused([(a + "q_proj.weight", (Q, H)), (a + "k_proj.weight", (KV, H)),
                                (a + "v_proj.weight", (KV, H))])
-            w_gate_up = self.fused([(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))])
+        if c.sparse(i):
+            experts = self.experts(i)
+        else:
+            if not c.fused_tensors:
+                w_gate_up = self.fused([(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))])
+            w_down = self.take(p + "mlp.down_proj.weight", (H, I))
+        norm = (Q, KV) if c.qk_norm_whole else (D, D)
         layer = LayerWeights(
             attn_norm=self.norm(p + "input_layernorm.weight", (H,)),
             wqkv=wqkv,
             bqkv=bias,
-            q_norm=self.norm(a + "q_norm.weight", (D,)) if c.qk_norm else None,
-            k_norm=self.norm(a + "k_norm.weight", (D,)) if c.qk_norm else None,
+            q_norm=self.norm(a + "q_norm.weight", (norm[0],)) if c.qk_norm else None,
+            k_norm=self.norm(a + "k_norm.weight", (norm[1],)) if c.qk_norm else None,
             wo=self.take(a + "o_proj.weight", (H, Q)),
             mlp_norm=self.norm(p + ("pre_feedforward_layernorm.weight" if c.gemma else
                                     "post_attention_layernorm.weight"), (H,)),
             w_gate_up=w_gate_up,
-            w_down=self.take(p + "mlp.down_proj.weight", (H, I)),
+            w_down=w_down,
+            experts=experts,
         )
         if c.gemma:
             layer.post_attn_norm = self.norm(p + "post_attention_layernorm.weight", (H,))
@@ -328,6 +367,20 @@ class _LayerReader:
                        bqkv=None if bias is None else take_rows(bias, rows),
                        q_norm=None if layer.q_norm is None else layer.q_norm[order],
                        k_norm=None if layer.k_norm is None else layer.k_norm[order])
+
+    def experts(self, i: int) -> Experts:
+        """Layer i's router and experts, each expert's tensors read into its rows of the stack
+        (Mixtral's w1, w3 and w2 are gate, up and down)."""
+        c = self.config
+        E, H, I = c.num_experts, c.hidden_size, c.expert_intermediate_size
+        mixtral = c.model_type == "mixtral"
+        moe = f"model.layers.{i}." + ("block_sparse_moe." if mixtral else "mlp.")
+        gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        return Experts(
+            router=self.take(moe + "gate.weight", (E, H)),
+            gate_up=self.fused([(f"{moe}experts.{e}.{name}.weight", (I, H)) for e in range(E) for name in (gate, up)]),
+            down=self.fused([(f"{moe}experts.{e}.{down}.weight", (H, I)) for e in range(E)]),
+            top_k=c.experts_per_token, normalize=c.norm_topk_prob)
 
     def unread(self, name: str, shape: tuple):
         """The tensor for prepare to read in slabs of rows (tensors.rows)."""

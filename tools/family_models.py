@@ -58,7 +58,25 @@ FAMILIES = {
                        num_hidden_layers=3, sliding_window_pattern=3, query_pre_attn_scalar=16,
                        sliding_window=6, rope_local_base_freq=100.0,
                        rope_scaling={"rope_type": "linear", "factor": 2.0}), 256),
+    # mixtures of experts: 64-wide experts, so that a block of 32 and a strip of 16 rows fit
+    "mixtral": (_family("mixtral", "MixtralForCausalLM", intermediate_size=32, num_local_experts=4,
+                        num_experts_per_tok=2, sliding_window=None), 256),
+    # a dense layer beside a sparse one, and the top-k weights renormalised
+    "qwen3-moe": (_family("qwen3_moe", "Qwen3MoeForCausalLM", num_experts=8, num_experts_per_tok=3,
+                          moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1,
+                          mlp_only_layers=[1]), 256),
+    # q/k norms over the whole projection, the top-k weights as the softmax gave them
+    "olmoe": (_family("olmoe", "OlmoeForCausalLM", intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                      norm_topk_prob=False), 256),
 }
+
+
+def moe_layers(config: dict) -> list[bool]:
+    """Which layers hold experts (Qwen3-MoE's mlp_only_layers and decoder_sparse_step)."""
+    if "num_experts" not in config and "num_local_experts" not in config:
+        return [False] * config["num_hidden_layers"]
+    dense, step = set(config.get("mlp_only_layers", ())), config.get("decoder_sparse_step", 1)
+    return [i not in dense and (i + 1) % step == 0 for i in range(config["num_hidden_layers"])]
 
 
 def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -66,6 +84,9 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     c, kind = config, config["model_type"]
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
     h, i = c["hidden_size"], c["intermediate_size"]
+    experts = c.get("num_experts") or c.get("num_local_experts")
+    expert_i = c.get("moe_intermediate_size") or i
+    sparse = moe_layers(c)
     shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
     if not c["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (c["vocab_size"], h)
@@ -78,14 +99,30 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             shapes[a + "qkv_proj.weight"] = (q + 2 * kv, h)
             shapes[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
         else:
-            shapes.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h),
-                           p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h)})
+            shapes.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h)})
+        if kind == "mixtral":  # the Hub's spelling: w1 gate, w3 up, w2 down
+            m = p + "block_sparse_moe."
+            shapes[m + "gate.weight"] = (experts, h)
+            for e in range(experts):
+                shapes.update({f"{m}experts.{e}.w1.weight": (expert_i, h), f"{m}experts.{e}.w3.weight": (expert_i, h),
+                               f"{m}experts.{e}.w2.weight": (h, expert_i)})
+        elif sparse[n]:
+            shapes[p + "mlp.gate.weight"] = (experts, h)
+            for e in range(experts):
+                x = f"{p}mlp.experts.{e}."
+                shapes.update({x + "gate_proj.weight": (expert_i, h), x + "up_proj.weight": (expert_i, h),
+                               x + "down_proj.weight": (h, expert_i)})
+        elif kind != "phi3":
+            shapes.update({p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h)})
+        if not sparse[n]:
+            shapes[p + "mlp.down_proj.weight"] = (h, i)
         shapes[a + "o_proj.weight"] = (h, q)
-        shapes[p + "mlp.down_proj.weight"] = (h, i)
         if kind == "qwen2":
             shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
-        if kind in ("qwen3", "gemma3_text"):
+        if kind in ("qwen3", "qwen3_moe", "gemma3_text"):
             shapes[a + "q_norm.weight"] = shapes[a + "k_norm.weight"] = (c["head_dim"],)
+        if kind == "olmoe":  # over the whole projection, not per head
+            shapes[a + "q_norm.weight"], shapes[a + "k_norm.weight"] = (q,), (kv,)
     return shapes
 
 

@@ -12,14 +12,17 @@ import logging
 
 import numpy as np
 
+from model.errors import ModelError
 from model.ops import numba_attention, numba_rowwise, numba_sampler
+from model.ops.moe import ExpertPlan, router_logits
 from model.ops.numba_kernels import QUANTIZED_KV
 from model.ops.numpy_ops import NumpyOps, soft_capped
 from model.ops.protocol import SampleBatch, SampleResult
 from model.quant import blocks, pack
+from model.quant.gemv import grouped_gemv
 from model.quant.matmul import matmul
 from model.quant.quantized import Fused, QuantizedTensor
-from model.quant.strips import Strips
+from model.quant.strips import STRIP, Strips
 
 log = logging.getLogger("spool.model")
 
@@ -97,6 +100,20 @@ class NumbaOps(NumpyOps):
         if bias is not None:
             out += bias
         return out
+
+    def router_logits(self, x: np.ndarray, router: np.ndarray) -> np.ndarray:
+        return router_logits(np.ascontiguousarray(x), router)
+
+    def grouped_linear(self, rows: np.ndarray, w, plan: ExpertPlan) -> np.ndarray:
+        """Packed experts in one kernel call for all of them (model/quant/gemv.py); float32 ones
+        as NumpyOps multiplies them."""
+        if not isinstance(w, Strips):
+            return super().grouped_linear(rows, w, plan)
+        if w.rows % (plan.experts * STRIP):
+            raise ModelError(f"experts of {w.rows // plan.experts} rows do not fill whole strips of {STRIP};"
+                             " run this model with --dtype float32")
+        return grouped_gemv(np.ascontiguousarray(rows, dtype=np.float32), w, plan.experts, plan.starts,
+                            plan.active, self.ACTIVATIONS[self.activations])
 
     def logits(self, h: np.ndarray, w, softcap: float = 0.0) -> np.ndarray:
         """The LM head, C-ordered: at 8 rows and up h @ w.T is as fast as NumpyOps' (w @ h.T).T."""

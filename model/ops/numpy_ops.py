@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.ops.moe import ExpertPlan, combine, route
 from model.ops.protocol import Download, SampleBatch, SampleResult
 from model.quant.quantized import float32
 from model.sampling import SamplingParams, allowed_tokens
+from model.weights import Experts
 
 # Attention chunks: at most this many rows, and padding to at most this share of the chunk.
 ATTENTION_CHUNK_ROWS = 8
@@ -133,6 +135,27 @@ class NumpyOps:
     def weight(self, x) -> np.ndarray:
         """float32, a GGUF's blocks dequantized (per tensor)."""
         return self.asarray(float32(x))
+
+    def moe(self, x: np.ndarray, experts: Experts, gelu: bool = False) -> np.ndarray:
+        """The mixture of experts' output for tokens x: routed (model/ops/moe.py), each expert's
+        rows through its gate/up and down as one GEMM each, summed per token."""
+        plan = route(self.router_logits(x, experts.router), experts.top_k, experts.normalize)
+        gate_up = self.grouped_linear(x[plan.tokens], experts.gate_up, plan)
+        act = self.gelu_and_mul(gate_up) if gelu else self.silu_and_mul(gate_up)
+        return combine(self.grouped_linear(act, experts.down, plan), plan)
+
+    def router_logits(self, x: np.ndarray, router: np.ndarray) -> np.ndarray:
+        return x @ router.T
+
+    def grouped_linear(self, rows: np.ndarray, w, plan: ExpertPlan) -> np.ndarray:
+        """rows @ w_e.T for each expert e's rows (plan.starts), w the experts' weights stacked
+        along their rows: a GEMM per expert that has rows, never one per token."""
+        n = w.shape[0] // plan.experts
+        out = np.empty((rows.shape[0], n), dtype=np.float32)
+        for e in plan.active:
+            lo, hi = plan.starts[e], plan.starts[e + 1]
+            out[lo:hi] = self.linear(rows[lo:hi], w[e * n:(e + 1) * n])
+        return out
 
     def loaded(self) -> None:
         pass

@@ -162,8 +162,8 @@ def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_s
 
 
 @intrinsic(prefer_literal=True)
-def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
-    """out[t + i, 16s:16s+16] = strip s times activation row t + i for i < tile (1, 2 or 4), for the
+def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
+    """out[t + i, 16o:16o+16] = strip s times activation row t + i for i < tile (1, 2 or 4), for the
     scheme named kind (kind and tile literals): the block's lines unpacked and its weight factors
     read once for the tile's rows, each row's arithmetic the same sequence as alone (so the same
     bits). Per block and scale, the lines times broadcast quads of activations, less ZERO
@@ -178,7 +178,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
     def codegen(context, builder, signature, args):
         q_arr, xq_arr, qs_arr, xs_arr, xsum_arr, out_arr = (
             array(context, builder, signature.args[i], args[i]) for i in (0, 2, 4, 5, 6, 7))
-        s, t = args[1], args[3]
+        s, t, o = args[1], args[3], args[8]
         i64 = ir.IntType(64)
         quad_type = ir.IntType(QUAD * xq.dtype.bitwidth)  # a quad of int8 or int16 activations
         blocks = builder.extract_value(q_arr.shape, 1)
@@ -238,10 +238,10 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, kind, tile):
                     block = builder.fadd(block, builder.fmul(minima, x_sum))
                 builder.store(builder.fadd(builder.load(acc), block), acc)
         for u, acc in zip(ts, accs):
-            dest = builder.gep(out_arr.data, [builder.add(builder.mul(u, width), builder.mul(s, ir.Constant(i64, 16)))])
+            dest = builder.gep(out_arr.data, [builder.add(builder.mul(u, width), builder.mul(o, ir.Constant(i64, 16)))])
             builder.store(builder.load(acc), builder.bitcast(dest, floats16.as_pointer()), align=4)
         return context.get_dummy_value()
-    return types.void(q, s, xq, t, qs, xs, xsum, out, kind, tile), codegen
+    return types.void(q, s, xq, t, qs, xs, xsum, out, o, kind, tile), codegen
 
 
 @njit(["void(float32[:, ::1], int8[:, ::1], float32[:, ::1], int32[:, ::1])",
@@ -270,11 +270,11 @@ def _scale_to_ints(x, xq, xs, xsum):
                 xsum[t, 2 * b + h] = total
 
 
-def compiled(kernel, signature: list[str], weights: type[Strips]):
+def compiled(kernel, signature: list[str] | None, weights: type[Strips]):
     """kernel compiled for one scheme under its own name (numba's cache keys on the name): at
-    import for Q8_0 and Q4_1, which pack.compress makes of any weight, and at first use for the
-    schemes only a GGUF's tensors come in, so that a start compiles none its model lacks (numba's
-    cache keeps both)."""
+    import for Q8_0 and Q4_1 given a signature, which pack.compress makes of any weight, and at
+    first use for the schemes only a GGUF's tensors come in (and for kernels only some models
+    use: signature None), so that a start compiles none its model lacks (numba's cache keeps both)."""
     kernel.__name__ = kernel.__qualname__ = f"{kernel.__name__}_{weights.kind}"
     return njit(signature if weights in (Q8_0Strips, Q4_1Strips) else None, parallel=True, cache=True,
                 nogil=True)(kernel)
@@ -291,26 +291,65 @@ def _gemv_kernel(weights: type[Strips]):
         tokens = xq.shape[0]
         for s in prange(q.shape[0]):
             for t in range(0, tokens - 3, 4):
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, kind, 4)
+                _strip_dot(q, s, xq, t, qs, xs, xsum, out, s, kind, 4)
             if tokens % 4 >= 2:
-                _strip_dot(q, s, xq, tokens - tokens % 4, qs, xs, xsum, out, kind, 2)
+                _strip_dot(q, s, xq, tokens - tokens % 4, qs, xs, xsum, out, s, kind, 2)
             if tokens % 2:
-                _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, kind, 1)
+                _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, s, kind, 1)
     return compiled(strip_gemv, [f"void({ints}[:, ::1], float32[:, ::1], int32[:, ::1], int8[:, :, ::1],"
                                  " float32[:, :, ::1], float32[:, ::1])" for ints in ("int8", "int16")], weights)
 
 
+def _grouped_kernel(weights: type[Strips]):
+    """The GEMV of a mixture's experts: strip s of expert e (its rows stacked, `strips` strips
+    each) times expert e's rows of xq only (starts), every (active expert, strip) one parallel
+    item, written to out's strip s - e x strips. Each row's arithmetic is the plain GEMV's."""
+    kind = weights.kind
+
+    def grouped_gemv(xq, xs, xsum, q, qs, starts, active, strips, out):
+        for item in prange(active.shape[0] * strips):
+            e = active[item // strips]
+            o = item % strips
+            s = e * strips + o
+            t, end = starts[e], starts[e + 1]
+            while t + 4 <= end:
+                _strip_dot(q, s, xq, t, qs, xs, xsum, out, o, kind, 4)
+                t += 4
+            if end - t >= 2:
+                _strip_dot(q, s, xq, t, qs, xs, xsum, out, o, kind, 2)
+                t += 2
+            if end - t:
+                _strip_dot(q, s, xq, t, qs, xs, xsum, out, o, kind, 1)
+    return compiled(grouped_gemv, None, weights)
+
+
 _GEMV = {weights: _gemv_kernel(weights) for weights in SCHEMES.values()}
+_GROUPED = {weights: _grouped_kernel(weights) for weights in SCHEMES.values()}
+
+
+def _integers(x: np.ndarray, activations):
+    """x's blocks of 32 rounded to activations: (values, scales, sums of 16)."""
+    tokens, in_dim = x.shape
+    xq = np.empty(x.shape, dtype=activations)
+    xs = np.empty((tokens, in_dim // BLOCK), dtype=np.float32)
+    xsum = np.empty((tokens, 2 * in_dim // BLOCK), dtype=np.int32)
+    _scale_to_ints(x, xq, xs, xsum)
+    return xq, xs, xsum
 
 
 def gemv(x: np.ndarray, w: Strips, activations=np.int8) -> np.ndarray:
     """x @ w.T over every strip (rows past w's last included), for C-ordered float32 x, its
     blocks rounded to activations (np.int8 or np.int16)."""
-    tokens, in_dim = x.shape
-    out = np.empty((tokens, w.q.shape[0] * STRIP), dtype=np.float32)
-    xq = np.empty(x.shape, dtype=activations)
-    xs = np.empty((tokens, in_dim // BLOCK), dtype=np.float32)
-    xsum = np.empty((tokens, 2 * in_dim // BLOCK), dtype=np.int32)
-    _scale_to_ints(x, xq, xs, xsum)
-    _GEMV[type(w)](xq, xs, xsum, w.q, w.factors, out)
+    out = np.empty((x.shape[0], w.q.shape[0] * STRIP), dtype=np.float32)
+    _GEMV[type(w)](*_integers(x, activations), w.q, w.factors, out)
+    return out
+
+
+def grouped_gemv(x: np.ndarray, w: Strips, experts: int, starts: np.ndarray, active: np.ndarray,
+                 activations=np.int8) -> np.ndarray:
+    """Each expert's rows of x (starts, rows sorted by expert) times that expert's rows of w (the
+    experts' weights stacked, a whole number of strips each), for the active experts, in one call."""
+    strips = w.q.shape[0] // experts
+    out = np.empty((x.shape[0], strips * STRIP), dtype=np.float32)
+    _GROUPED[type(w)](*_integers(x, activations), w.q, w.factors, starts, active, strips, out)
     return out
