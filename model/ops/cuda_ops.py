@@ -30,6 +30,7 @@ THREADS = 128
 DECODE_MIN_SPLIT = 256  # context tokens a decode block takes at least; longer contexts are split and reduced
 PREFILL_ROWS = 16  # (token, head) rows per prefill attention block
 PREFILL_TC_ROWS = 64  # the same on tensor cores: 16 a warp
+MOE_TILE_ROWS, MOE_TILE_COLS = 16, 64  # a grouped GEMM block's rows (of one expert) and columns: cuda/moe.cu
 
 log = logging.getLogger("spool.model")
 
@@ -155,6 +156,38 @@ class CudaOps:
         out = self.xp.empty((tokens, inter), dtype=self.storage_dtype)
         self.kernel("activation.cu", name)(((inter + THREADS - 1) // THREADS, tokens), (THREADS,),
                                            (out, gate_up, np.int32(inter)))
+        return out
+
+    def moe(self, x, experts, gelu: bool = False):
+        """NumpyOps.moe in cuda/moe.cu's kernels: routed and sorted on the device, each expert's
+        rows a tile of one grouped GEMM per projection, no host round trip."""
+        xp, x = self.xp, self.contiguous(x)
+        tokens, hidden = x.shape
+        count, k = experts.count, experts.top_k
+        routed = tokens * k
+        ids, weights = xp.empty((tokens, k), dtype=np.int32), xp.empty((tokens, k), dtype=np.float32)
+        self.kernel("moe.cu", "moe_route")((tokens,), (THREADS,), (
+            ids, weights, x, experts.router, np.int32(hidden), np.int32(count), np.int32(k),
+            np.int32(experts.normalize)))
+        starts, tile_starts = xp.empty(count + 1, dtype=np.int32), xp.empty(count + 1, dtype=np.int32)
+        tokens_of, position = xp.empty(routed, dtype=np.int32), xp.empty(routed, dtype=np.int32)
+        self.kernel("moe.cu", "moe_align")((1,), (THREADS,), (
+            starts, tile_starts, tokens_of, position, ids, np.int32(routed), np.int32(k), np.int32(count)))
+        tiles = -(-routed // MOE_TILE_ROWS) + min(count, routed)  # at most one part-filled tile an expert
+
+        def grouped(rows, w, gather: bool):
+            n = w.shape[0] // count
+            out = xp.empty((routed, n), dtype=self.storage_dtype)
+            self.kernel("moe.cu", "moe_gemm")((-(-n // MOE_TILE_COLS), tiles), (2 * MOE_TILE_COLS,), (
+                out, rows, w, starts, tile_starts, tokens_of, np.int32(gather), np.int32(n),
+                np.int32(rows.shape[1]), np.int32(count)))
+            return out
+
+        gate_up = grouped(x, experts.gate_up, True)
+        down = grouped(self.gelu_and_mul(gate_up) if gelu else self.silu_and_mul(gate_up), experts.down, False)
+        out = xp.empty((tokens, hidden), dtype=self.storage_dtype)
+        self.kernel("moe.cu", "moe_combine")((tokens,), (THREADS,), (
+            out, down, weights, position, np.int32(hidden), np.int32(k)))
         return out
 
     def write_kv(self, cache_k, cache_v, slots, k, v) -> None:

@@ -25,8 +25,10 @@ KERNELS = {
     "sampling.cu": ("sample",),
     "penalties.cu": ("apply_penalties", "count_tokens"),
     "logprobs.cu": ("logprobs",),
+    "moe.cu": ("moe_route", "moe_align", "moe_gemm", "moe_combine"),
 }
-UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs"}  # fp32 logits whatever the model's storage type
+# fp32 logits whatever the model's storage type; moe_align sorts integers
+UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_align"}
 # Kernels with a second template argument, and its instances: decode attention's GROUP sizes its
 # per-thread arrays for the query heads a KV head serves (the smallest instance >= the model's).
 VARIANTS = {"decode_attention": (1, 2, 4, 8)}
