@@ -75,7 +75,7 @@ class ModelConfig:
     num_experts: int = 0  # a mixture of experts' experts per layer; 0: a dense MLP
     experts_per_token: int = 0  # the top k a token is routed to
     expert_intermediate_size: int = 0  # each expert's MLP width
-    norm_topk_prob: bool = True  # the top-k routing weights rescaled to sum to 1 (Mixtral always)
+    norm_topk_prob: bool = False  # the top-k routing weights rescaled to sum to 1 (Mixtral always)
     moe_layers: tuple[bool, ...] | None = None  # which layers route to experts (the rest dense); None: all
     qk_norm_whole: bool = False  # OLMoE: q and k normalised over the whole projection, not per head
 

@@ -196,6 +196,14 @@ def read_model_tensors(model_dir: Path) -> dict[str, np.ndarray]:
         return {name: float32(tensors.read(name)) for name in tensors.entries}
 
 
+def expert_tensor_names(model_type: str, layer: int) -> tuple[str, dict[str, str]]:
+    """Where a checkpoint keeps layer's router (prefix + "gate.weight") and expert e's matrices
+    (prefix + f"experts.{e}.{names[part]}.weight" for part gate, up, down): Mixtral's w1, w3, w2."""
+    if model_type == "mixtral":
+        return f"model.layers.{layer}.block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}
+    return f"model.layers.{layer}.mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+
+
 @dataclass
 class Experts:
     """A mixture of experts in place of the MLP: the router, and every expert's gate/up and down
@@ -373,13 +381,12 @@ class _LayerReader:
         (Mixtral's w1, w3 and w2 are gate, up and down)."""
         c = self.config
         E, H, I = c.num_experts, c.hidden_size, c.expert_intermediate_size
-        mixtral = c.model_type == "mixtral"
-        moe = f"model.layers.{i}." + ("block_sparse_moe." if mixtral else "mlp.")
-        gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        moe, names = expert_tensor_names(c.model_type, i)
         return Experts(
             router=self.take(moe + "gate.weight", (E, H)),
-            gate_up=self.fused([(f"{moe}experts.{e}.{name}.weight", (I, H)) for e in range(E) for name in (gate, up)]),
-            down=self.fused([(f"{moe}experts.{e}.{down}.weight", (H, I)) for e in range(E)]),
+            gate_up=self.fused([(f"{moe}experts.{e}.{names[part]}.weight", (I, H))
+                                for e in range(E) for part in ("gate", "up")]),
+            down=self.fused([(f"{moe}experts.{e}.{names['down']}.weight", (H, I)) for e in range(E)]),
             top_k=c.experts_per_token, normalize=c.norm_topk_prob)
 
     def unread(self, name: str, shape: tuple):

@@ -14,7 +14,25 @@ import numpy as np
 from family_models import FAMILIES, random_tensors
 
 ARCHES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
-          "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "smollm3": gguf.MODEL_ARCH.SMOLLM3}
+          "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "smollm3": gguf.MODEL_ARCH.SMOLLM3,
+          "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE}
+ROPE_ORDER = ("smollm3", "mixtral")  # llama.cpp's converter permutes q/k rows of these (architecture llama)
+
+
+def experts_stacked(tensors: dict[str, np.ndarray], experts: int) -> dict[str, np.ndarray]:
+    """Each layer's per-expert matrices as one (experts, rows, columns) stack, under the name
+    llama.cpp's converter stacks them by (model.layers.N.mlp.experts.gate_proj.weight, ...)."""
+    out, stacks = {}, {}
+    for name, array in tensors.items():
+        parts = name.split(".")
+        if "experts" not in parts:
+            out[name] = array
+            continue
+        at = parts.index("experts")
+        stacks.setdefault(".".join(parts[:at + 1] + parts[at + 2:]), {})[int(parts[at + 1])] = array
+    for name, by_expert in stacks.items():
+        out[name] = np.stack([by_expert[e] for e in range(experts)])
+    return out
 
 
 def byte_tokens() -> tuple[list[str], list[str]]:
@@ -43,6 +61,12 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_rope_freq_base(rope.get("rope_theta") or c["rope_theta"])
     w.add_rope_dimension_count(int(c.get("partial_rotary_factor", 1.0) * c["hidden_size"]) // heads)
+    experts = c.get("num_experts") or c.get("num_local_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(c["num_experts_per_tok"])
+        if "moe_intermediate_size" in c:
+            w.add_expert_feed_forward_length(c["moe_intermediate_size"])
     extra = {}
     kind_of = rope.get("rope_type", rope.get("type"))
     if kind_of == "yarn":
@@ -76,14 +100,18 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     w.add_bos_token_id(c["bos_token_id"])
     w.add_eos_token_id(c["eos_token_id"])
     names = gguf.get_tensor_name_map(ARCHES[kind], c["num_hidden_layers"])
-    for hf, array in random_tensors(c).items():
+    dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c["num_hidden_layers"])
+    tensors = random_tensors(c)
+    for hf, array in (experts_stacked(tensors, experts) if experts else tensors).items():
         if kind.startswith("gemma") and hf.endswith("norm.weight"):
             array = array + np.float32(1.0)
-        if kind == "smollm3" and (".q_proj." in hf or ".k_proj." in hf):  # llama.cpp's rope row order
+        if kind in ROPE_ORDER and (".q_proj." in hf or ".k_proj." in hf):  # llama.cpp's rope row order
             n = heads if ".q_proj." in hf else c["num_key_value_heads"]
             array = array.reshape(n, 2, -1, array.shape[1]).swapaxes(1, 2).reshape(array.shape)
-        gguf_name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
-        if quant is not None and array.ndim == 2 and hf != "model.embed_tokens.weight":
+        # Qwen3-MoE's dense layers (mlp_only_layers), which llama.cpp's qwen3moe lacks: llama's names
+        gguf_name = names.get_name(hf, try_suffixes=(".weight", ".bias")) or dense.get_name(hf, (".weight",))
+        router = hf.endswith(".gate.weight")  # llama.cpp keeps it F32
+        if quant is not None and array.ndim >= 2 and hf != "model.embed_tokens.weight" and not router:
             w.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)
         else:
             w.add_tensor(gguf_name, array)

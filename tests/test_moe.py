@@ -107,16 +107,21 @@ def test_a_routed_rows_logits_are_the_same_bits_alone_and_in_a_batch(qwen3_moe):
     np.testing.assert_array_equal(runner.logits(StepPlan(rows[:16][::-1]))[-1], alone)
 
 
-@pytest.mark.parametrize("backend", ["q8_0", "cuda-harness"])
+@pytest.mark.parametrize("backend", ["float32", "q8_0", "cuda-harness"])
 def test_every_backend_routes_as_the_reference(qwen3_moe, backend):
-    """A batch of 64 decode rows: q8_0's logits within its rounding of the reference's, the CUDA
-    kernels' (float32 through the harness) within float32's."""
+    """A batch of 64 decode rows against the reference: float32 on the CPU and the CUDA kernels
+    (float32 through the harness) within float32's rounding in every row; q8_0 within its
+    rounding (2-4%) in nearly every row, where a token whose rounded router logits change its
+    choice of expert may stray further, as in any quantized mixture."""
     reference = prefilled(qwen3_moe, NumpyOps()).logits(StepPlan(decode_rows()))
-    ops = NumbaOps("q8_0") if backend == "q8_0" else CudaOps(np, CpuLauncher())
+    ops = CudaOps(np, CpuLauncher()) if backend == "cuda-harness" else NumbaOps(backend)
     runner = prefilled(qwen3_moe, ops)
     got = ops.to_host(runner.logits(StepPlan(decode_rows())))
-    err = np.abs(got - reference).max() / np.abs(reference).max()
-    assert err < (5e-2 if backend == "q8_0" else 1e-5), err
+    err = np.abs(got - reference).max(axis=1) / np.abs(reference).max(axis=1)
+    if backend == "q8_0":
+        assert np.median(err) < 3e-2 and (err < 5e-2).sum() >= ROWS - 4, np.sort(err)[-8:]
+    else:
+        assert err.max() < 1e-5, err.max()
 
 
 def test_routing_is_transformers_top_k():

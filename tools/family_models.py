@@ -100,23 +100,19 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             shapes[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
         else:
             shapes.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h)})
-        if kind == "mixtral":  # the Hub's spelling: w1 gate, w3 up, w2 down
-            m = p + "block_sparse_moe."
-            shapes[m + "gate.weight"] = (experts, h)
-            for e in range(experts):
-                shapes.update({f"{m}experts.{e}.w1.weight": (expert_i, h), f"{m}experts.{e}.w3.weight": (expert_i, h),
-                               f"{m}experts.{e}.w2.weight": (h, expert_i)})
-        elif sparse[n]:
-            shapes[p + "mlp.gate.weight"] = (experts, h)
-            for e in range(experts):
-                x = f"{p}mlp.experts.{e}."
-                shapes.update({x + "gate_proj.weight": (expert_i, h), x + "up_proj.weight": (expert_i, h),
-                               x + "down_proj.weight": (h, expert_i)})
-        elif kind != "phi3":
-            shapes.update({p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h)})
+            if not sparse[n]:
+                shapes.update({p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h)})
+        shapes[a + "o_proj.weight"] = (h, q)
         if not sparse[n]:
             shapes[p + "mlp.down_proj.weight"] = (h, i)
-        shapes[a + "o_proj.weight"] = (h, q)
+        else:  # the Hub's spelling; Mixtral's w1 gate, w3 up, w2 down
+            m, (gate, up, down) = ((p + "block_sparse_moe.", ("w1", "w3", "w2")) if kind == "mixtral" else
+                                   (p + "mlp.", ("gate_proj", "up_proj", "down_proj")))
+            shapes[m + "gate.weight"] = (experts, h)
+            for e in range(experts):
+                shapes.update({f"{m}experts.{e}.{gate}.weight": (expert_i, h),
+                               f"{m}experts.{e}.{up}.weight": (expert_i, h),
+                               f"{m}experts.{e}.{down}.weight": (h, expert_i)})
         if kind == "qwen2":
             shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
         if kind in ("qwen3", "qwen3_moe", "gemma3_text"):

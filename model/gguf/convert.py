@@ -126,6 +126,13 @@ def _hf_config(m: GGUFModel) -> dict[str, Any]:
         config["final_logit_softcapping"] = c.final_softcap or None
         if c.local_rope_theta is not None:
             config["rope_local_base_freq"] = c.local_rope_theta
+    if c.num_experts:
+        config["num_local_experts" if c.model_type == "mixtral" else "num_experts"] = c.num_experts
+        config["num_experts_per_tok"] = c.experts_per_token
+        config["moe_intermediate_size"] = c.expert_intermediate_size
+        config["norm_topk_prob"] = c.norm_topk_prob
+        if c.moe_layers is not None:
+            config["mlp_only_layers"] = [i for i, sparse in enumerate(c.moe_layers) if not sparse]
     if c.model_type == "llama":
         config["mlp_bias"] = False
     if c.model_type in ("qwen2", "qwen3"):

@@ -1,15 +1,16 @@
 """A GGUF file's metadata, read once and checked into a typed value: the architecture, its
 shapes and rope scaling, the tensors under their Hugging Face names, and the tokenizer's fields.
 
-Supported: architectures llama, qwen2 (q/k/v bias), qwen3 (q/k norm), smollm3 (every 4th
-layer without rotation), phi3 (fused q/k/v and
-gate/up, LongRoPE factors as tensors, partial rotation), gemma2 and gemma3 (norms around each
-block, stored as 1 + w; sliding windows in llama.cpp's layer pattern; soft caps); tokenizers
-`gpt2` (byte-level BPE) and `llama` (SentencePiece). What llama.cpp infers rather than stores is
-inferred the same way (Gemma's query scale from the layer count, Gemma 3's sliding layers' theta,
-Phi-3's window ignored). Anything Spool cannot represent faithfully (other architectures, MoE,
-a sliding window elsewhere, unknown rope scaling, unknown tensors) raises ModelError instead of
-being dropped.
+Supported: architectures llama (Mixtral too, with experts), qwen2 (q/k/v bias), qwen3 (q/k
+norm), qwen3moe and olmoe (experts: each a slice of the file's 3-D tensors), smollm3 (every 4th
+layer without rotation), phi3 (fused q/k/v and gate/up, LongRoPE factors as tensors, partial
+rotation), gemma2 and gemma3 (norms around each block, stored as 1 + w; sliding windows in
+llama.cpp's layer pattern; soft caps); tokenizers `gpt2` (byte-level BPE) and `llama`
+(SentencePiece). What llama.cpp infers rather than stores is inferred the same way (Gemma's
+query scale from the layer count, Gemma 3's sliding layers' theta, Phi-3's window ignored,
+whether an architecture renormalises its top-k routing weights). Anything Spool cannot
+represent faithfully (other architectures, shared experts, a sliding window elsewhere, unknown
+rope scaling, unknown tensors) raises ModelError instead of being dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from model.errors import ModelError, one_line
 from model.gguf.index import read_index
 from model.gguf.gemma import gemma_switches
 from model.gguf.rope import rope_scaling
+from model.weights import expert_tensor_names
 
 # general.architecture -> (HF model_type, HF architectures entry)
 HF_NAMES = {
@@ -35,8 +37,15 @@ HF_NAMES = {
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "olmoe": ("olmoe", "OlmoeForCausalLM"),
 }
+MIXTRAL = ("mixtral", "MixtralForCausalLM")  # architecture llama with experts
 GEMMA = ("gemma2", "gemma3")
+# whether llama.cpp renormalises an architecture's top-k routing weights (build_moe_ffn's norm_w)
+_NORMALISED_TOP_K = {"llama": True, "qwen3moe": True, "olmoe": False}
+# a MoE layer's tensors: the router and the experts' 3-D stacks -> their part of an expert
+_EXPERT_TENSORS = {"ffn_gate_exps.weight": "gate", "ffn_up_exps.weight": "up", "ffn_down_exps.weight": "down"}
 
 # GGUF per-layer tensor suffix -> Hugging Face per-layer name
 _LAYER_TENSORS = {
@@ -92,6 +101,14 @@ class GGUFTensor:
     tensor: Any  # the gguf reader's tensor (name, tensor_type, data mapped from the file), or index.TensorInfo
     permute_heads: int  # llama.cpp's rope row order over this many heads, to undo; 0 for none
     shape: tuple[int, ...]  # Hugging Face's
+    expert: int | None = None  # this expert's matrix of a 3-D stack of experts
+
+    def byte_range(self) -> tuple[int, int]:
+        """(offset, bytes) of this entry's data in the file (tensor: an index.TensorInfo)."""
+        if self.expert is None:
+            return self.tensor.data_offset, self.tensor.n_bytes
+        size = self.tensor.n_bytes // int(self.tensor.shape[-1])
+        return self.tensor.data_offset + self.expert * size, size
 
 
 @dataclass(frozen=True)
@@ -128,8 +145,12 @@ def read_gguf(path: Path) -> GGUFModel:
     arch = _architecture(reader, path)
     k = lambda name: f"{arch}.{name}"  # noqa: E731
 
-    if (_field(reader, k("expert_count")) or 0) > 0:
-        raise ModelError(f"{path.name} is a mixture-of-experts model, which Spool does not run; use a dense model")
+    experts = int(_field(reader, k("expert_count")) or 0)
+    if experts and arch not in _NORMALISED_TOP_K:
+        raise ModelError(f"{path.name} is a mixture of experts of architecture {arch}, which Spool does not run;"
+                         f" it runs those of {', '.join(_NORMALISED_TOP_K)}")
+    if any(t.name.endswith("_shexp.weight") for t in reader.tensors):
+        raise ModelError(f"{path.name} has shared experts (Qwen2-MoE's, DeepSeek's), which Spool does not run")
     if _field(reader, k("attention.sliding_window")) and arch not in (*GEMMA, "phi3"):
         raise ModelError(
             f"{path.name} uses sliding-window attention, which this GGUF converter does not support"
@@ -160,25 +181,34 @@ def read_gguf(path: Path) -> GGUFModel:
 
     tensors = {t.name: t for t in reader.tensors}
     scaling = rope_scaling(lambda name: _field(reader, k(f"rope.{name}")), tensors, rope_dims, theta, path, ctx)
-    entries = _entries(reader.tensors, arch, layers, heads, kv_heads, path)
+    entries = _entries(reader.tensors, arch, layers, heads, kv_heads, path, experts)
     have = {e.tensor.name for e in entries}
-    _check_complete(have, arch, layers, path)
+    sparse = tuple(f"blk.{i}.ffn_gate_inp.weight" in have for i in range(layers)) if experts else ()
+    _check_complete(have, arch, layers, path, sparse)
     biases = {f"blk.{i}.attn_{x}.bias" for i in range(layers) for x in "qkv"}
     has_bias = any(n in have for n in biases)
     if has_bias and not biases <= have:
         raise ModelError(f"{path.name} has q/k/v biases on some layers only; the file is inconsistent")
 
     vocab = int(tensors["token_embd.weight"].shape[1])
-    shapes = _hf_shapes(vocab, hidden, ffn, heads, kv_heads, head_dim)
+    expert_ffn = int(_field(reader, k("expert_feed_forward_length"), ffn))
+    whole_qk_norm = arch == "olmoe"
+    shapes = _hf_shapes(vocab, hidden, ffn, heads, kv_heads, head_dim, whole_qk_norm)
     for e in entries:
-        want = shapes.get(e.hf_name) or shapes[e.hf_name.split(".", 3)[3]]
+        want = _expert_shape(e, experts, hidden, expert_ffn) or shapes.get(e.hf_name) or \
+            shapes[e.hf_name.split(".", 3)[3]]
         if e.shape != want:
             raise ModelError(
                 f"tensor {e.tensor.name} in {path.name} has shape {e.shape}, but the metadata implies {want};"
                 " the file is inconsistent"
             )
     v = _read_vocab(reader, path)
-    model_type, hf_arch = HF_NAMES[arch]
+    model_type, hf_arch = MIXTRAL if experts and arch == "llama" else HF_NAMES[arch]
+    moe = {}
+    if experts:
+        moe = dict(num_experts=experts, experts_per_token=int(_require(reader, k("expert_used_count"), path)),
+                   expert_intermediate_size=expert_ffn, moe_layers=None if all(sparse) else sparse,
+                   norm_topk_prob=bool(_field(reader, k("expert_weights_norm"), _NORMALISED_TOP_K[arch])))
     config = ModelConfig(
         model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=eps, rope_theta=theta,
@@ -190,6 +220,7 @@ def read_gguf(path: Path) -> GGUFModel:
         rope_layers=tuple((i + 1) % 4 != 0 for i in range(layers)) if arch == "smollm3" else None,
         **(gemma_switches(lambda key, default=None: _field(reader, key, default), arch, layers, hidden, heads,
                           head_dim) if arch in GEMMA else {}),
+        qk_norm_whole=whole_qk_norm, **moe,
     )
     return GGUFModel(architecture=arch, config=config, tensors=tuple(entries), vocab=v)
 
@@ -206,7 +237,8 @@ def read_gguf_tensors(path: Path) -> tuple[GGUFTensor, ...]:
         raise ModelError(f"{path} lacks the GGUF metadata key {arch}.{missing[0]}; it is not a complete Llama-family GGUF")
     heads = int(need["attention.head_count"])
     kv_heads = int(fields.get(f"{arch}.attention.head_count_kv", heads))
-    return tuple(_entries(infos, arch, int(need["block_count"]), heads, kv_heads, path))
+    experts = int(fields.get(f"{arch}.expert_count") or 0)
+    return tuple(_entries(infos, arch, int(need["block_count"]), heads, kv_heads, path, experts))
 
 
 def _architecture(reader, path: Path) -> str:
@@ -253,9 +285,12 @@ def _require(reader, key: str, path: Path) -> Any:
     return value
 
 
-def _entries(tensors, arch: str, layers: int, heads: int, kv_heads: int, path: Path) -> list[GGUFTensor]:
-    """Every tensor (gguf's ReaderTensor or index.TensorInfo) under its Hugging Face name; an
-    unknown one means a model Spool would get wrong."""
+def _entries(tensors, arch: str, layers: int, heads: int, kv_heads: int, path: Path,
+             experts: int = 0) -> list[GGUFTensor]:
+    """Every tensor (gguf's ReaderTensor or index.TensorInfo) under its Hugging Face name (an
+    expert stack as one entry per expert, under the checkpoint's names for it); an unknown one
+    means a model Spool would get wrong."""
+    model_type = (MIXTRAL if experts and arch == "llama" else HF_NAMES[arch])[0]
     entries = []
     for t in tensors:
         name = t.name
@@ -267,10 +302,14 @@ def _entries(tensors, arch: str, layers: int, heads: int, kv_heads: int, path: P
             continue
         parts = name.split(".", 2)
         names = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS.get("gemma" if arch in GEMMA else arch, {})}
-        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
+        known = parts[2] in names or (experts and parts[2] in ("ffn_gate_inp.weight", *_EXPERT_TENSORS))
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and known:
             i = int(parts[1])
             if i >= layers:
                 raise ModelError(f"{path.name} has tensor {name} beyond its {layers} layers; the file is inconsistent")
+            if experts and parts[2] in ("ffn_gate_inp.weight", *_EXPERT_TENSORS):
+                entries += _expert_entries(t, i, parts[2], model_type, experts, path)
+                continue
             permute = 0
             if arch in ("llama", "smollm3") and parts[2].startswith(("attn_q.", "attn_k.")):
                 permute = heads if parts[2].startswith("attn_q.") else kv_heads
@@ -283,13 +322,38 @@ def _entries(tensors, arch: str, layers: int, heads: int, kv_heads: int, path: P
     return entries
 
 
-def _check_complete(have: set[str], arch: str, layers: int, path: Path) -> None:
+def _expert_entries(t, layer: int, suffix: str, model_type: str, experts: int, path: Path) -> list[GGUFTensor]:
+    """The router, or one entry per expert of a 3-D stack (experts outermost: each a contiguous
+    slice of the tensor's bytes, GGUFTensor.expert)."""
+    prefix, names = expert_tensor_names(model_type, layer)
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    if suffix == "ffn_gate_inp.weight":
+        return [GGUFTensor(prefix + "gate.weight", t, 0, shape)]
+    if len(shape) != 3 or shape[0] != experts:
+        raise ModelError(f"tensor {t.name} in {path.name} has shape {shape}, not {experts} experts' matrices;"
+                         " the file is inconsistent")
+    name = names[_EXPERT_TENSORS[suffix]]
+    return [GGUFTensor(f"{prefix}experts.{e}.{name}.weight", t, 0, shape[1:], expert=e) for e in range(experts)]
+
+
+def _expert_shape(e: GGUFTensor, experts: int, hidden: int, ffn: int) -> tuple | None:
+    """What an expert's tensor or a router should be; None for every other tensor."""
+    if e.expert is not None:
+        return (hidden, ffn) if e.tensor.name.endswith("ffn_down_exps.weight") else (ffn, hidden)
+    return (experts, hidden) if e.tensor.name.endswith("ffn_gate_inp.weight") else None
+
+
+def _check_complete(have: set[str], arch: str, layers: int, path: Path, sparse: tuple = ()) -> None:
     missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in have]
     required = _ARCH_REQUIRED.get(arch, _REQUIRED_LAYER_TENSORS)
-    missing += [f"blk.{i}.{s}" for i in range(layers) for s in required if f"blk.{i}.{s}" not in have]
+    moe = ("ffn_gate_inp.weight", *_EXPERT_TENSORS)
+    for i in range(layers):
+        wanted = [s for s in required if not (sparse and sparse[i] and s.startswith(("ffn_gate.", "ffn_up.", "ffn_down.")))]
+        missing += [f"blk.{i}.{s}" for s in wanted + (list(moe) if sparse and sparse[i] else [])
+                    if f"blk.{i}.{s}" not in have]
     if arch == "qwen2":
         missing += [f"blk.{i}.attn_{x}.bias" for i in range(layers) for x in "qkv" if f"blk.{i}.attn_{x}.bias" not in have]
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe", "olmoe"):
         missing += [f"blk.{i}.attn_{x}_norm.weight" for i in range(layers) for x in "qk"
                     if f"blk.{i}.attn_{x}_norm.weight" not in have]
     if missing:
@@ -298,8 +362,10 @@ def _check_complete(have: set[str], arch: str, layers: int, path: Path) -> None:
         )
 
 
-def _hf_shapes(vocab: int, hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int) -> dict:
-    """Hugging Face's shapes: by full name for the global tensors, by per-layer name otherwise."""
+def _hf_shapes(vocab: int, hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int,
+               whole_qk_norm: bool = False) -> dict:
+    """Hugging Face's shapes: by full name for the global tensors, by per-layer name otherwise
+    (OLMoE's q/k norms over the whole projection)."""
     return {
         "model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
         "lm_head.weight": (vocab, hidden),
@@ -310,7 +376,8 @@ def _hf_shapes(vocab: int, hidden: int, ffn: int, heads: int, kv_heads: int, hea
         "self_attn.q_proj.bias": (heads * head_dim,), "self_attn.k_proj.bias": (kv_heads * head_dim,),
         "self_attn.v_proj.bias": (kv_heads * head_dim,),
         "self_attn.o_proj.weight": (hidden, heads * head_dim),
-        "self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,),
+        "self_attn.q_norm.weight": (heads * head_dim,) if whole_qk_norm else (head_dim,),
+        "self_attn.k_norm.weight": (kv_heads * head_dim,) if whole_qk_norm else (head_dim,),
         "mlp.gate_proj.weight": (ffn, hidden), "mlp.up_proj.weight": (ffn, hidden),
         "mlp.down_proj.weight": (hidden, ffn),
         "self_attn.qkv_proj.weight": ((heads + 2 * kv_heads) * head_dim, hidden),

@@ -62,7 +62,8 @@ class GGUFTensors:
         """Tensor name: float32, or its block rows; then its mapped pages dropped from this process."""
         e = self.entries[name]
         t = e.tensor
-        raw = np.frombuffer(self.map, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
+        offset, size = e.byte_range()
+        raw = np.frombuffer(self.map, dtype=np.uint8, count=size, offset=offset)
         try:
             if self.quantized(name):
                 rows = raw.reshape(e.shape[0], -1)
@@ -73,8 +74,8 @@ class GGUFTensors:
         finally:
             del raw  # the buffer export, so that the map can close
         if hasattr(self.map, "madvise"):
-            start = t.data_offset - t.data_offset % mmap.PAGESIZE
-            self.map.madvise(mmap.MADV_DONTNEED, start, t.data_offset + t.n_bytes - start)
+            start = offset - offset % mmap.PAGESIZE
+            self.map.madvise(mmap.MADV_DONTNEED, start, offset + size - start)
         return out
 
     def rows(self, name: str) -> np.ndarray | QuantizedTensor:
@@ -88,7 +89,7 @@ class GGUFTensors:
         import gguf
 
         try:
-            gguf.quants.dequantize(np.zeros(e.tensor.n_bytes // e.shape[0], np.uint8), e.tensor.tensor_type)
+            gguf.quants.dequantize(np.zeros(e.byte_range()[1] // e.shape[0], np.uint8), e.tensor.tensor_type)
         except NotImplementedError:
             raise ModelError(
                 f"tensor {e.tensor.name} in {self.path.name} uses the quantization {e.tensor.tensor_type.name}, which"
