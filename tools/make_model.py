@@ -1,7 +1,8 @@
 """Random-weight models in real shapes, as GGUF files or Hugging Face directories, with no download.
 
-Shapes: Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B (their matrices, heads, rope and norms) and `tiny`
-for tests. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
+Shapes: Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B (their matrices, heads, rope and norms), Qwen3-30B-A3B's
+mixture of experts cut to 8 of its 48 layers (128 experts of 768, 8 a token: every layer as
+the real one's) and `tiny` for tests. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
 49,152-token byte-level BPE), padded with unused tokens up to the shape's vocabulary, so text
 round-trips. Weights are drawn per tensor from (seed, tensor name), a block of rows at a time,
 quantized by model/quant/kquants.py and written tensor by tensor: peak memory is about one
@@ -53,6 +54,9 @@ class Shape:
     rms_eps: float
     context: int
     llama3_rope: tuple[float, float, float, int] | None = None  # factor, low, high, original context
+    experts: int = 0  # a mixture of experts' experts a layer (in place of the MLP); 0: dense
+    experts_used: int = 0
+    expert_ffn: int = 0
 
 
 SHAPES = {
@@ -61,6 +65,8 @@ SHAPES = {
     "llama3.1-8b": Shape("llama", 4096, 32, 32, 8, 128, 14336, 128256, False, 500000.0, 1e-5, 131072,
                          (8.0, 1.0, 4.0, 8192)),
     "qwen3-4b": Shape("qwen3", 2560, 36, 32, 8, 128, 9728, 151936, True, 1000000.0, 1e-6, 40960),
+    "qwen3-30b-a3b-8l": Shape("qwen3moe", 2048, 8, 32, 4, 128, 6144, 151936, False, 1000000.0, 1e-6, 40960,
+                              experts=128, experts_used=8, expert_ffn=768),
     # Small, but every matrix has rows of 256 so that K-quants apply, it is untied so that
     # token_embd and output take their own Q4_K_M types, and 128 padding tokens are exercised.
     "tiny": Shape("llama", 256, 2, 4, 2, 64, 512, 49280, False, 10000.0, 1e-5, 2048),
@@ -80,7 +86,7 @@ CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
 class Tensor:
     hf_name: str
     gguf_name: str
-    shape: tuple[int, ...]  # rows, columns (Hugging Face's)
+    shape: tuple[int, ...]  # rows, columns (Hugging Face's); experts, rows, columns for a stack of experts
     layer: int | None = None
     permute_heads: int = 0  # llama.cpp's rope row order for the GGUF of architecture llama
 
@@ -90,7 +96,7 @@ class Tensor:
         if len(self.shape) == 1:
             yield (1 + 0.05 * rng.standard_normal(self.shape, dtype=np.float32)).astype(np.float32)
             return
-        rows, cols = self.shape
+        rows, cols = int(np.prod(self.shape[:-1])), self.shape[-1]
         scale = np.float32(cols ** -0.5)
         for start in range(0, rows, ROWS_PER_DRAW):
             yield rng.standard_normal((min(ROWS_PER_DRAW, rows - start), cols), dtype=np.float32) * scale
@@ -110,11 +116,18 @@ def tensors(s: Shape) -> list[Tensor]:
             Tensor(hf + "self_attn.v_proj.weight", gg + "attn_v.weight", (kv, s.hidden), i),
             Tensor(hf + "self_attn.o_proj.weight", gg + "attn_output.weight", (s.hidden, q), i),
         ]
-        if s.arch == "qwen3":
+        if s.arch in ("qwen3", "qwen3moe"):
             out += [Tensor(hf + "self_attn.q_norm.weight", gg + "attn_q_norm.weight", (s.head_dim,), i),
                     Tensor(hf + "self_attn.k_norm.weight", gg + "attn_k_norm.weight", (s.head_dim,), i)]
+        out.append(Tensor(hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", (s.hidden,), i))
+        if s.experts:  # the router, then each part of the experts as llama.cpp stacks them
+            e, f = s.experts, s.expert_ffn
+            out += [Tensor(hf + "mlp.gate.weight", gg + "ffn_gate_inp.weight", (e, s.hidden), i),
+                    Tensor(hf + "mlp.experts.gate_proj", gg + "ffn_gate_exps.weight", (e, f, s.hidden), i),
+                    Tensor(hf + "mlp.experts.up_proj", gg + "ffn_up_exps.weight", (e, f, s.hidden), i),
+                    Tensor(hf + "mlp.experts.down_proj", gg + "ffn_down_exps.weight", (e, s.hidden, f), i)]
+            continue
         out += [
-            Tensor(hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", (s.hidden,), i),
             Tensor(hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", (s.ffn, s.hidden), i),
             Tensor(hf + "mlp.up_proj.weight", gg + "ffn_up.weight", (s.ffn, s.hidden), i),
             Tensor(hf + "mlp.down_proj.weight", gg + "ffn_down.weight", (s.hidden, s.ffn), i),
@@ -138,7 +151,7 @@ def tensor_type(t: Tensor, kind: str, s: Shape) -> T:
     use_more_bits, Q4_K for every other matrix. Norms stay F32; a matrix whose rows do not fit
     the type's blocks falls back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to
     Q8_0, else F16)."""
-    if len(t.shape) == 1:
+    if len(t.shape) == 1 or t.gguf_name.endswith("ffn_gate_inp.weight"):  # llama.cpp keeps routers F32
         return T.F32
     qtype = GGUF_TYPES[kind]
     if kind == "q4_k_m":
@@ -146,9 +159,9 @@ def tensor_type(t: Tensor, kind: str, s: Shape) -> T:
         more = t.gguf_name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(t.layer, s.layers)
         qtype = T.Q6_K if output or more else T.Q4_K
     block = gguf.GGML_QUANT_SIZES[qtype][0]
-    if t.shape[1] % block:
+    if t.shape[-1] % block:
         qtype = FALLBACK.get(qtype, T.F16)
-        if t.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        if t.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
             qtype = T.F16
     return qtype
 
@@ -172,7 +185,7 @@ def encoded(t: Tensor, qtype: T, seed: int) -> np.ndarray:
     for part in parts:
         values = encode(part)
         if out is None:
-            out = np.empty((t.shape[0], values.shape[1]), dtype=values.dtype)
+            out = np.empty((int(np.prod(t.shape[:-1])), values.shape[1]), dtype=values.dtype)
         out[row:row + len(values)] = values
         row += len(values)
     return out
@@ -226,6 +239,10 @@ def write_gguf(path: Path, s: Shape, kind: str, seed: int, shape_name: str) -> N
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
     w.add_vocab_size(s.vocab)
+    if s.experts:
+        w.add_expert_count(s.experts)
+        w.add_expert_used_count(s.experts_used)
+        w.add_expert_feed_forward_length(s.expert_ffn)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -271,6 +288,8 @@ def write_hf(out: Path, s: Shape, kind: str, seed: int) -> None:
     for name in ("tokenizer_config.json", "generation_config.json"):
         shutil.copyfile(source / name, out / name)
     generation = json.loads((source / "generation_config.json").read_text())
+    if s.experts:
+        raise SystemExit("a mixture of experts' shape is written as a GGUF only (--format gguf)")
     model_type, arch = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}[s.arch]
     rope_scaling = None
     if s.llama3_rope:
