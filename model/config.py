@@ -191,6 +191,13 @@ class ModelConfig:
         """Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj."""
         return self.model_type == "phi3"
 
+    @property
+    def kv_window(self) -> int:
+        """The positions back every layer attends to: the smallest window where every layer
+        slides (Mistral's, Phi-3's), else 0 (some layer reads the whole context)."""
+        windows = self.layer_windows or (0,)
+        return 0 if not all(windows) else min(windows)
+
     def sparse(self, layer: int) -> bool:
         """Whether layer routes to experts."""
         return self.num_experts > 0 and (self.moe_layers is None or self.moe_layers[layer])

@@ -115,5 +115,5 @@ def assert_planner_consistent(p) -> None:
     for r in p.preempted:
         assert r.state is State.PREEMPTED and not r.block_table
     for r in [*p.prefilling, *p.decoding]:
-        assert len(r.block_table) * p.pool.block_size >= r.target
+        assert (r.dropped_blocks + len(r.block_table)) * p.pool.block_size >= r.target
     assert p.num_running <= p.config.max_seqs

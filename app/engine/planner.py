@@ -19,6 +19,13 @@ are applied. What such a plan sees one step late, and how it stays right:
   runs go to later steps, which the device runs after it.
 - Preemption never happens while a step runs: when a row cannot get a block without one, the
   Schedule's step is None, and the engine waits for the running step and plans again.
+
+Where every layer slides (window: Mistral's, Phi-3's), a request's blocks wholly before the
+window of its next query are freed as its steps land (drop_outside_window), so a long request
+holds at most window / block_size + 1 blocks once its prompt is in; its rows' tables keep the
+logical positions, the freed entries pointing at its first held block, which attention never
+weighs (every key there is outside the window). A step in flight may still read a freed block;
+a later step, which the device runs after it, is the first that can write it.
 """
 
 import time
@@ -57,9 +64,12 @@ class Admitted:
 
 
 class Planner:
-    def __init__(self, config: PlannerConfig, pool: BlockPool, rows, stats: Stats):
+    def __init__(self, config: PlannerConfig, pool: BlockPool, rows, stats: Stats, window: int = 0):
         self.config = config
         self.pool = pool
+        # the positions back every layer attends to; blocks freed behind it (0: never). A window
+        # of a block or less is not freed behind: the prefix cache names a block by its parent.
+        self.window = window if window > pool.block_size else 0
         self.rows = rows  # OutputProcessor: needs_mask, sampling_params and mask of a request's row
         self.stats = stats  # the planner counts prompt tokens, prefix-cache hits and preemptions
         self.requests: dict[str, Request] = {}
@@ -182,7 +192,7 @@ class Planner:
         if fresh is None:
             self.pool.release(hits)
             return False
-        request.block_table = hits + fresh
+        request.block_table, request.dropped_blocks = hits + fresh, 0
         request.num_computed = request.num_offered = len(hits) * self.pool.block_size
         if request.state is State.WAITING:
             request.cached_tokens = request.num_computed
@@ -231,7 +241,7 @@ class Planner:
             if ahead and (len(request.output_ids) + 1 >= request.max_tokens or self.rows.needs_mask(request)):
                 continue  # its next row depends on the token in flight
             position = request.num_tokens - 1 + ahead
-            while len(request.block_table) <= position // self.pool.block_size:
+            while request.dropped_blocks + len(request.block_table) <= position // self.pool.block_size:
                 block = self.pool.allocate()
                 if block is not None:
                     request.block_table.append(block)
@@ -279,12 +289,29 @@ class Planner:
         building the token history for every row of every step is not free)."""
         if request.num_computed - request.num_offered >= self.pool.block_size:
             request.num_offered = self.pool.cache_full_blocks(
-                request.block_table, request.all_ids, request.num_offered, request.num_computed)
+                self.table(request), request.all_ids, request.num_offered, request.num_computed)
+
+    def table(self, request: Request) -> list[int]:
+        """The request's block table by logical block: its freed leading entries pointing at its
+        first held block (a fresh list then, so a planned row keeps its own)."""
+        if not request.dropped_blocks:
+            return request.block_table
+        return [request.block_table[0]] * request.dropped_blocks + request.block_table
+
+    def drop_outside_window(self, request: Request) -> None:
+        """Free the leading blocks no later query sees: every position in them is at least
+        window before the next one computed (after their offer to the prefix cache)."""
+        drop = (request.num_computed - self.window + 1) // self.pool.block_size - request.dropped_blocks
+        drop = min(drop, len(request.block_table) - 1)  # the table keeps a block to point at
+        if self.window and drop > 0:
+            self.pool.release(request.block_table[:drop])
+            request.block_table = request.block_table[drop:]
+            request.dropped_blocks += drop
 
     def decode_row(self, request: Request, ahead: bool) -> Row:
         """ahead: fed the token the step in flight samples, at the position after it."""
         last = AHEAD if ahead else request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
-        return Row(request.id, [last], request.num_tokens - 1 + ahead, request.block_table, sample=True,
+        return Row(request.id, [last], request.num_tokens - 1 + ahead, self.table(request), sample=True,
                    params=self.rows.sampling_params(request, ahead), prompt_ids=request.prompt_ids,
                    output_ids=request.output_ids, mask=self.rows.mask(request))
 
@@ -307,7 +334,7 @@ class Planner:
             tokens = request.all_ids[start:end]
             last = end == request.target and not request.output_ids
             sample = last and not request.params.embed
-            rows.append(Row(request.id, tokens, start, request.block_table, sample=sample,
+            rows.append(Row(request.id, tokens, start, self.table(request), sample=sample,
                             params=self.rows.sampling_params(request), prompt_ids=request.prompt_ids,
                             output_ids=request.output_ids, mask=self.rows.mask(request) if sample else None,
                             embed=last and request.params.embed))
@@ -353,6 +380,7 @@ class Planner:
                 continue
             request.num_computed += len(row.token_ids)
             self.offer_full_blocks(request)
+            self.drop_outside_window(request)
             if request.state is State.PREFILLING and request.num_computed == request.target:
                 self.prefilling.remove(request)
                 request.state = State.DECODING

@@ -74,7 +74,8 @@ class Request:
     seq: int = 0  # arrival order: newest is the first preemption victim
     state: State = State.WAITING
     output_ids: list[int] = field(default_factory=list)
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)  # its blocks from logical block dropped_blocks on
+    dropped_blocks: int = 0  # leading blocks freed: wholly before every layer's sliding window
     num_computed: int = 0  # tokens whose K/V is in the cache
     num_offered: int = 0  # tokens whose full blocks were offered to the prefix cache
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
