@@ -134,3 +134,19 @@ def test_routing_is_transformers_top_k():
     np.testing.assert_allclose(normal.weights.sum(1), 1.0, rtol=1e-6)
     assert plain.starts.tolist() == [0, 1, 2, 2, 4] and plain.active.tolist() == [0, 1, 3]
     assert plain.tokens.tolist() == [1, 0, 0, 1]  # expert 0: token 1; 1: token 0; 3: tokens 0, 1
+
+
+def test_captured_decode_graphs_replay_the_experts(qwen3_moe):
+    """The CUDA kernels' experts in decode graphs (through the harness's graph stand-in): a
+    replayed step of 5 rows (padded to 6, the padding routed too) gives the eager logits."""
+    graphed, eager = (ModelRunner.from_dir(qwen3_moe, num_blocks=64, block_size=BLOCK,
+                                           ops=CudaOps(np, CpuLauncher()), max_model_len=32) for _ in range(2))
+    graphed.capture_graphs(6, 32)
+    rows = [Row(i, prompt(i), 0, list(range(8 * i, 8 * i + 8)), sample=True) for i in range(5)]
+    for runner in (graphed, eager):
+        runner.logits(StepPlan(rows))  # prefill, eager in both
+    replays = graphed.graphs.replays
+    decode = StepPlan(decode_rows()[:5])
+    got, want = (r.ops.to_host(r.logits(decode)) for r in (graphed, eager))
+    assert graphed.graphs.replays == replays + 1
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
