@@ -3,23 +3,31 @@
 // Grid: (ceil(inter / blockDim.x), tokens).
 #include "common.cuh"
 
-template <typename T>
-__global__ void silu_and_mul(T* __restrict__ out, const T* __restrict__ gate_up, int inter) {
+struct Silu {
+    __device__ __forceinline__ float operator()(float x) const { return x / (1.0f + __expf(-x)); }
+};
+struct GeluTanh {
+    __device__ __forceinline__ float operator()(float x) const {
+        return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    }
+};
+
+template <typename T, typename Act>
+__device__ __forceinline__ void gated(T* __restrict__ out, const T* __restrict__ gate_up, int inter, Act act) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= inter) return;
     size_t row = size_t(blockIdx.y);
     float gate = to_float(gate_up[row * 2 * inter + i]);
     float up = to_float(gate_up[row * 2 * inter + inter + i]);
-    out[row * inter + i] = from_float<T>(gate / (1.0f + __expf(-gate)) * up);
+    out[row * inter + i] = from_float<T>(act(gate) * up);
+}
+
+template <typename T>
+__global__ void silu_and_mul(T* __restrict__ out, const T* __restrict__ gate_up, int inter) {
+    gated(out, gate_up, inter, Silu());
 }
 
 template <typename T>
 __global__ void gelu_and_mul(T* __restrict__ out, const T* __restrict__ gate_up, int inter) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= inter) return;
-    size_t row = size_t(blockIdx.y);
-    float gate = to_float(gate_up[row * 2 * inter + i]);
-    float up = to_float(gate_up[row * 2 * inter + inter + i]);
-    float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
-    out[row * inter + i] = from_float<T>(0.5f * gate * (1.0f + tanhf(inner)) * up);
+    gated(out, gate_up, inter, GeluTanh());
 }
