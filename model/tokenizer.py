@@ -121,8 +121,8 @@ class Tokenizer:
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template; use the completions API instead")
         try:
-            return self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                             **self.special_tokens, **extra)
+            return self.chat_template.render({**self.special_tokens, **extra}, messages=messages,
+                                             add_generation_prompt=add_generation_prompt)
         except ChatTemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:

@@ -62,7 +62,7 @@ def start_generation(state: ServerState, req, id_prefix: str) -> Generation:
     if not isinstance(req, ChatCompletionRequest):
         return Generation(engine, completion_prompts(req, tokenizer), req.n,
                           lambda index: generation_params(req, index, grammar_text), id_prefix, timeout, field)
-    prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt)
+    prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables())
     thinking = budget(tokenizer, prompt, req.max_thinking_tokens)
     inside = opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None
     if grammar_text is not None and inside is not None:
@@ -71,12 +71,14 @@ def start_generation(state: ServerState, req, id_prefix: str) -> Generation:
                       id_prefix, timeout, field, tools, inside)
 
 
-def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_prompt: bool) -> list[int]:
-    """The token ids of a conversation after the chat template, with the tools it offers."""
+def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_prompt: bool,
+                template_variables: dict | None = None) -> list[int]:
+    """The token ids of a conversation after the chat template, with the tools it offers and
+    the request's own template variables (chat_template_kwargs, reasoning_effort)."""
     dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
     dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools)
     try:
-        return tokenizer.encode_chat(dicts, add_generation_prompt, **extra)
+        return tokenizer.encode_chat(dicts, add_generation_prompt, **(template_variables or {}), **extra)
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="messages") from None
 

@@ -94,7 +94,8 @@ async def tokenize(state: ServerState):
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt")
     if req.messages is not None:
-        tokens = chat_prompt(state.tokenizer, req.messages, ToolUse.of(req), req.add_generation_prompt)
+        tokens = chat_prompt(state.tokenizer, req.messages, ToolUse.of(req), req.add_generation_prompt,
+                             req.template_variables())
     else:
         tokens = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}

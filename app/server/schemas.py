@@ -185,7 +185,31 @@ class NamedToolChoice(BaseModel):
     function: FunctionName
 
 
-class ChatCompletionRequest(SamplingFields):
+# What Spool passes the chat template itself; chat_template_kwargs may not set them.
+TEMPLATE_OWN_VARIABLES = ("messages", "tools", "add_generation_prompt")
+
+
+class ChatTemplateFields(BaseModel):
+    """Extra variables for the chat template, as vLLM takes them: chat_template_kwargs (a Qwen3
+    user's {"enable_thinking": false}), and OpenAI's reasoning_effort under that name."""
+
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_spools_own(cls, value):
+        clash = [k for k in TEMPLATE_OWN_VARIABLES if k in (value or {})]
+        if clash:
+            raise PydanticCustomError("reserved", f"{clash[0]} is set by Spool itself; give it as a request field")
+        return value
+
+    def template_variables(self) -> dict[str, Any]:
+        effort = {} if self.reasoning_effort is None else {"reasoning_effort": self.reasoning_effort}
+        return {**effort, **(self.chat_template_kwargs or {})}
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     unsupported: ClassVar[dict[str, str]] = {k: v for k, v in UNSUPPORTED.items()
                                              if k not in ("tools", "tool_choice")}
 
@@ -215,7 +239,7 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ChatTemplateFields):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
