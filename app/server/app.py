@@ -1,11 +1,13 @@
 """The quart-trio application: every route module's routes bound to one ServerState, the
-access check before them, the request log after them, and errors in OpenAI's shape.
+access check before them, the request log after them, and errors in OpenAI's shape (in
+Anthropic's on its /v1/messages routes).
 
 create_app() builds a fresh app around the state (Quart creates serving hooks once per app,
 so tests build one per server).
 """
 
 import functools
+import hmac
 import logging
 
 from quart import request
@@ -22,7 +24,10 @@ ROUTES = [
     ("POST", "/v1/chat/completions", routes.chat_completions),
     ("POST", "/v1/completions", routes.completions),
     ("POST", "/v1/embeddings", routes.create_embeddings),
+    ("POST", "/v1/messages", routes.create_message),
+    ("POST", "/v1/messages/count_tokens", routes.count_message_tokens),
     ("GET", "/v1/models", routes.models),
+    ("GET", "/v1/models/<path:model_id>", routes.model),
     ("GET", "/health", routes.health),
     ("GET", "/metrics", routes.prometheus),
     ("POST", "/tokenize", routes.tokenize),
@@ -43,16 +48,23 @@ log = logging.getLogger("spool.server")
 http_log = logging.getLogger("spool.http")
 
 
+def same(given: str, expected: str) -> bool:
+    """A constant-time comparison of a credential (bytes, so any header text compares)."""
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
 async def admit(state: ServerState):
-    """503 while loading and 401 without the key (but for /health and the chat page); then
-    the whole body, as an unread body would hang the keep-alive connection."""
+    """503 while loading and 401 without the key (but for /health and the chat page), which
+    comes as a bearer token or, as Anthropic's clients send it, in x-api-key; then the whole
+    body, as an unread body would hang the keep-alive connection."""
     public = request.path == "/health" or (state.ui and chat_page.is_page(request.path))
     if state.engine is None and not public:
         raise APIError(503, "the model is still loading; retry shortly", code="loading",
                        headers={"Retry-After": "5"})
     if state.api_key and not public:
-        if request.headers.get("Authorization", "") != f"Bearer {state.api_key}":
-            raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
+        if not (same(request.headers.get("Authorization", ""), f"Bearer {state.api_key}")
+                or same(request.headers.get("x-api-key", ""), state.api_key)):
+            raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>, or x-api-key)",
                            code="invalid_api_key")
     if request.method in ("POST", "PUT", "PATCH"):
         await request.get_data()
@@ -65,8 +77,12 @@ async def log_request(response):
     return response
 
 
+def anthropic_route() -> bool:
+    return request.path.startswith("/v1/messages")
+
+
 async def api_error(e: APIError):
-    response = e.response()
+    response = e.response(anthropic=anthropic_route())
     if e.status in (408, 413):  # the rest of the body is never read
         response.headers["Connection"] = "close"
     return response
@@ -81,7 +97,7 @@ async def http_error(state: ServerState, e: HTTPException):
 
 async def crash(e: Exception):
     log.exception("unhandled error")
-    return APIError(500, f"internal error: {type(e).__name__}").response()
+    return APIError(500, f"internal error: {type(e).__name__}").response(anthropic=anthropic_route())
 
 
 def create_app(state: ServerState) -> QuartTrio:

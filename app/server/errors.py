@@ -1,10 +1,12 @@
-"""Every error on the wire in OpenAI's shape: {"error": {message, type, param, code}}."""
+"""Every error on the wire in OpenAI's shape: {"error": {message, type, param, code}}; on
+Anthropic's routes (/v1/messages) in its shape: {"type": "error", "error": {type, message}}."""
 
 import json
 
 from pydantic import BaseModel, ValidationError
 from quart import Response
 
+from app.server.messages_schemas import AnthropicErrorInfo, AnthropicErrorResponse
 from app.server.schemas import ErrorInfo, ErrorResponse
 
 TYPES = {
@@ -18,6 +20,16 @@ TYPES = {
     431: "invalid_request_error",
     500: "internal_error",
     503: "service_unavailable",
+}
+
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
 }
 
 
@@ -35,8 +47,15 @@ class APIError(Exception):
         info = ErrorInfo(message=self.message, type=TYPES.get(self.status, "error"), param=self.param, code=self.code)
         return ErrorResponse(error=info).model_dump()
 
-    def response(self) -> Response:
-        response = Response(json.dumps(self.body()), status=self.status, content_type="application/json")
+    def anthropic_body(self) -> dict:
+        """Anthropic's shape: the field a 400 is about is named in the message."""
+        message = self.message if self.param is None or self.param in self.message else f"{self.param}: {self.message}"
+        info = AnthropicErrorInfo(type=ANTHROPIC_TYPES.get(self.status, "api_error"), message=message)
+        return AnthropicErrorResponse(error=info).model_dump()
+
+    def response(self, anthropic: bool = False) -> Response:
+        body = self.anthropic_body() if anthropic else self.body()
+        response = Response(json.dumps(body), status=self.status, content_type="application/json")
         response.headers.update(self.headers)
         return response
 

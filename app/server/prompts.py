@@ -50,8 +50,9 @@ def generation_params(req, index: int, grammar_text: str | None = None, thinking
                             ignore_eos=req.ignore_eos, grammar=grammar_text, thinking=thinking)
 
 
-def start_generation(state: ServerState, req, id_prefix: str) -> Generation:
-    """Every choice of a chat or completion request, checked and ready to submit."""
+def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool = False) -> Generation:
+    """Every choice of a chat or completion request, checked and ready to submit.
+    fit_context: a chat's max_tokens is held to what the context leaves after its prompt."""
     engine, tokenizer, timeout = state.engine, state.tokenizer, state.request_timeout
     grammar_text, field = grammar(req)
     tools = ToolUse.of(req) if isinstance(req, ChatCompletionRequest) else None
@@ -63,6 +64,8 @@ def start_generation(state: ServerState, req, id_prefix: str) -> Generation:
         return Generation(engine, completion_prompts(req, tokenizer), req.n,
                           lambda index: generation_params(req, index, grammar_text), id_prefix, timeout, field)
     prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables())
+    if fit_context and req.max_tokens is not None:
+        req = req.model_copy(update={"max_tokens": max(1, min(req.max_tokens, state.max_model_len - len(prompt)))})
     thinking = budget(tokenizer, prompt, req.max_thinking_tokens)
     inside = opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None
     if grammar_text is not None and inside is not None:

@@ -8,13 +8,15 @@ through one Generation, which owns submit, abort, the deadline and the access lo
 from quart import request
 
 from app.engine import GenerationParams
-from app.server import embeddings, metrics, openapi
+from app.server import embeddings, messages, metrics, openapi
 from app.server.errors import APIError, decode_json, validate
 from app.server.generation import RETRY_AFTER_SECONDS
 from app.server.generation import Generation
 from app.server.prompts import chat_prompt, completion_prompts, start_generation
 from app.server.responders.chat import ChatResponder
 from app.server.responders.completions import CompletionResponder
+from app.server.responders.messages import MessagesResponder
+from app.server.messages_schemas import CountTokensRequest, CountTokensResponse, MessagesRequest
 from app.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -24,7 +26,7 @@ from app.server.schemas import (
     ModelList,
     TokenizeRequest,
 )
-from app.server.sse import stream
+from app.server.sse import HEADERS, stream
 from app.server.state import ServerState
 from app.server.tools import ToolUse
 
@@ -69,8 +71,44 @@ async def create_embeddings(state: ServerState):
     return embeddings.reply(gen, req, state.model_name)
 
 
+async def create_message(state: ServerState):
+    """Anthropic's /v1/messages, run as the chat request it stands for (app/server/messages.py)."""
+    req = await parse(MessagesRequest)
+    state.check_model(req.model)
+    gen = start_generation(state, messages.chat_request(req), "msg", fit_context=True)
+    responder = MessagesResponder(gen, state.model_name)
+    if req.stream:
+        return responder.events(), HEADERS
+    await gen.collect()
+    return responder.reply()
+
+
+async def count_message_tokens(state: ServerState):
+    """Anthropic's /v1/messages/count_tokens: the prompt's length with its tools, as
+    /v1/messages would run it."""
+    req = await parse(CountTokensRequest)
+    state.check_model(req.model)
+    chat = messages.chat_request(req)
+    tokens = chat_prompt(state.tokenizer, chat.messages, ToolUse.of(chat), chat.add_generation_prompt,
+                         chat.template_variables())
+    return CountTokensResponse(input_tokens=len(tokens)).model_dump()
+
+
 async def models(state: ServerState):
-    return ModelList(data=[ModelCard(id=state.model_name, max_model_len=state.max_model_len)]).model_dump()
+    return ModelList(data=[model_card(state)]).model_dump()
+
+
+async def model(state: ServerState, model_id: str):
+    """GET /v1/models/{id}: the served model's card (what openai's models.retrieve reads), or
+    a 404 for any other id."""
+    if model_id != state.model_name:
+        raise APIError(404, f"the model {model_id!r} does not exist; this server serves {state.model_name!r}",
+                       param="model", code="model_not_found")
+    return model_card(state).model_dump()
+
+
+def model_card(state: ServerState) -> ModelCard:
+    return ModelCard(id=state.model_name, max_model_len=state.max_model_len)
 
 
 async def health(state: ServerState):

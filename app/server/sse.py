@@ -21,6 +21,12 @@ def event(payload: BaseModel | dict) -> str:
     return f"data: {body}\n\n"
 
 
+def named_event(name: str, payload: dict) -> str:
+    """An event with its type on an `event:` line, as Anthropic's and OpenAI's Responses
+    streams carry them (their clients dispatch on it)."""
+    return f"event: {name}\ndata: {json.dumps(payload)}\n\n"
+
+
 async def events(gen: Generation, responder: Responder, include_usage: bool):
     """Every event until every choice ends; leaving early (the client gone) aborts them."""
     with gen.submitted() as refusal:
