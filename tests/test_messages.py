@@ -152,6 +152,15 @@ def test_stop_sequences_end_with_the_sequence(client):
     assert "Paris" not in message.content[0].text
 
 
+def test_output_config_format_holds_the_text_to_the_schema(client):
+    schema = {"type": "object", "additionalProperties": False, "required": ["capital"],
+              "properties": {"capital": {"type": "string", "maxLength": 20}}}
+    message = client.messages.create(model=MODEL, max_tokens=60, messages=ASK,
+                                     output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert message.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(message.content[0].text), schema)
+
+
 def test_max_tokens_is_held_to_the_context(client):
     message = client.messages.create(model=MODEL, max_tokens=10**6, extra_body=GREEDY, messages=ASK)
     assert message.stop_reason == "end_turn"
