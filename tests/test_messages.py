@@ -16,7 +16,8 @@ import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from app.server.responders.messages import MessageBlocks
+from app.server.responders.messages import block
+from app.server.responders.parts import OutputParts
 from live_server import LiveServer
 from tiny_model import THINKING_CHATML, make_tiny_model
 
@@ -208,24 +209,25 @@ def test_the_key_is_taken_from_x_api_key_or_bearer(server):
 
 
 def test_text_is_trimmed_and_calls_become_blocks_in_any_split():
-    """The block machine gives the same blocks for the text fed whole or in pieces."""
+    """The parts give the same blocks for the text fed whole or in pieces."""
     calls = [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}},
              {"index": 0, "function": {"arguments": '{"a": '}}, {"index": 0, "function": {"arguments": "1}"}}]
     pieces = [("hm", "", []), (" ok", "\n ", []), ("", "Let me", []), ("", " look.\n", []), ("", "\n", calls[:2]),
               ("", "", calls[2:])]
-    whole = MessageBlocks()
+    whole = OutputParts()
     whole.feed("hm ok", "\n Let me look.\n\n", calls[:1] + [{"index": 0, "function": {"arguments": '{"a": 1}'}}],
                final=True)
-    streamed = MessageBlocks()
+    streamed, events = OutputParts(), []
     for reasoning, text, chunk in pieces:
-        streamed.feed(reasoning, text, chunk)
-    streamed.feed("", "", [], final=True)
-    assert streamed.content() == whole.content() == [
+        events += streamed.feed(reasoning, text, chunk)
+    events += streamed.feed("", "", [], final=True)
+    assert [block(p) for p in streamed.parts] == [block(p) for p in whole.parts] == [
         {"type": "thinking", "thinking": "hm ok", "signature": ""}, {"type": "text", "text": "Let me look."},
         {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]
-    empty = MessageBlocks()
+    assert [e[0] for e in events if e[0] != "delta"] == ["start", "stop"] * 3
+    empty = OutputParts()
     empty.feed("", " \n", [], final=True)
-    assert empty.content() == [{"type": "text", "text": ""}]
+    assert [block(p) for p in empty.parts] == [{"type": "text", "text": ""}]
 
 
 # Qwen3's switch: thinking closed at once when the request says enable_thinking false

@@ -2,11 +2,8 @@
 (message_start, then per content block content_block_start, its deltas and content_block_stop,
 then message_delta with the stop reason and usage, and message_stop).
 
-One MessageBlocks turns the chat split of the text (app/server/responders/chat.py's ChatText:
-thinking, text, tool calls) into content blocks; the JSON reply is the same machine fed the
-whole text at once, so a streamed message accumulates to the reply's blocks by construction.
-Text is trimmed at its ends (the whitespace a template writes around tool calls), and a message
-with no block at all gets one empty text block, as Anthropic's replies always carry content.
+Content blocks are the output's parts (responders/parts.py: thinking, text, tool calls), so a
+streamed message accumulates to the JSON reply's blocks by construction.
 """
 
 import json
@@ -15,6 +12,7 @@ from app.server.errors import APIError
 from app.server.generation import Choice, Generation
 from app.server.messages_schemas import MessageResponse, MessageUsage
 from app.server.responders.chat import ChatText
+from app.server.responders.parts import OutputParts, Part
 from app.server.sse import named_event
 
 
@@ -38,75 +36,13 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-class MessageBlocks:
-    """Content blocks as a message's text settles: each feed gives the stream events it makes,
-    and blocks holds every block so far in the reply's shape."""
-
-    def __init__(self):
-        self.blocks: list[dict] = []
-        self.open: str | None = None  # the kind of the last block while it is open
-        self.held = ""  # text not yet sent: leading whitespace, or whitespace that may end the text
-
-    def feed(self, reasoning: str, text: str, calls: list[dict], final: bool = False) -> list[tuple[str, dict]]:
-        events = []
-        if reasoning:
-            events += self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            events += self._delta("thinking", reasoning)
-        held = self.held + text
-        if held.strip():
-            if self.open != "text":
-                events += self._start("text", {"type": "text", "text": ""})
-                held = held.lstrip()
-            body = held.rstrip()
-            events += self._delta("text", body)
-            held = held[len(body):]
-        self.held = held
-        for chunk in calls:
-            if "id" in chunk:
-                events += self._start("tool_use", {"type": "tool_use", "id": tool_use_id(chunk["id"]),
-                                                   "name": chunk["function"]["name"], "input": {}})
-            events += self._delta("tool_use", chunk["function"]["arguments"])
-        if final:
-            if not self.blocks:
-                events += self._start("text", {"type": "text", "text": ""})
-            events += self._stop()
-        return events
-
-    def _start(self, kind: str, block: dict) -> list[tuple[str, dict]]:
-        if self.open == kind and kind != "tool_use":
-            return []
-        events = self._stop()
-        self.open = kind
-        self.blocks.append(dict(block, arguments="") if kind == "tool_use" else dict(block))
-        return events + [("content_block_start", {"type": "content_block_start", "index": len(self.blocks) - 1,
-                                                  "content_block": block})]
-
-    def _delta(self, kind: str, piece: str) -> list[tuple[str, dict]]:
-        if not piece:
-            return []
-        block = self.blocks[-1]
-        if kind == "thinking":
-            block["thinking"] += piece
-            delta = {"type": "thinking_delta", "thinking": piece}
-        elif kind == "text":
-            block["text"] += piece
-            delta = {"type": "text_delta", "text": piece}
-        else:
-            block["arguments"] += piece
-            delta = {"type": "input_json_delta", "partial_json": piece}
-        return [("content_block_delta", {"type": "content_block_delta", "index": len(self.blocks) - 1,
-                                         "delta": delta})]
-
-    def _stop(self) -> list[tuple[str, dict]]:
-        if self.open is None:
-            return []
-        self.open, self.held = None, ""
-        return [("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})]
-
-    def content(self) -> list[dict]:
-        """The blocks in the reply's shape: a tool call's arguments as its input object."""
-        return [{k: v for k, v in b.items() if k != "arguments"} | {"input": tool_input(b["arguments"])}
-                if b["type"] == "tool_use" else b for b in self.blocks]
+def block(part: Part) -> dict:
+    """A part as Anthropic's content block, as written so far."""
+    if part.kind == "thinking":
+        return {"type": "thinking", "thinking": part.text, "signature": ""}
+    if part.kind == "text":
+        return {"type": "text", "text": part.text}
+    return {"type": "tool_use", "id": tool_use_id(part.call_id), "name": part.name, "input": tool_input(part.text)}
 
 
 def tool_input(arguments: str) -> dict:
@@ -116,6 +52,27 @@ def tool_input(arguments: str) -> dict:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+DELTAS = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "text"),
+          "call": ("input_json_delta", "partial_json")}
+
+
+def stream_events(parts: OutputParts, events: list) -> list[tuple[str, dict]]:
+    """Anthropic's content block events for the parts' events."""
+    out = []
+    for kind, index, *piece in events:
+        if kind == "start":
+            opened = block(Part(parts.parts[index].kind, call_id=parts.parts[index].call_id,
+                                name=parts.parts[index].name))
+            out.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": opened}))
+        elif kind == "delta":
+            delta_type, field = DELTAS[parts.parts[index].kind]
+            out.append(("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                "delta": {"type": delta_type, field: piece[0]}}))
+        else:
+            out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    return out
 
 
 class MessagesResponder:
@@ -129,9 +86,9 @@ class MessagesResponder:
 
     def reply(self) -> dict:
         (choice,) = self.gen.ordered()
-        split, blocks = ChatText(self.gen), MessageBlocks()
-        blocks.feed(*split.feed(choice.text, final=True), final=True)
-        return self.message(choice, blocks.content(), bool(split.tool_calls)).model_dump()
+        split, parts = ChatText(self.gen), OutputParts()
+        parts.feed(*split.feed(choice.text, final=True), final=True)
+        return self.message(choice, [block(p) for p in parts.parts], bool(split.tool_calls)).model_dump()
 
     async def events(self):
         """The whole event stream; an error after the 200 is an error event, as Anthropic's."""
@@ -141,7 +98,7 @@ class MessagesResponder:
                 yield error_event(refusal)
                 return
             (choice,) = gen.ordered()
-            split, blocks = ChatText(gen), MessageBlocks()
+            split, parts = ChatText(gen), OutputParts()
             start = MessageResponse(id=gen.id, model=self.model_name, content=[], stop_reason=None,
                                     usage=MessageUsage(input_tokens=choice.prompt_tokens, output_tokens=0))
             yield named_event("message_start", {"type": "message_start", "message": start.model_dump()})
@@ -149,7 +106,8 @@ class MessagesResponder:
             async for pieces in gen.batches():
                 for piece in pieces:
                     final = piece.final is not None
-                    for name, payload in blocks.feed(*split.feed(piece.text, final=final), final=final):
+                    events = parts.feed(*split.feed(piece.text, final=final), final=final)
+                    for name, payload in stream_events(parts, events):
                         yield named_event(name, payload)
             failure = gen.timeout_error() if gen.timed_out else gen.failure()
             if failure:
