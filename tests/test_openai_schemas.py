@@ -1,6 +1,7 @@
 """Spool's bodies against OpenAI's own published schemas (tests/data/openai_response_schemas.json,
 which names its source and version): chat and text completions, streamed and not, with
-logprobs and usage, the model list, and errors."""
+logprobs and usage, the model list, and errors; and the Responses API's object and events, for
+POST /v1/responses."""
 
 import json
 from pathlib import Path
@@ -85,3 +86,30 @@ def test_the_model_list_and_errors_follow_openais_schemas(server):
         r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
         assert r.status_code in (400, 404)
         check(r.json(), "ErrorResponse")
+
+
+def test_the_responses_schemas_are_there_and_strict():
+    """The Responses API's object and its events, for POST /v1/responses: a minimal reply passes,
+    and one without its output does not."""
+    text = {"type": "output_text", "text": "Paris.", "annotations": [], "logprobs": []}
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+               "content": [text]}
+    usage = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+             "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 9}
+    response = {"id": "resp_1", "object": "response", "created_at": 1767225600, "model": "m",
+                "status": "completed", "output": [message], "error": None, "incomplete_details": None,
+                "instructions": None, "metadata": {}, "parallel_tool_calls": True, "temperature": 1.0,
+                "top_p": 1.0, "tool_choice": "auto", "tools": [], "usage": usage}
+    check(response, "Response")
+    with pytest.raises(jsonschema.ValidationError, match="'output' is a required property"):
+        check({k: v for k, v in response.items() if k != "output"}, "Response")
+    with pytest.raises(jsonschema.ValidationError):  # an output_text part must carry its logprobs
+        check({**response, "output": [{**message, "content": [{**text, "logprobs": None}]}]}, "Response")
+    delta = {"type": "response.output_text.delta", "sequence_number": 1, "item_id": "msg_1",
+             "output_index": 0, "content_index": 0, "delta": "Paris.", "logprobs": []}
+    for event in ({"type": "response.created", "sequence_number": 0,
+                   "response": {**response, "status": "in_progress", "output": []}},
+                  delta, {"type": "response.completed", "sequence_number": 2, "response": response}):
+        check(event, "ResponseStreamEvent")
+    with pytest.raises(jsonschema.ValidationError):
+        check({**delta, "type": "response.output_text.deltas"}, "ResponseStreamEvent")
