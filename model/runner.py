@@ -37,6 +37,7 @@ class Row:
     output_ids: Sequence[int] = ()  # for penalties, and the seeded draw's token index
     mask: object = None  # a Future of the tokens allowed next (model.sampling.allowed_tokens' words), or None
     embed: bool = False  # an embedding request's last chunk: its last token's state, pooled, not a token
+    prompt_logprobs: int | None = None  # a prefill chunk whose prompt tokens are scored: each with its top n
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Launched:
     ids: object  # ops.download of the sampled ids
     sampled: SampleResult | None
     embedded: list = field(default_factory=list)  # a Sampled with its embedding for each embedding row
+    scored: dict = field(default_factory=dict)  # request id -> its chunk's prompt logprobs (Sampled.prompt_logprobs)
 
 
 @dataclass
@@ -61,6 +63,16 @@ class Sampled:
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     embedding: np.ndarray | None = None  # an embedding row's: its last token's final hidden state, unit length
+    # a prompt_logprobs row's: per prompt token its chunk predicts, (token id, logprob, rank, top)
+    prompt_logprobs: list[tuple[int, float, int, list[tuple[int, float]]]] | None = None
+
+
+def predicted(row: Row) -> Sequence[int]:
+    """The prompt tokens a prompt_logprobs row's positions predict (each position's next),
+    scored in its step; none for other rows."""
+    if row.prompt_logprobs is None:
+        return ()
+    return row.prompt_ids[row.start_pos + 1:row.start_pos + len(row.token_ids) + 1]
 
 
 def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | None = None,
@@ -112,7 +124,8 @@ class ModelRunner:
         return self.forward(plan)[0]
 
     def forward(self, plan: StepPlan):
-        """(fp32 logits of the sampling rows, the embedding rows' final hidden states or None)."""
+        """(fp32 logits of the sampling rows, then of every position of the prompt_logprobs rows
+        that predicts a prompt token; the embedding rows' final hidden states or None)."""
         if self.graphs is not None and self.graphs.can_replay(plan):
             return self.graphs.replay(plan, self.fill_ahead), None
         ops, rows = self.ops, plan.rows
@@ -121,12 +134,14 @@ class ModelRunner:
         positions = np.concatenate([np.arange(r.start_pos, r.start_pos + n) for r, n in zip(rows, query_lens)])
         slots = np.concatenate([self.cache.slots(r.block_table, r.start_pos, n) for r, n in zip(rows, query_lens)])
         ends = np.cumsum(query_lens) - 1
-        logit_index = np.array([end for r, end in zip(rows, ends) if r.sample], dtype=np.int64)
+        starts = ends - np.asarray(query_lens) + 1
+        scored = [start + k for r, start in zip(rows, starts) for k in range(len(predicted(r)))]
+        logit_index = np.array([end for r, end in zip(rows, ends) if r.sample] + scored, dtype=np.int64)
         pooled_index = np.array([end for r, end in zip(rows, ends) if r.embed], dtype=np.int64)
         meta = ops.attention_meta(query_lens, [r.start_pos + n for r, n in zip(rows, query_lens)],
                                   [r.block_table for r in rows], self.block_size)
         device_tokens = ops.asarray(token_ids, np.int64)
-        self.fill_ahead(device_tokens, ends - np.asarray(query_lens) + 1, rows)
+        self.fill_ahead(device_tokens, starts, rows)
         out = self.model.forward(device_tokens, ops.asarray(positions, np.int64), ops.asarray(slots, np.int32), meta,
                                  self.cache, ops.asarray(logit_index, np.int64),
                                  ops.asarray(pooled_index, np.int64) if pooled_index.size else None)
@@ -147,14 +162,29 @@ class ModelRunner:
         sampling = [r for r in plan.rows if r.sample]
         logits, hidden = self.forward(plan)  # the masks are computed meanwhile
         embedded = [] if hidden is None else self.embeddings([r for r in plan.rows if r.embed], hidden)
+        scored = self.score_prompts(plan.rows, logits[len(sampling):])
         if not sampling:
-            return Launched([], None, None, embedded)
-        sampled = self.ops.sample(logits, SampleBatch(
+            return Launched([], None, None, embedded, scored)
+        sampled = self.ops.sample(logits[:len(sampling)], SampleBatch(
             [r.params for r in sampling], [r.prompt_ids for r in sampling], [self.history(r) for r in sampling],
             self.rng, keys=[r.request_id for r in sampling],
             masks=[None if r.mask is None else r.mask.result() for r in sampling]))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
-        return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded)
+        return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded, scored)
+
+    def score_prompts(self, rows: list[Row], logits) -> dict:
+        """Each prompt_logprobs row's predicted prompt tokens, scored under the logits of the
+        positions before them (one logits row per such position, in forward's order)."""
+        scored, at = {}, 0
+        for row in rows:
+            targets = predicted(row)
+            if not len(targets):
+                continue
+            s = self.ops.score(logits[at:at + len(targets)], targets, row.prompt_logprobs)
+            scored[row.request_id] = [(int(t), lp, rank, top) for t, lp, rank, top
+                                      in zip(targets, s.logprobs, s.ranks, s.top_logprobs)]
+            at += len(targets)
+        return scored
 
     def embeddings(self, rows: list[Row], hidden) -> list[Sampled]:
         """Each embedding row's final hidden state as a unit vector (last-token pooling, as
@@ -175,11 +205,14 @@ class ModelRunner:
     def collect(self, launched: Launched) -> list[Sampled]:
         """Wait for a launched step's sampled ids; an id outside the vocabulary comes back as
         NO_TOKEN, which fails that row's request alone (app/engine/outputs.py)."""
-        if not launched.rows:
-            return launched.embedded
-        ids, sampled, vocab = launched.ids.result(), launched.sampled, self.config.vocab_size
-        return [Sampled(r.request_id, int(ids[i]) if 0 <= ids[i] < vocab else NO_TOKEN, sampled.logprobs[i],
-                        sampled.top_logprobs[i]) for i, r in enumerate(launched.rows)] + launched.embedded
+        scored = dict(launched.scored)
+        out = launched.embedded
+        if launched.rows:
+            ids, sampled, vocab = launched.ids.result(), launched.sampled, self.config.vocab_size
+            out = [Sampled(r.request_id, int(ids[i]) if 0 <= ids[i] < vocab else NO_TOKEN, sampled.logprobs[i],
+                           sampled.top_logprobs[i], prompt_logprobs=scored.pop(r.request_id, None))
+                   for i, r in enumerate(launched.rows)] + out
+        return out + [Sampled(rid, NO_TOKEN, prompt_logprobs=lps) for rid, lps in scored.items()]
 
     def step(self, plan: StepPlan) -> list[Sampled]:
         return self.collect(self.launch(plan))

@@ -172,7 +172,12 @@ class Engine:
         by_id = {s.request_id: s for s in sampled}
         now = time.monotonic()
         for request, row in self.planner.landed(plan):
-            end = self.outputs.accept(request, by_id[row.request_id], now)
+            sampled = by_id.get(row.request_id)  # none for a chunk that predicts no prompt token
+            if sampled is not None and sampled.prompt_logprobs:
+                self.outputs.score_prompt(request, sampled)
+            if not (row.sample or row.embed):
+                continue
+            end = self.outputs.accept(request, sampled, now)
             if end is not None:
                 self.planner.finish(request, end.reason, end.stop_reason, end.error)
         for request in self.outputs.send_deltas(self.planner.decoding):

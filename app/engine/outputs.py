@@ -92,6 +92,11 @@ class OutputProcessor:
 
     # -- results ------------------------------------------------------------------------------
 
+    @staticmethod
+    def score_prompt(request: Request, sampled: Sampled) -> None:
+        """A prefill chunk's prompt logprobs, in order; they go out with the request's next frame."""
+        request.pending_prompt_logprobs += sampled.prompt_logprobs
+
     def accept(self, request: Request, sampled: Sampled, now: float) -> Ending | None:
         """One new token: the grammar, the stop checks, the detokenizer and the stop-string
         buffer. Returns how the request ends, when this token ends it."""
@@ -147,11 +152,13 @@ class OutputProcessor:
 
     def send(self, request: Request, final: bool = False) -> bool:
         frame = Frame(request.id, request.pending_text, request.pending_ids,
-                      request.pending_logprobs if request.params.sampling.logprobs is not None else None)
+                      request.pending_logprobs if request.params.sampling.logprobs is not None else None,
+                      prompt_logprobs=request.pending_prompt_logprobs or None)
         if final:
             frame.finish_reason, frame.stop_reason = request.finish_reason, request.stop_reason
             frame.usage, frame.error, frame.embedding = request.usage(), request.error, request.embedding
         request.pending_text, request.pending_ids, request.pending_logprobs = "", [], []
+        request.pending_prompt_logprobs = []
         try:
             request.emit(frame)
         except Exception:  # a final frame that cannot go out has no one to go to

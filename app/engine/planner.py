@@ -187,7 +187,8 @@ class Planner:
     def start_prefill(self, request: Request, tokens: list[int], target: int) -> bool:
         """Take cached prefix blocks and allocate the rest for target tokens; False (and
         nothing held) when the pool cannot hold them."""
-        hits = self.pool.match_prefix(tokens)
+        scores = request.params.prompt_logprobs is not None and request.state is State.WAITING
+        hits = [] if scores else self.pool.match_prefix(tokens)  # a scored position must be computed
         fresh = self.pool.allocate_many(self.pool.blocks_for(target) - len(hits))
         if fresh is None:
             self.pool.release(hits)
@@ -333,11 +334,12 @@ class Planner:
             end = start + n
             tokens = request.all_ids[start:end]
             last = end == request.target and not request.output_ids
-            sample = last and not request.params.embed
+            sample = last and not request.params.embed and request.max_tokens > 0
             rows.append(Row(request.id, tokens, start, self.table(request), sample=sample,
                             params=self.rows.sampling_params(request), prompt_ids=request.prompt_ids,
                             output_ids=request.output_ids, mask=self.rows.mask(request) if sample else None,
-                            embed=last and request.params.embed))
+                            embed=last and request.params.embed,
+                            prompt_logprobs=None if request.output_ids else request.params.prompt_logprobs))
             served.append(request)
         for request in served:
             self.prefilling.remove(request)
@@ -370,8 +372,9 @@ class Planner:
 
     def landed(self, plan: StepPlan) -> list[tuple[Request, Row]]:
         """A step's rows are computed: their K/V counts, full blocks go to the prefix cache, and
-        a finished prefill decodes. Returns the live requests of its sampling rows; a request
-        that ended while the step ran (the overlapped loop) has its row's result dropped."""
+        a finished prefill decodes (or ends: max_tokens 0). Returns the requests of its rows with
+        a result (sampled, embedded, or prompt logprobs); a request that ended while the step ran
+        (the overlapped loop) has its row's result dropped."""
         self.in_flight = [p for p in self.in_flight if p is not plan]
         sampling = []
         for row in plan.rows:
@@ -385,7 +388,9 @@ class Planner:
                 self.prefilling.remove(request)
                 request.state = State.DECODING
                 self.decoding.append(request)
-            if row.sample or row.embed:
+                if request.max_tokens == 0:  # its prompt was all it asked to read
+                    self.finish(request, "length")
+            if row.sample or row.embed or row.prompt_logprobs is not None:
                 sampling.append((request, row))
         return sampling
 

@@ -31,7 +31,7 @@ class ThinkingBudget:
 @dataclass(frozen=True)
 class GenerationParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int | None = None  # None: whatever fits the context
+    max_tokens: int | None = None  # None: whatever fits the context; 0: read the prompt, generate nothing
     min_tokens: int = 0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -39,6 +39,9 @@ class GenerationParams:
     grammar: str | None = None  # llguidance grammar text (JSON or Lark) the output must follow
     thinking: ThinkingBudget | None = None
     embed: bool = False  # an embedding: the prompt's last hidden state, pooled, and no token
+    # each prompt token's logprob (but the first's) with the top n at its position; None: not
+    # asked. Such a request computes its whole prompt: no prefix-cache hit skips a position.
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Frame:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list | None = None  # per token: (token_id, logprob, [(id, logprob), ...])
+    prompt_logprobs: list | None = None  # per prompt token but the first: (token_id, logprob, rank, top); with the first frame
     finish_reason: str | None = None  # stop | length | cancelled | error
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     usage: Usage | None = None
@@ -93,6 +97,7 @@ class Request:
     pending_text: str = ""  # settled text not yet sent
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list = field(default_factory=list)
+    pending_prompt_logprobs: list = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
     scheduled_at: float | None = None
     first_token_at: float | None = None

@@ -25,8 +25,8 @@ def validate(prompt_ids: list[int], params: GenerationParams, *, max_model_len: 
                           f" start the server with a larger KV cache", "prompt")
     room = limit - len(prompt_ids)
     max_tokens = room if params.max_tokens is None else params.max_tokens
-    if max_tokens < 1:
-        raise EngineError(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    if max_tokens < 0:
+        raise EngineError(f"max_tokens must be at least 0, got {max_tokens}", "max_tokens")
     if max_tokens > room:
         raise EngineError(f"max_tokens is {max_tokens}, but the context of {limit} leaves {room}"
                           f" after the {len(prompt_ids)}-token prompt", "max_tokens")
@@ -36,6 +36,8 @@ def validate(prompt_ids: list[int], params: GenerationParams, *, max_model_len: 
     bad = next((t for t in params.stop_token_ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise EngineError(f"stop_token_ids has {bad}, outside the vocabulary [0, {vocab})", "stop_token_ids")
+    if params.prompt_logprobs is not None and not 0 <= params.prompt_logprobs <= 20:
+        raise EngineError(f"prompt_logprobs must be in [0, 20], got {params.prompt_logprobs}", "prompt_logprobs")
     try:
         params.sampling.validate(vocab)
     except ValueError as e:

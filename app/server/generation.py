@@ -43,7 +43,7 @@ class Choice:
     index: int
     request_id: str
     prompt_index: int  # which prompt of the request it continues
-    prompt_tokens: int
+    prompt_ids: list[int]
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
@@ -53,6 +53,11 @@ class Choice:
     completion_tokens: int = 0
     error: str | None = None
     embedding: object = None  # an embedding request's vector
+    prompt_logprobs: list = field(default_factory=list)  # per prompt token but the first, when asked
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
 
 @dataclass
@@ -100,7 +105,7 @@ class Generation:
                     raise engine_error(e) from None
                 rid = f"{self.id}-{index}"
                 self.submissions.append((rid, prompt, params))
-                self.choices[rid] = Choice(index, rid, prompt_index, len(prompt))
+                self.choices[rid] = Choice(index, rid, prompt_index, prompt)
 
     @contextmanager
     def submitted(self) -> Iterator[APIError | None]:
@@ -174,6 +179,8 @@ class Generation:
                 choice.token_ids += frame.token_ids
                 if frame.logprobs:
                     choice.logprobs += frame.logprobs
+                if frame.prompt_logprobs:
+                    choice.prompt_logprobs += frame.prompt_logprobs
                 if frame.token_ids and self.first_token_at is None:
                     self.first_token_at = now
                 if frame.finish_reason is not None:

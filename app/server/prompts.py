@@ -38,16 +38,20 @@ def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
 
 
 def generation_params(req, index: int, grammar_text: str | None = None, thinking=None) -> GenerationParams:
+    prompt_logprobs = req.prompt_logprobs
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
         max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
         logprobs = req.logprobs
+        if req.echo and logprobs is not None:  # the echoed prompt's tokens carry theirs too
+            prompt_logprobs = max(logprobs, prompt_logprobs or 0)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return GenerationParams(sampling_params(req, logprobs, index), max_tokens=max_tokens,
                             min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
-                            ignore_eos=req.ignore_eos, grammar=grammar_text, thinking=thinking)
+                            ignore_eos=req.ignore_eos, grammar=grammar_text, thinking=thinking,
+                            prompt_logprobs=prompt_logprobs)
 
 
 def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool = False) -> Generation:

@@ -54,8 +54,6 @@ async def chat_completions(state: ServerState):
 async def completions(state: ServerState):
     req = await parse(CompletionRequest)
     state.check_model(req.model)
-    if req.echo:
-        raise APIError(400, "echo is not supported", param="echo")
     return await generate(state, req, "cmpl", CompletionResponder)
 
 

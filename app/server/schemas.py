@@ -57,6 +57,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = None
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's logprob, and the top n
     user: str | None = None
     response_format: "ResponseFormat | None" = None
     # the same constraint under vLLM's, SGLang's and llama.cpp's names (app/server/formats.py)
@@ -80,6 +81,20 @@ class SamplingFields(BaseModel):
                         continue
                     raise PydanticCustomError("unsupported", f"{field}: {why}", {"field": field})
         return data
+
+    def shows_prompt(self) -> bool:
+        """The reply carries the prompt itself (its logprobs): then max_tokens 0 asks for something."""
+        return self.prompt_logprobs is not None
+
+    @model_validator(mode="after")
+    def _prompt_fields(self):
+        if self.stream and self.prompt_logprobs is not None:  # as vLLM refuses them
+            raise PydanticCustomError("unsupported", "prompt_logprobs are not available when stream is true",
+                                      {"field": "prompt_logprobs"})
+        if 0 in (self.max_tokens, getattr(self, "max_completion_tokens", None)) and not self.shows_prompt():
+            raise PydanticCustomError("unsupported", "max_tokens 0 generates nothing; it is for scoring a prompt"
+                                      " (echo with logprobs, or prompt_logprobs)", {"field": "max_tokens"})
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -227,7 +242,10 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion (and its tokens' logprobs, with logprobs)
+
+    def shows_prompt(self) -> bool:
+        return self.echo or super().shows_prompt()
 
 
 class EmbeddingRequest(BaseModel):
@@ -324,12 +342,26 @@ class ToolCallChunk(BaseModel):
     function: FunctionCallChunk
 
 
-def choice_model(name: str, field: str, content: type, logprobs: type) -> type[BaseModel]:
+class PromptLogprob(BaseModel):
+    """vLLM's prompt_logprobs entry for one token at one prompt position."""
+
+    logprob: float
+    rank: int  # 1: the most likely token there
+    decoded_token: str
+
+
+# vLLM's prompt_logprobs: per prompt token, null for the first, then {token id: entry} for the
+# token itself and the most likely ones there
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
+def choice_model(name: str, field: str, content: type, logprobs: type, **extra) -> type[BaseModel]:
     """A choice in OpenAI's order: its index, its content under the shape's name for it
-    (message, delta or text), its logprobs, and how it ended (None while it runs)."""
+    (message, delta or text), its logprobs, and how it ended (None while it runs); then any
+    extra fields."""
     return create_model(name, __module__=__name__, index=(int, ...), **{field: (content, ...)},
                         logprobs=(logprobs | None, None), finish_reason=(str | None, None),
-                        stop_reason=(str | int | None, None))
+                        stop_reason=(str | int | None, None), **extra)
 
 
 class Envelope(BaseModel):
@@ -357,6 +389,7 @@ class ChatCompletionResponse(Envelope):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=lambda v: v is None)  # vLLM's, when asked
 
 
 class ChatCompletionChunk(Envelope):
@@ -367,12 +400,13 @@ class ChatCompletionChunk(Envelope):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 
-CompletionChoice = choice_model("CompletionChoice", "text", str, CompletionLogprobs)
+CompletionChoice = choice_model("CompletionChoice", "text", str, CompletionLogprobs, prompt_logprobs=(
+    PromptLogprobs | None, Field(None, exclude_if=lambda v: v is None)))  # vLLM's, when asked
 
 
 class CompletionResponse(Envelope):

@@ -23,7 +23,7 @@ from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
 from model.errors import one_line
 from model.ops.kernels import TENSOR_CORE_TYPES, name_expression, variant
-from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult
+from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
 
 THREADS = 128
@@ -271,6 +271,9 @@ class CudaOps:
     def sample(self, logits, batch: SampleBatch) -> SampleResult:
         """NumpyOps.sample's contract; the ids stay on the device (to_host them)."""
         return self.sampler.sample(logits, batch)
+
+    def score(self, logits, token_ids, top: int) -> Scored:
+        return self.sampler.score(logits, token_ids, top)
 
     def release(self, key) -> None:
         """The request named key has ended: its penalty counts' slot is free again."""

@@ -13,7 +13,7 @@ bias entries); what comes back is the sampled ids, and logprobs only when a row 
 
 import numpy as np
 
-from model.ops.protocol import SampleBatch, SampleResult
+from model.ops.protocol import SampleBatch, SampleResult, Scored
 from model.sampling import allowed_tokens
 
 SAMPLE_THREADS = 1024  # sampling.cu: a power of two, at most 1024
@@ -110,18 +110,28 @@ class DeviceSampler:
         if temporary:
             for k in keys:
                 self.release(k)
-        logprobs, top = self._logprobs(logits, ids, params)
+        logprobs, top = self._logprobs(logits, ids, [p.logprobs for p in params])
         return SampleResult(ids, logprobs, top)
+
+    def score(self, logits, token_ids, top: int) -> Scored:
+        """NumpyOps.score's contract on device logits: the logprobs kernel, and each rank
+        counted on the device (the raw logits order the tokens as their logprobs do)."""
+        rows = logits.shape[0]
+        ids = self.ops.asarray(np.asarray(token_ids), np.int32)
+        logprobs, tops = self._logprobs(logits, ids, [top] * rows)
+        chosen = logits[self.xp.arange(rows), ids]
+        ranks = self.ops.to_host(1 + (logits > chosen[:, None]).sum(axis=1))
+        return Scored(logprobs, [int(r) for r in ranks], tops)
 
     def _table(self, table, dtype):
         """The counts (or seen) table, or a one-element stand-in when no slot exists yet."""
         return table if table is not None else self.ops.zeros(1, dtype)
 
-    def _logprobs(self, logits, ids, params):
+    def _logprobs(self, logits, ids, wanted: list[int | None]):
+        """Each row's logprob of ids[row] and its top wanted[row] (None: the row asks nothing)."""
         rows, vocab = logits.shape
         logprobs: list = [None] * rows
         top: list = [None] * rows
-        wanted = [p.logprobs for p in params]
         if all(n is None for n in wanted):
             return logprobs, top
         ops = self.ops

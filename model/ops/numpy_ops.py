@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.ops.moe import ExpertPlan, combine, route
-from model.ops.protocol import Download, SampleBatch, SampleResult
+from model.ops.protocol import Download, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
 from model.sampling import SamplingParams, allowed_tokens
 from model.weights import Experts
@@ -337,16 +337,32 @@ class NumpyOps:
                 _apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
             token_ids[r] = int(np.argmax(row)) if p.greedy else _pick(row, p, batch.uniform(r))
             if p.logprobs is not None:
-                raw = logits[r] - logits[r].max()
-                lsm = raw - np.log(np.exp(raw).sum())
+                lsm = log_softmax(logits[r])
                 logprobs[r] = float(lsm[token_ids[r]])
-                if p.logprobs:
-                    best = np.argpartition(-lsm, p.logprobs - 1)[:p.logprobs]
-                    best = best[np.lexsort((best, -lsm[best]))]
-                    top[r] = [(int(t), float(lsm[t])) for t in best]
-                else:
-                    top[r] = []
+                top[r] = most_likely(lsm, p.logprobs)
         return SampleResult(token_ids, logprobs, top)
+
+    def score(self, logits: np.ndarray, token_ids, top: int) -> Scored:
+        """Each row's given token: its logprob and rank under the raw logits, and the row's top."""
+        lsm = log_softmax(logits)
+        chosen = lsm[np.arange(len(lsm)), np.asarray(token_ids, dtype=np.int64)]
+        ranks = 1 + (lsm > chosen[:, None]).sum(axis=1)
+        return Scored([float(x) for x in chosen], [int(x) for x in ranks], [most_likely(row, top) for row in lsm])
 
     def release(self, key) -> None:
         """A request has ended; this sampler keeps nothing per request."""
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Along the last axis, in float32."""
+    raw = logits - logits.max(axis=-1, keepdims=True)
+    return raw - np.log(np.exp(raw).sum(axis=-1, keepdims=True))
+
+
+def most_likely(lsm: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The n most likely (token id, logprob) of one row, ties to the lower id."""
+    if not n:
+        return []
+    best = np.argpartition(-lsm, n - 1)[:n]
+    best = best[np.lexsort((best, -lsm[best]))]
+    return [(int(t), float(lsm[t])) for t in best]

@@ -3,7 +3,7 @@ which each backend (NumPy, the numba CPU kernels, CUDA) implements as one class.
 
 model/llama.py is written once against `Ops`; a new op is added here first, then to each
 backend. Sampling takes a `SampleBatch` (one entry per row of the logits) and gives a
-`SampleResult`. What only a device has is an attribute every backend carries: `asynchronous`
+`SampleResult`; scoring given tokens (a prompt's) gives `Scored`. What only a device has is an attribute every backend carries: `asynchronous`
 says whether a step returns before its work has run, and `launcher` is the device's launcher
 (CUDA graphs, pinned host memory, side-stream copies, memory sizing), None on the CPU.
 """
@@ -70,6 +70,15 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]] | None]  # (token id, logprob), most likely first
 
 
+@dataclass
+class Scored:
+    """Given tokens under their rows' raw distributions (a prompt's tokens, for prompt_logprobs)."""
+
+    logprobs: list[float]
+    ranks: list[int]  # 1 + how many tokens the row finds more likely
+    top_logprobs: list[list[tuple[int, float]]]  # (token id, logprob), most likely first
+
+
 class Launcher(Protocol):
     """What CudaOps runs on: CuPy's RawModule and cuBLAS on a GPU (model/ops/cupy_ops.py), or
     the CPU harness (tests/cuda_harness.py), which builds the same .cu files with g++."""
@@ -117,4 +126,5 @@ class Ops(Protocol):
     def paged_attention(self, q, cache_k, cache_v, meta, scale: float, window: int = 0,
                         softcap: float = 0.0): ...  # window: the last positions seen (0: all)
     def sample(self, logits, batch: SampleBatch) -> SampleResult: ...
+    def score(self, logits, token_ids, top: int) -> Scored: ...  # token_ids[r] under row r, and its top n
     def release(self, key) -> None: ...  # the request named key has ended

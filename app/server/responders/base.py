@@ -9,7 +9,8 @@ from abc import ABC, abstractmethod
 
 from pydantic import BaseModel
 
-from app.server.generation import Generation, Piece
+from app.server.generation import Choice, Generation, Piece
+from app.server.schemas import PromptLogprob, PromptLogprobs
 
 
 class Responder(ABC):
@@ -20,6 +21,20 @@ class Responder(ABC):
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def prompt_logprobs(self, choice: Choice) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs, when the request asked: null for the first token, then each
+        token's entry and those of the most likely tokens at its position."""
+        n = self.req.prompt_logprobs
+        if n is None:
+            return None
+        out: PromptLogprobs = [None]
+        for token, logprob, rank, top in choice.prompt_logprobs:
+            entry = {str(token): PromptLogprob(logprob=logprob, rank=rank, decoded_token=self.token_text(token))}
+            for k, (t, lp) in enumerate(top[:n], start=1):
+                entry.setdefault(str(t), PromptLogprob(logprob=lp, rank=k, decoded_token=self.token_text(t)))
+            out.append(entry)
+        return out
 
     def opening(self) -> BaseModel | None:
         """The chunk a stream starts with, before any frame; None for none."""

@@ -105,5 +105,5 @@ class ChatResponder(Responder):
             choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self.logprobs(c.logprobs) if self.req.logprobs else None,
                                       finish_reason=split.finish_reason(c.finish_reason), stop_reason=c.stop_reason))
-        return ChatCompletionResponse(id=self.gen.id, model=self.model_name, choices=choices,
-                                      usage=self.gen.usage()).model_dump()
+        return ChatCompletionResponse(id=self.gen.id, model=self.model_name, choices=choices, usage=self.gen.usage(),
+                                      prompt_logprobs=self.prompt_logprobs(self.gen.ordered()[0])).model_dump()
