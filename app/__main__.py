@@ -24,6 +24,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--model", default=None,
                      help="a Hugging Face model directory or a .gguf file (default: SmolLM2-135M-Instruct,"
                           " downloaded and converted on first use)")
+    gen.add_argument("--tokenizer", default=None, metavar="DIR", help="a directory whose tokenizer replaces the model's")
+    gen.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                     help="a Jinja chat template, as a file or inline, in place of the tokenizer's own")
     gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0, off)")

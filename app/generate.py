@@ -10,7 +10,7 @@ from model.default import resolve_model
 from model.kv_cache import DEFAULT_BLOCK_SIZE
 from model.runner import ModelRunner
 from model.sampling import SamplingParams
-from model.tokenizer import ChatTemplateError, Tokenizer
+from model.tokenizer import Tokenizer, chat_template_text
 
 
 def run_generate(args) -> int:
@@ -20,10 +20,10 @@ def run_generate(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model_dir = resolve_model(args.model)
-    tokenizer = Tokenizer(model_dir)
     try:
+        tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template))
         prompt = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
-    except ChatTemplateError as e:
+    except ValueError as e:  # a --chat-template that is no template, or one that refuses the message
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:

@@ -29,7 +29,7 @@ from model.errors import ModelError, one_line
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from model.memory import GIB, gpu_kv_blocks
 from model.runner import ModelRunner
-from model.tokenizer import Tokenizer
+from model.tokenizer import Tokenizer, chat_template_text
 
 log = logging.getLogger("spool")
 
@@ -39,6 +39,10 @@ def add_arguments(parser) -> None:
     a("--model", default=None, help="a Hugging Face model directory or a .gguf file"
       " (default: SmolLM2-135M-Instruct, downloaded and converted on first use)")
     a("--served-model-name", default=None, help="the model name clients use (default: the directory's name)")
+    a("--tokenizer", default=None, metavar="DIR",
+      help="a directory whose tokenizer (tokenizer.json, its config, its chat template) replaces the model's")
+    a("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+      help="a Jinja chat template, as a file or inline, in place of the tokenizer's own")
     a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     a("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     a("--backend", choices=BACKENDS, default="auto",
@@ -91,6 +95,9 @@ def validate_flags(args) -> None:
         raise ValueError("--request-timeout and --shutdown-timeout must not be negative")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.tokenizer is not None and not Path(args.tokenizer, "tokenizer.json").is_file():
+        raise ValueError(f"--tokenizer {args.tokenizer!r} is not a directory with a tokenizer.json")
+    chat_template_text(args.chat_template)
     limits.Limits.from_args(args).validate()
 
 
@@ -108,7 +115,7 @@ def load(args, state: ServerState) -> Engine:
     already answers /health with 503."""
     backend = resolve(args.backend, args.dtype)
     model_dir = resolve_model(args.model)
-    state.tokenizer = Tokenizer(model_dir)
+    state.tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template))
     model = backend.load(model_dir, args.max_model_len)
     config = model.config
     state.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)

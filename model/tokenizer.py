@@ -51,8 +51,22 @@ def _tojson(value, indent=None):
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
+def chat_template_text(value: str | None) -> str | None:
+    """A --chat-template value as Jinja text: a file's contents, or the template given inline
+    (it has a {{ or {% in it), as vLLM reads the flag; None stays None."""
+    if value is None:
+        return None
+    path = Path(value)
+    if "{{" not in value and "{%" not in value:
+        if not path.is_file():
+            raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+        return path.read_text(encoding="utf-8")
+    return value
+
+
 class Tokenizer:
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, chat_template: str | None = None):
+        """chat_template: Jinja text in place of the model's own (--chat-template)."""
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
@@ -88,6 +102,8 @@ class Tokenizer:
         jinja_file = model_dir / "chat_template.jinja"
         if template is None and jinja_file.is_file():
             template = jinja_file.read_text(encoding="utf-8")
+        if chat_template is not None:
+            template = chat_template
         self.chat_template = None
         self.template_takes_tools = bool(template) and "tools" in template
         if template:
