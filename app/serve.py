@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 
 from app.engine import Engine, EngineConfig
-from app.server import limits
+from app.server import limits, tools
 from app.server.app import create_app
 from app.server.state import ServerState
 from app.server.listener import serve_http
@@ -77,6 +77,9 @@ def add_arguments(parser) -> None:
     a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
     a("--shutdown-timeout", type=float, default=30.0,
       help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")
+    a("--tool-call-parser", default=None, metavar="NAME",
+      help=f"how the model writes tool calls, by vLLM's parser names: {', '.join(tools.FORMATS)}"
+           " (default: read from the chat template's markers, else hermes)")
     a("--no-ui", action="store_true", help="do not serve the chat page at /")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="(default: info)")
     limits.add_arguments(parser)
@@ -95,6 +98,8 @@ def validate_flags(args) -> None:
         raise ValueError("--request-timeout and --shutdown-timeout must not be negative")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.tool_call_parser is not None and args.tool_call_parser not in tools.FORMATS:
+        raise ValueError(f"--tool-call-parser {args.tool_call_parser!r} is not one of {', '.join(tools.FORMATS)}")
     if args.tokenizer is not None and not Path(args.tokenizer, "tokenizer.json").is_file():
         raise ValueError(f"--tokenizer {args.tokenizer!r} is not a directory with a tokenizer.json")
     chat_template_text(args.chat_template)
@@ -116,6 +121,10 @@ def load(args, state: ServerState) -> Engine:
     backend = resolve(args.backend, args.dtype)
     model_dir = resolve_model(args.model)
     state.tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template))
+    found = tools.detect(state.tokenizer.chat_template_source)
+    state.tool_format = tools.FORMATS[args.tool_call_parser or found or "hermes"](state.tokenizer)
+    log.info(f"tool calls in the {state.tool_format.name} format (from"
+             f" {'--tool-call-parser' if args.tool_call_parser else 'the chat template' if found else 'no marker: the default'})")
     model = backend.load(model_dir, args.max_model_len)
     config = model.config
     state.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)

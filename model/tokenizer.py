@@ -105,6 +105,7 @@ class Tokenizer:
         if chat_template is not None:
             template = chat_template
         self.chat_template = None
+        self.chat_template_source = template or ""  # read for the tool-call format it writes
         self.template_takes_tools = bool(template) and "tools" in template
         if template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,

@@ -77,14 +77,17 @@ def random_weights(variant: str, tie: bool, vocab: int, seed: int = 0, layers: i
 
 def make_tiny_model(path: Path, variant: str = "llama", tie: bool = True, seed: int = 0,
                     layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
-                    intermediate: int = 128, max_pos: int = 1024, thinking: bool = False) -> Path:
+                    intermediate: int = 128, max_pos: int = 1024, thinking: bool = False,
+                    tokens: tuple[str, ...] = (), chat_template: str | None = None) -> Path:
     """thinking: a reasoning model's tokenizer (<think> and </think> tokens) and a template
-    whose generation prompt opens the thinking, as DeepSeek-R1's does."""
+    whose generation prompt opens the thinking, as DeepSeek-R1's does. tokens: more added
+    tokens (a tool-call format's markers); chat_template: in place of ChatML."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer()
     if thinking:
         tok.add_tokens(["<think>", "</think>"])
+    tok.add_tokens(list(tokens))
     tok.save(str(path / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     head_dim = hidden // heads
@@ -106,6 +109,6 @@ def make_tiny_model(path: Path, variant: str = "llama", tie: bool = True, seed: 
     (path / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": [eos, tok.token_to_id("<|endoftext|>")]}))
     (path / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": THINKING_CHATML if thinking else CHATML, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
-        "add_bos_token": False, "model_max_length": max_pos}))
+        "chat_template": chat_template or (THINKING_CHATML if thinking else CHATML), "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>", "add_bos_token": False, "model_max_length": max_pos}))
     return path

@@ -12,7 +12,7 @@ from app.server.generation import Generation
 from app.server.reasoning import after_thinking, budget, opens_thinking
 from app.server.schemas import ChatCompletionRequest
 from app.server.state import ServerState
-from app.server.tools import ToolUse, prompt_messages
+from app.server.tools import ToolFormat, ToolUse, prompt_messages
 from model.sampling import SamplingParams
 from model.tokenizer import ChatTemplateError
 
@@ -59,7 +59,7 @@ def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool 
     fit_context: a chat's max_tokens is held to what the context leaves after its prompt."""
     engine, tokenizer, timeout = state.engine, state.tokenizer, state.request_timeout
     grammar_text, field = grammar(req)
-    tools = ToolUse.of(req) if isinstance(req, ChatCompletionRequest) else None
+    tools = ToolUse.of(req, state.tool_format) if isinstance(req, ChatCompletionRequest) else None
     if tools is not None:
         if grammar_text is not None:
             raise APIError(400, f"give one output format, not tools and {field}", param=field)
@@ -67,7 +67,8 @@ def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool 
     if not isinstance(req, ChatCompletionRequest):
         return Generation(engine, completion_prompts(req, tokenizer), req.n,
                           lambda index: generation_params(req, index, grammar_text), id_prefix, timeout, field)
-    prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables())
+    prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables(),
+                         state.tool_format)
     if fit_context and req.max_tokens is not None:
         req = req.model_copy(update={"max_tokens": max(1, min(req.max_tokens, state.max_model_len - len(prompt)))})
     thinking = budget(tokenizer, prompt, req.max_thinking_tokens)
@@ -79,11 +80,12 @@ def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool 
 
 
 def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_prompt: bool,
-                template_variables: dict | None = None) -> list[int]:
+                template_variables: dict | None = None, tool_format: ToolFormat | None = None) -> list[int]:
     """The token ids of a conversation after the chat template, with the tools it offers and
-    the request's own template variables (chat_template_kwargs, reasoning_effort)."""
+    the request's own template variables (chat_template_kwargs, reasoning_effort); earlier
+    calls in tool_format (the server's) when the request offers no tools."""
     dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
-    dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools)
+    dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools, tool_format)
     try:
         return tokenizer.encode_chat(dicts, add_generation_prompt, **(template_variables or {}), **extra)
     except ChatTemplateError as e:

@@ -87,8 +87,8 @@ async def count_message_tokens(state: ServerState):
     req = await parse(CountTokensRequest)
     state.check_model(req.model)
     chat = messages.chat_request(req)
-    tokens = chat_prompt(state.tokenizer, chat.messages, ToolUse.of(chat), chat.add_generation_prompt,
-                         chat.template_variables())
+    tokens = chat_prompt(state.tokenizer, chat.messages, ToolUse.of(chat, state.tool_format),
+                         chat.add_generation_prompt, chat.template_variables(), state.tool_format)
     return CountTokensResponse(input_tokens=len(tokens)).model_dump()
 
 
@@ -130,8 +130,8 @@ async def tokenize(state: ServerState):
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt")
     if req.messages is not None:
-        tokens = chat_prompt(state.tokenizer, req.messages, ToolUse.of(req), req.add_generation_prompt,
-                             req.template_variables())
+        tokens = chat_prompt(state.tokenizer, req.messages, ToolUse.of(req, state.tool_format),
+                             req.add_generation_prompt, req.template_variables(), state.tool_format)
     else:
         tokens = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}

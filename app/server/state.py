@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from app.server.errors import APIError
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
+from app.server.tools import HERMES
 
 
 @dataclass
@@ -17,6 +18,7 @@ class ServerState:
     model_name: str
     engine: object = None  # None while the model loads
     tokenizer: object = None
+    tool_format: object = HERMES  # how the model writes tool calls (app/server/tools), once loaded
     max_model_len: int = 0
     api_key: str | None = None
     ui: bool = True  # serve the chat page at /

@@ -66,8 +66,8 @@ async def flush_cache(state: ServerState):
 async def render_chat(state: ServerState):
     req = validate(ChatCompletionRequest, decode_json(await request.get_data()))
     state.check_model(req.model)
-    return rendered(state, chat_prompt(state.tokenizer, req.messages, ToolUse.of(req), req.add_generation_prompt,
-                                       req.template_variables()))
+    return rendered(state, chat_prompt(state.tokenizer, req.messages, ToolUse.of(req, state.tool_format),
+                                       req.add_generation_prompt, req.template_variables(), state.tool_format))
 
 
 async def render_completion(state: ServerState):

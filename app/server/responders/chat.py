@@ -21,7 +21,6 @@ from app.server.schemas import (
     ToolCallChunk,
     TopLogprob,
 )
-from app.server.tools import ToolCallParser
 
 
 class ChatText:
@@ -29,7 +28,7 @@ class ChatText:
 
     def __init__(self, gen: Generation):
         self.reasoning = ReasoningParser(gen.thinks_from) if gen.thinks_from is not None else None
-        self.calls = ToolCallParser() if gen.tools else None
+        self.calls = gen.tools.parser() if gen.tools else None
         self.tools = gen.tools
 
     def feed(self, text: str, final: bool = False) -> tuple[str, str, list[dict]]:

@@ -1,0 +1,140 @@
+"""Tool calling: the tools into the prompt, the calls out of the model's text, and the grammar
+that keeps a call valid, in the format the served model writes (one module per format).
+
+The format is chosen once at start-up: named by --tool-call-parser (vLLM's names), else read
+from the chat template's source (the markers its calls are written with), else Hermes's.
+
+A chat template that knows tools (its source mentions them) gets them as transformers passes
+them: `tools=[...]`, and assistant tool_calls with their arguments as objects. For one that does
+not, such as the default model's, the format describes the tools in a system message and writes
+earlier calls as the model would; tool results become user messages.
+
+tool_choice, as vLLM reads it: "none" leaves the tools out of the prompt; "required" and a named
+function hold the output to calls (several when parallel_tool_calls, else one); "auto" lets the
+model write text, and once it opens its calls a grammar holds them to the functions' schemas,
+so every call made parses and validates. The finish reason is "tool_calls" when calls were
+made, except for a named function, which ends "stop" as OpenAI's does.
+"""
+
+import json
+from dataclasses import dataclass, field
+
+from app.server.errors import APIError
+from app.server.tools.base import ToolFormat, call_id, partial_tag
+from app.server.tools.deepseek_v3 import DeepSeekV3
+from app.server.tools.hermes import Hermes, ToolCallParser
+from app.server.tools.llama3_json import Llama3Json
+from app.server.tools.mistral import Mistral
+from app.server.tools.qwen3_coder import Qwen3Coder
+
+FORMATS = {f.name: f for f in (Hermes, Llama3Json, Mistral, Qwen3Coder, DeepSeekV3)}
+HERMES = Hermes()
+
+__all__ = ["FORMATS", "HERMES", "ToolCallParser", "ToolFormat", "ToolUse", "call_id", "detect", "partial_tag",
+           "prompt_messages"]
+
+
+def detect(template: str) -> str | None:
+    """The format a chat template writes calls in, by the markers in its source."""
+    if "<function=" in template and "<parameter=" in template:
+        return Qwen3Coder.name
+    if "tool▁calls▁begin" in template:
+        return DeepSeekV3.name
+    if "[TOOL_CALLS]" in template:
+        return Mistral.name
+    if "<|python_tag|>" in template or "ipython" in template:
+        return Llama3Json.name
+    if "<tool_call>" in template:
+        return Hermes.name
+    return None
+
+
+@dataclass
+class ToolUse:
+    """What a chat request asks of tools: the functions, and how the model may call them."""
+
+    functions: list[dict]  # OpenAI's function objects: name, description, parameters
+    choice: str  # "auto", "required" or "named"
+    named: str | None = None
+    parallel: bool = True
+    format: ToolFormat = field(default=HERMES, repr=False)
+
+    @classmethod
+    def of(cls, req, tool_format: ToolFormat = HERMES) -> "ToolUse | None":
+        """None when the request offers no tools or says tool_choice "none"; a 400 for a
+        tool_choice that cannot be met."""
+        choice = req.tool_choice
+        if not req.tools:
+            if choice not in (None, "none", "auto"):
+                raise APIError(400, "tool_choice needs tools", param="tool_choice")
+            return None
+        if choice == "none":
+            return None
+        functions = [tool.function.model_dump(exclude_none=True) for tool in req.tools]
+        names = [f["name"] for f in functions]
+        if len(set(names)) < len(names):
+            raise APIError(400, "two tools have the same name", param="tools")
+        if choice in (None, "auto", "required"):
+            return cls(functions, choice or "auto", parallel=req.parallel_tool_calls, format=tool_format)
+        if choice.function.name not in names:
+            raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools",
+                           param="tool_choice")
+        return cls(functions, "named", named=choice.function.name, parallel=False, format=tool_format)
+
+    def offered(self) -> list[dict]:
+        """The functions the model may call: all, or the named one."""
+        return [f for f in self.functions if self.choice != "named" or f["name"] == self.named]
+
+    def finish_reason(self, reason: str, called: bool) -> str:
+        if called and reason == "stop" and self.choice != "named":
+            return "tool_calls"
+        return reason
+
+    def grammar(self) -> str:
+        """llguidance Lark: the format's calls, their arguments held to the functions' schemas."""
+        return self.format.grammar(self)
+
+    def parser(self):
+        """A parser for one choice's streamed text."""
+        return self.format.parser(self)
+
+
+def prompt_messages(messages: list[dict], tools: ToolUse | None, template_takes_tools: bool,
+                    tool_format: ToolFormat | None = None) -> tuple[list, dict]:
+    """The messages and extra template variables for a chat with tools, or with earlier calls
+    and tool results in its history (written in the tools' format, else tool_format's)."""
+    if template_takes_tools:
+        out = [{**m, "tool_calls": [_with_object_arguments(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+               for m in messages]
+        return out, ({"tools": [{"type": "function", "function": f} for f in tools.functions]} if tools else {})
+    fmt = tools.format if tools else tool_format or HERMES
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = fmt.write_calls([(c.get("function", {}).get("name", ""), _arguments(c)) for c in m["tool_calls"]])
+            out.append({"role": "assistant", "content": "\n".join(filter(None, [m.get("content"), calls]))})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": fmt.write_result(m.get("content") or "")})
+        else:
+            out.append(m)
+    if tools:
+        block = fmt.instructions(tools.functions)
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0] = {**out[0], "content": f'{out[0]["content"]}\n\n{block}'}
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out, {}
+
+
+def _arguments(call: dict):
+    args = call.get("function", {}).get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            raise APIError(400, "an assistant tool call's arguments are not valid JSON", param="messages") from None
+    return args
+
+
+def _with_object_arguments(call: dict) -> dict:
+    return {**call, "function": {**call.get("function", {}), "arguments": _arguments(call)}}
