@@ -103,3 +103,25 @@ def test_earlier_calls_and_results_go_through_the_template(served):
     first = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=1)
     reply = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=4, seed=0)
     assert reply.usage.prompt_tokens > first.usage.prompt_tokens + 5
+
+
+def test_the_flag_names_the_format_over_the_template(tmp_path):
+    import subprocess
+    import sys
+
+    path = make_format_model("hermes", tmp_path / "hermes")
+    server = LiveServer("--model", str(path), "--served-model-name", "tiny", "--kv-cache-gib", "0.05",
+                        "--max-model-len", "1024", "--tool-call-parser", "llama3_json")
+    try:
+        assert "tool calls in the llama3_json format (from --tool-call-parser)" in server.output()
+        reply = server.openai_client().chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+            max_tokens=520, seed=0)
+        check([(c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls])
+    finally:
+        server.stop()
+    proc = subprocess.run([sys.executable, "-m", "app", "serve", "--model", str(path), "--tool-call-parser", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("error: --tool-call-parser 'nope' is not one of hermes, llama3_json, mistral,"
+                                   " qwen3_coder, deepseek_v3")
