@@ -6,6 +6,7 @@ from functools import cache
 from pydantic.json_schema import models_json_schema
 
 from app.server import messages_schemas as m
+from app.server import responses_schemas as r
 from app.server import schemas as s
 
 ROUTES = [
@@ -20,6 +21,10 @@ ROUTES = [
      m.MessagesRequest, m.MessageResponse),
     ("/v1/messages/count_tokens", "post", "The prompt length of a Messages request, tools included",
      m.CountTokensRequest, m.CountTokensResponse),
+    ("/v1/responses", "post", "OpenAI's Responses API (JSON, or typed SSE events with stream=true)",
+     r.ResponsesRequest, r.ResponseObject),
+    ("/v1/responses/{response_id}", "get", "A stored response", None, r.ResponseObject),
+    ("/v1/responses/{response_id}", "delete", "Forget a stored response", None, r.DeletedResponse),
     ("/v1/models", "get", "The served model", None, s.ModelList),
     ("/v1/models/{model_id}", "get", "The served model's card; 404 for any other id", None, s.ModelCard),
     ("/tokenize", "post", "Text or chat messages to token ids", s.TokenizeRequest, None),
@@ -30,7 +35,8 @@ ROUTES = [
 # Routes that answer an event stream when asked (stream=true), and what each event's data holds.
 STREAM_CHUNKS = {"/v1/chat/completions": "a ChatCompletionChunk as JSON, or [DONE] last",
                  "/v1/completions": "a CompletionResponse as JSON, or [DONE] last",
-                 "/v1/messages": "one of Anthropic's typed events as JSON, named on its event: line"}
+                 "/v1/messages": "one of Anthropic's typed events as JSON, named on its event: line",
+                 "/v1/responses": "one of the Responses API's typed events as JSON, named on its event: line"}
 # Routes whose errors come in Anthropic's shape.
 ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
 

@@ -8,7 +8,7 @@ through one Generation, which owns submit, abort, the deadline and the access lo
 from quart import request
 
 from app.engine import GenerationParams
-from app.server import embeddings, messages, metrics, openapi
+from app.server import embeddings, messages, metrics, openapi, responses
 from app.server.errors import APIError, decode_json, validate
 from app.server.generation import RETRY_AFTER_SECONDS
 from app.server.generation import Generation
@@ -16,6 +16,8 @@ from app.server.prompts import chat_prompt, completion_prompts, start_generation
 from app.server.responders.chat import ChatResponder
 from app.server.responders.completions import CompletionResponder
 from app.server.responders.messages import MessagesResponder
+from app.server.responders.responses import ResponsesResponder
+from app.server.responses_schemas import DeletedResponse, ResponsesRequest
 from app.server.messages_schemas import CountTokensRequest, CountTokensResponse, MessagesRequest
 from app.server.schemas import (
     ChatCompletionRequest,
@@ -90,6 +92,37 @@ async def count_message_tokens(state: ServerState):
     tokens = chat_prompt(state.tokenizer, chat.messages, ToolUse.of(chat, state.tool_format),
                          chat.add_generation_prompt, chat.template_variables(), state.tool_format)
     return CountTokensResponse(input_tokens=len(tokens)).model_dump()
+
+
+async def create_response(state: ServerState):
+    """OpenAI's /v1/responses, run as the chat request its conversation stands for
+    (app/server/responses.py); kept for previous_response_id unless store is false."""
+    req = await parse(ResponsesRequest)
+    state.check_model(req.model)
+    earlier = state.responses.get(req.previous_response_id, "previous_response_id").conversation \
+        if req.previous_response_id else []
+    conversation = earlier + responses.input_items(req)
+    gen = start_generation(state, responses.chat_request(req, conversation), "resp", fit_context=True)
+
+    def keep(response: dict, output: list[dict]) -> None:
+        if req.store:
+            state.responses.put(response, conversation + output)
+
+    responder = ResponsesResponder(gen, req, state.model_name, keep)
+    if req.stream:
+        return responder.events(), HEADERS
+    await gen.collect()
+    return responder.reply()
+
+
+async def get_response(state: ServerState, response_id: str):
+    return state.responses.get(response_id).response
+
+
+async def delete_response(state: ServerState, response_id: str):
+    state.responses.get(response_id)
+    state.responses.delete(response_id)
+    return DeletedResponse(id=response_id).model_dump()
 
 
 async def models(state: ServerState):

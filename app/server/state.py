@@ -11,6 +11,7 @@ from app.server.errors import APIError
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
 from app.server.tools import HERMES
+from app.server.responses import ResponseStore
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ServerState:
     request_timeout: float | None = None  # seconds; None: no limit
     limits: Limits = field(default_factory=Limits)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id reads
 
     def check_model(self, name: str | None) -> None:
         if name not in (None, "", self.model_name):

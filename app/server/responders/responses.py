@@ -1,0 +1,145 @@
+"""/v1/responses: a generation as OpenAI's Response object, or as its stream of typed events
+(response.created, response.in_progress, per output item output_item.added, its content part,
+deltas and .done events, then response.completed or response.incomplete), each numbered by
+sequence_number.
+
+Output items are the output's parts (responders/parts.py): thinking → a reasoning item, text →
+an assistant message with one output_text part, each tool call → a function_call item. Item ids
+follow from the response's id and the item's place, so a reply and its stream name them alike;
+the stream's last event carries the same Response object that the store keeps.
+"""
+
+from collections.abc import Callable
+
+from app.server.errors import APIError
+from app.server.generation import Choice, Generation
+from app.server.responders.chat import ChatText
+from app.server.responders.parts import OutputParts, Part
+from app.server.responses_schemas import ResponseObject, ResponsesRequest
+from app.server.sse import named_event
+
+PREFIX = {"thinking": "rs", "text": "msg", "call": "fc"}
+
+
+class ResponsesResponder:
+    def __init__(self, gen: Generation, req: ResponsesRequest, model_name: str,
+                 keep: Callable[[dict, list[dict]], None]):
+        """keep(response, output items): called with the finished response, for the store."""
+        self.gen, self.req, self.model_name, self.keep = gen, req, model_name, keep
+        self.id = gen.id.replace("-", "_")
+
+    def item_id(self, parts: OutputParts, index: int) -> str:
+        return f"{PREFIX[parts.parts[index].kind]}_{self.id.removeprefix('resp_')}_{index}"
+
+    def item(self, parts: OutputParts, index: int, status: str, part: Part | None = None) -> dict:
+        """Output item index as the API shows it: part as written so far (default: all of it)."""
+        part = part or parts.parts[index]
+        item = {"id": self.item_id(parts, index), "status": status}
+        if part.kind == "thinking":
+            content = [{"type": "reasoning_text", "text": part.text}] if status != "in_progress" else []
+            return {"type": "reasoning", **item, "summary": [], "content": content}
+        if part.kind == "text":
+            content = [text_part(part.text)] if status != "in_progress" else []
+            return {"type": "message", **item, "role": "assistant", "content": content}
+        return {"type": "function_call", **item, "call_id": part.call_id, "name": part.name, "arguments": part.text}
+
+    def response(self, status: str, output: list[dict], choice: Choice | None = None) -> dict:
+        req = self.req
+        usage = None
+        if choice is not None:
+            usage = {"input_tokens": choice.prompt_tokens, "input_tokens_details": {"cached_tokens": choice.cached_tokens,
+                                                                                "cache_write_tokens": 0},
+                     "output_tokens": choice.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                     "total_tokens": choice.prompt_tokens + choice.completion_tokens}
+        text_format = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format \
+            else {"type": "text"}
+        tool_choice = req.tool_choice or "auto"
+        return ResponseObject(
+            id=self.id, status=status, model=self.model_name, output=output,
+            incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None,
+            instructions=req.instructions, max_output_tokens=req.max_output_tokens,
+            parallel_tool_calls=req.parallel_tool_calls, previous_response_id=req.previous_response_id,
+            reasoning={"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
+            temperature=1.0 if req.temperature is None else req.temperature,
+            text={"format": text_format}, tool_choice=tool_choice if isinstance(tool_choice, str) else
+            tool_choice.model_dump(), tools=[t.model_dump() for t in req.tools or []],
+            top_p=1.0 if req.top_p is None else req.top_p, usage=usage, user=req.user, metadata=req.metadata or {},
+        ).model_dump(mode="json")
+
+    def finished(self, choice: Choice, parts: OutputParts) -> dict:
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
+        output = [self.item(parts, i, status) for i in range(len(parts.parts))]
+        response = self.response(status, output, choice)
+        self.keep(response, output)
+        return response
+
+    def reply(self) -> dict:
+        (choice,) = self.gen.ordered()
+        split, parts = ChatText(self.gen), OutputParts()
+        parts.feed(*split.feed(choice.text, final=True), final=True)
+        return self.finished(choice, parts)
+
+    async def events(self):
+        """The whole event stream; an error after the 200 is an error event."""
+        gen, sequence = self.gen, iter(range(1 << 62))
+
+        def event(kind: str, **payload) -> str:
+            return named_event(kind, {"type": kind, "sequence_number": next(sequence), **payload})
+
+        with gen.submitted() as refusal:
+            if refusal:
+                yield error_event(refusal, next(sequence))
+                return
+            (choice,) = gen.ordered()
+            split, parts = ChatText(gen), OutputParts()
+            opening = self.response("in_progress", [])
+            yield event("response.created", response=opening)
+            yield event("response.in_progress", response=opening)
+            async for pieces in gen.batches():
+                for piece in pieces:
+                    final = piece.final is not None
+                    for out in parts.feed(*split.feed(piece.text, final=final), final=final):
+                        for kind, payload in self.item_events(parts, out, choice):
+                            yield event(kind, **payload)
+            failure = gen.timeout_error() if gen.timed_out else gen.failure()
+            if failure:
+                yield error_event(failure, next(sequence))
+                return
+            response = self.finished(choice, parts)
+            yield event(f"response.{response['status']}", response=response)
+
+    def item_events(self, parts: OutputParts, out: tuple, choice: Choice) -> list[tuple[str, dict]]:
+        """The Responses events for one of the parts' events."""
+        kind, index, *piece = out
+        part = parts.parts[index]
+        at = {"item_id": self.item_id(parts, index), "output_index": index}
+        if kind == "start":
+            added = [("response.output_item.added", {"output_index": index, "item": self.item(
+                parts, index, "in_progress", Part(part.kind, call_id=part.call_id, name=part.name))})]
+            if part.kind == "text":
+                added.append(("response.content_part.added", {**at, "content_index": 0, "part": text_part("")}))
+            return added
+        if kind == "delta":
+            if part.kind == "call":
+                return [("response.function_call_arguments.delta", {**at, "delta": piece[0]})]
+            name = "response.output_text.delta" if part.kind == "text" else "response.reasoning_text.delta"
+            extra = {"logprobs": []} if part.kind == "text" else {}
+            return [(name, {**at, "content_index": 0, "delta": piece[0], **extra})]
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
+        done = [("response.output_item.done", {"output_index": index, "item": self.item(parts, index, status)})]
+        if part.kind == "call":
+            return [("response.function_call_arguments.done", {**at, "name": part.name, "arguments": part.text})] + done
+        if part.kind == "text":
+            return [("response.output_text.done", {**at, "content_index": 0, "text": part.text, "logprobs": []}),
+                    ("response.content_part.done", {**at, "content_index": 0, "part": text_part(part.text)})] + done
+        return [("response.reasoning_text.done", {**at, "content_index": 0, "text": part.text})] + done
+
+
+def text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def error_event(error: APIError, sequence_number: int) -> str:
+    body = error.body()["error"]
+    return named_event("error", {"type": "error", "code": body["code"], "message": body["message"],
+                                 "param": body["param"], "sequence_number": sequence_number})

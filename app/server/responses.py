@@ -1,0 +1,139 @@
+"""OpenAI's Responses API as a chat request, and the store that previous_response_id reads.
+
+A response's conversation is its input items after those of the response it continues, then its
+own output items (each output item is also a valid input item); the chat request is made from
+that conversation, with this request's instructions as the system message (instructions are not
+carried over, as OpenAI's are not). The mapping, as vLLM makes it:
+- message items → chat messages (developer stays developer); function_call items → the
+  assistant's tool_calls, joined to the assistant message just before them; function_call_output
+  → tool messages; a reasoning item's text → the next assistant message's reasoning_content.
+- tools, tool_choice, parallel_tool_calls → the same on chat; text.format → response_format;
+  reasoning.effort → reasoning_effort (minimal as low, xhigh as high); max_output_tokens →
+  max_tokens, held to what the context leaves.
+"""
+
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from app.server.errors import APIError, validate
+from app.server.responses_schemas import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    MessageItem,
+    ReasoningItem,
+    ResponsesRequest,
+    text_of,
+)
+from app.server.schemas import ChatCompletionRequest
+
+log = logging.getLogger("spool.server")
+
+EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+STORE_BYTES = 64 << 20
+
+
+@dataclass
+class Stored:
+    response: dict  # the Response object as it was sent
+    conversation: list[dict]  # every input item up to this response, then its output items
+    nbytes: int
+
+
+class ResponseStore:
+    """Stored responses, least recently used first out once they pass a byte budget."""
+
+    def __init__(self, max_bytes: int = STORE_BYTES):
+        self.max_bytes, self.nbytes = max_bytes, 0
+        self.entries: OrderedDict[str, Stored] = OrderedDict()
+
+    def put(self, response: dict, conversation: list[dict]) -> None:
+        nbytes = len(json.dumps(response)) + len(json.dumps(conversation))
+        if nbytes > self.max_bytes:
+            log.warning(f"response {response['id']} ({nbytes} bytes) is larger than the whole store; not stored")
+            return
+        self.delete(response["id"])
+        self.entries[response["id"]] = Stored(response, conversation, nbytes)
+        self.nbytes += nbytes
+        while self.nbytes > self.max_bytes:
+            _, oldest = self.entries.popitem(last=False)
+            self.nbytes -= oldest.nbytes
+
+    def get(self, response_id: str, param: str | None = None) -> Stored:
+        """The stored response (now the most recently used), or a 404."""
+        stored = self.entries.get(response_id)
+        if stored is None:
+            raise APIError(404, f"no stored response has the id {response_id!r} (it may have been evicted,"
+                                " or made with store false)", param=param, code="response_not_found")
+        self.entries.move_to_end(response_id)
+        return stored
+
+    def delete(self, response_id: str) -> bool:
+        stored = self.entries.pop(response_id, None)
+        if stored is not None:
+            self.nbytes -= stored.nbytes
+        return stored is not None
+
+
+def input_items(req: ResponsesRequest) -> list[dict]:
+    """This request's input as items (a string is one user message)."""
+    if isinstance(req.input, str):
+        return [{"type": "message", "role": "user", "content": req.input}]
+    return [item.model_dump(by_alias=True, exclude_none=True) for item in req.input]
+
+
+def chat_request(req: ResponsesRequest, conversation: list[dict]) -> ChatCompletionRequest:
+    """The chat completion request that answers a conversation as this request asks."""
+    items = validate(ResponsesRequest, {"input": conversation}).input
+    instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    messages = instructions + chat_messages(items)
+    if not messages:
+        raise APIError(400, "input is empty", param="input")
+    body: dict = {"messages": messages, "parallel_tool_calls": req.parallel_tool_calls, "stream": req.stream,
+                  "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p}
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
+                         for tool in req.tools]
+    if req.tool_choice is not None:
+        choice = req.tool_choice
+        body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
+                                                                      "function": {"name": choice.name}}
+    text_format = req.text.format if req.text else None
+    if text_format is not None and text_format.type != "text":
+        body["response_format"] = {"type": text_format.type}
+        if text_format.type == "json_schema":
+            if text_format.schema_ is None:
+                raise APIError(400, "text.format of type json_schema needs a schema", param="text.format")
+            body["response_format"]["json_schema"] = {"name": text_format.name, "schema": text_format.schema_,
+                                                      "strict": text_format.strict}
+    effort = req.reasoning.effort if req.reasoning else None
+    if effort in EFFORT:
+        body["reasoning_effort"] = EFFORT[effort]
+    try:
+        return validate(ChatCompletionRequest, body)
+    except APIError as e:
+        raise APIError(400, e.message.replace("tool_choice.function.name", "tool_choice.name"), param=e.param) from None
+
+
+def chat_messages(items) -> list[dict]:
+    out: list[dict] = []
+    reasoning = ""
+    for item in items:
+        if isinstance(item, MessageItem):
+            message = {"role": item.role, "content": text_of(item.content)}
+            if item.role == "assistant" and reasoning:
+                message["reasoning_content"], reasoning = reasoning, ""
+            out.append(message)
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            if not (out and out[-1]["role"] == "assistant"):
+                out.append({"role": "assistant", "content": ""})
+                if reasoning:
+                    out[-1]["reasoning_content"], reasoning = reasoning, ""
+            out[-1].setdefault("tool_calls", []).append(call)
+        elif isinstance(item, FunctionCallOutputItem):
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": text_of(item.output)})
+        elif isinstance(item, ReasoningItem):
+            reasoning += text_of(item.content) or text_of(item.summary)
+    return out

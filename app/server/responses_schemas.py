@@ -1,0 +1,231 @@
+"""Request and response bodies of OpenAI's Responses API (POST /v1/responses), as pydantic
+models: what Codex and the official `openai` client's `responses.create` send and read.
+
+Unknown fields are ignored (include, prompt_cache_key, safety_identifier, service_tier), as
+vLLM does; what would change the output and is not done here (images and files in the input,
+hosted tools such as web search, background runs) is refused by name.
+"""
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class InputText(Loose):
+    type: Literal["input_text", "output_text", "text", "reasoning_text", "summary_text"]
+    text: str
+
+
+class InputOther(Loose):
+    """An image, file or audio part: recognised, so that it can be refused by name."""
+
+    type: Literal["input_image", "input_file", "input_audio"]
+
+    @model_validator(mode="after")
+    def _refuse(self):
+        raise PydanticCustomError("unsupported", f"this model takes text only; {self.type} parts are not supported")
+
+
+Parts = list[Annotated[InputText | InputOther, Field(discriminator="type")]]
+
+
+def text_of(content: "str | list | None") -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content or [])
+
+
+class MessageItem(Loose):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | Parts
+
+
+class FunctionCallItem(Loose):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(Loose):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | Parts
+
+
+class ReasoningItem(Loose):
+    type: Literal["reasoning"]
+    summary: Parts = Field(default_factory=list)
+    content: Parts | None = None
+
+
+InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+                      Field(discriminator="type")]
+
+
+class FunctionTool(Loose):
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class FunctionChoice(Loose):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(Loose):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(Loose):
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(Loose):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(Loose):
+    model: str | None = None
+    input: str | list[InputItem] = Field(default_factory=list)
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    stream: bool = False
+    store: bool = True
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    background: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape(cls, data):
+        """Items without a type are messages (OpenAI's EasyInputMessage); hosted tools and
+        background runs are refused by name."""
+        if not isinstance(data, dict):
+            return data
+        if isinstance(data.get("input"), list):
+            data = {**data, "input": [{"type": "message", **item} if isinstance(item, dict) and "type" not in item
+                                      else item for item in data["input"]]}
+        for tool in data.get("tools") or []:
+            if isinstance(tool, dict) and tool.get("type") != "function":
+                raise PydanticCustomError("unsupported", f"tools: {tool.get('type')} tools are not supported;"
+                                          " give function tools", {"field": "tools"})
+        if data.get("background"):
+            raise PydanticCustomError("unsupported", "background: background responses are not supported",
+                                      {"field": "background"})
+        return data
+
+
+# -- responses ---------------------------------------------------------------------------
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list = Field(default_factory=list)
+    logprobs: list = Field(default_factory=list)
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class OutputFunctionCall(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class OutputReasoning(BaseModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list = Field(default_factory=list)
+    content: list[ReasoningText]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+OutputItem = Annotated[OutputMessage | OutputFunctionCall | OutputReasoning, Field(discriminator="type")]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0  # the prefix cache keeps blocks without a charge
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseObject(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    error: dict | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    model: str
+    output: list[OutputItem]
+    parallel_tool_calls: bool
+    previous_response_id: str | None = None
+    reasoning: dict[str, Any]
+    temperature: float
+    text: dict[str, Any]
+    tool_choice: Any
+    tools: list[dict]
+    top_p: float
+    truncation: Literal["disabled"] = "disabled"
+    usage: ResponseUsage | None = Field(None, exclude_if=lambda v: v is None)  # none while in progress
+    user: str | None = Field(None, exclude_if=lambda v: v is None)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class DeletedResponse(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: bool = True
