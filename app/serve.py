@@ -123,6 +123,7 @@ def load(args, state: ServerState) -> Engine:
     state.tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template))
     found = tools.detect(state.tokenizer.chat_template_source)
     state.tool_format = tools.FORMATS[args.tool_call_parser or found or "hermes"](state.tokenizer)
+    state.tokenizer.keep_in_text(state.tool_format.marker_ids())
     log.info(f"tool calls in the {state.tool_format.name} format (from"
              f" {'--tool-call-parser' if args.tool_call_parser else 'the chat template' if found else 'no marker: the default'})")
     model = backend.load(model_dir, args.max_model_len)

@@ -94,6 +94,7 @@ class Tokenizer:
         self.eos_token_ids = frozenset(eos)
         think = (self.hf.token_to_id("<think>"), self.hf.token_to_id("</think>"))
         self.think_ids = None if None in think else think  # a reasoning model's thinking tags
+        self.skipped_ids: frozenset[int] | None = None  # set by keep_in_text: what decode drops
 
         template = cfg.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
@@ -129,7 +130,16 @@ class Tokenizer:
             ids = [self.bos_token_id] + ids
         return ids
 
+    def keep_in_text(self, ids: set[int]) -> None:
+        """Special tokens that decode keeps even when it skips the others: a tool-call format's
+        markers (Mistral's [TOOL_CALLS] is a control token), which its parser reads."""
+        special = {i for i, t in self.hf.get_added_tokens_decoder().items() if t.special}
+        if special & set(ids):
+            self.skipped_ids = frozenset(special - set(ids))
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self.skipped_ids is not None:
+            return self.hf.decode([i for i in ids if i not in self.skipped_ids], skip_special_tokens=False)
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:

@@ -12,7 +12,7 @@ from app.engine.grammar import Grammars
 from app.server.schemas import ChatCompletionRequest
 from app.server.tools import FORMATS, ToolUse, detect, prompt_messages
 from app.server.tools.mistral import Mistral
-from model.tokenizer import Tokenizer
+from model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -164,3 +164,29 @@ def test_mistrals_newer_form_names_each_call_before_its_arguments(tmp_path):
     grammars = Grammars(tokenizer)
     assert accepts(grammars, use(fmt, tool_choice="required").grammar(), text)
     assert not accepts(grammars, use(fmt, tool_choice="required").grammar(), fmt.write_calls([("get_time", {"x": 1})]))
+
+
+def detokenized(tokenizer, ids: list[int]) -> str:
+    detok = IncrementalDetokenizer(tokenizer)
+    return "".join(detok.add(i) for i in ids) + detok.flush()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_markers_that_are_special_tokens_stay_in_the_text(name, tmp_path):
+    """A real Mistral's [TOOL_CALLS] is a control token, which decoding skips: the server keeps
+    the format's markers in the text (keep_in_text), so the parser sees the calls, and still
+    drops the other special tokens."""
+    path = make_format_model(name, tmp_path)
+    spec = json.loads((path / "tokenizer.json").read_text())
+    for token in spec["added_tokens"]:
+        token["special"] = token["special"] or token["content"] in MODELS[name][0]
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+    tokenizer = Tokenizer(path)
+    fmt = FORMATS[name](tokenizer)
+    written = fmt.write_calls(CALLS[:1])
+    ids = tokenizer.encode(written + "<|im_end|>", add_special_tokens=False)
+    assert fmt.opener not in detokenized(tokenizer, ids)  # what the parser saw before
+    tokenizer.keep_in_text(fmt.marker_ids())
+    assert detokenized(tokenizer, ids) == written
+    content, _, calls = streamed(fmt.parser(use(fmt)), [detokenized(tokenizer, ids)])
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == CALLS[:1]

@@ -55,9 +55,16 @@ class ToolFormat:
 
     name = ""
     opener = ""  # the text that opens the calls
+    markers: tuple[str, ...] = ()  # every marker the parser reads, the opener among them
 
     def __init__(self, tokenizer=None):
         self.added = {} if tokenizer is None else {t.content: i for i, t in tokenizer.hf.get_added_tokens_decoder().items()}
+
+    def marker_ids(self) -> set[int]:
+        """The ids of the markers that are tokens of their own: the detokenizer must keep them
+        in the text even when the tokenizer calls them special (Mistral's [TOOL_CALLS]), or
+        the parser would never see a call."""
+        return {self.added[text] for text in self.markers if text in self.added}
 
     def marker(self, text: str) -> str:
         """A Lark element for text: its token's id when it is one added token."""

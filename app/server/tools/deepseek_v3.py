@@ -22,6 +22,7 @@ HEAD = re.compile(rf"\s*\w+{SEP}([^\n]*)\n```(?:json)?\n")
 class DeepSeekV3(ToolFormat):
     name = "deepseek_v3"
     opener = CALLS_BEGIN
+    markers = (CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, CALLS_END)
 
     def body(self, functions, parallel):
         m = self.marker

@@ -18,6 +18,7 @@ HEAD = json_head("arguments")
 class Hermes(ToolFormat):
     name = "hermes"
     opener = OPEN
+    markers = (OPEN, CLOSE)
 
     def body(self, functions, parallel):
         more = f'("\\n" {self.marker(OPEN)} call)*' if parallel else ""

@@ -18,6 +18,7 @@ TAG = "<|python_tag|>"
 class Llama3Json(ToolFormat):
     name = "llama3_json"
     opener = TAG
+    markers = (TAG,)
 
     def grammar(self, use):
         call = json_lark(call_schema(use.offered(), "parameters"))

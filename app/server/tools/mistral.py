@@ -17,6 +17,7 @@ TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 class Mistral(ToolFormat):
     name = "mistral"
     opener = TOOL_CALLS
+    markers = (TOOL_CALLS, ARGS)
 
     def __init__(self, tokenizer=None, args_marker: bool | None = None):
         super().__init__(tokenizer)

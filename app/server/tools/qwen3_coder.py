@@ -50,6 +50,7 @@ def typed(value: str, schema: dict) -> str:
 class Qwen3Coder(ToolFormat):
     name = "qwen3_coder"
     opener = OPEN
+    markers = (OPEN, CLOSE)
 
     def body(self, functions, parallel):
         rules = []
