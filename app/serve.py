@@ -19,6 +19,7 @@ from pathlib import Path
 import trio
 
 from app.engine import Engine, EngineConfig
+from app.logs import configure_logging
 from app.server import limits, tools
 from app.server.app import create_app
 from app.server.state import ServerState
@@ -82,6 +83,11 @@ def add_arguments(parser) -> None:
            " (default: read from the chat template's markers, else hermes)")
     a("--no-ui", action="store_true", help="do not serve the chat page at /")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="(default: info)")
+    a("--log-format", default="text", choices=("text", "json"),
+      help="text lines, or one JSON object a line for log shippers (default: text)")
+    a("--disable-log-requests", action="store_true", help="no log line per request")
+    a("--uvicorn-log-level", default=None, choices=("debug", "info", "warning", "error"),
+      help="level of the HTTP layer's own logs: request lines, connections (default: --log-level)")
     limits.add_arguments(parser)
 
 
@@ -226,8 +232,7 @@ async def serve(state: ServerState, args, load_engine) -> str | None:
 
 
 def run_serve(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    configure_logging(args)
     try:
         validate_flags(args)
     except ValueError as e:
