@@ -1,12 +1,12 @@
-"""`python -m app generate`: one chat turn through the engine, streamed to the terminal."""
+"""`spool generate`: one chat turn through the engine, streamed to the terminal."""
 
 import sys
 
 import trio
 
 from app.engine import Engine, EngineConfig, EngineError, GenerationParams
+from app.flags import fetch_model
 from model.backend import resolve
-from model.default import resolve_model
 from model.kv_cache import DEFAULT_BLOCK_SIZE
 from model.runner import ModelRunner
 from model.sampling import SamplingParams
@@ -19,7 +19,7 @@ def run_generate(args) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model_dir = resolve_model(args.model)
+    model_dir = fetch_model(args)
     try:
         tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template))
         prompt = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])

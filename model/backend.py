@@ -29,8 +29,6 @@ from model.weights import open_tensors
 
 log = logging.getLogger("spool.model")
 
-BACKENDS = ("auto", "cpu", "numpy", "cuda")
-DTYPES = ("auto", "bfloat16", "float16", "float32", "q8_0", "q4_k")
 CPU_DTYPES = ("q8_0", "q4_k")  # packed weights: the CPU backend's alone
 # What the attention kernels hold in registers (cuda/decode_attention.cu, prefill_attention.cu).
 CUDA_MAX_HEAD_DIM = 128

@@ -73,3 +73,9 @@ def usable_cpus(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> int
     if limit is not None:
         count = min(count, math.floor(limit))
     return max(1, count)
+
+
+def set_thread_count(count: int) -> None:
+    """--threads: both pools' sizes. NumPy's OpenBLAS and numba read these once, as they load,
+    so this runs before either is imported (model/__init__ only fills in what is unset)."""
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["NUMBA_NUM_THREADS"] = str(count)

@@ -1,13 +1,13 @@
 """deploy/kubernetes.yaml names only flags, ports, probes and routes that Spool and vllm-router
 really have: its commands are parsed by their own argument parsers."""
 
-import argparse
 from pathlib import Path
 
 import pytest
 import yaml
 
-from app.serve import add_arguments, validate_flags
+from app.cli import parse
+from app.serve import validate_flags
 from app.server.app import create_app
 from app.server.state import ServerState
 
@@ -30,11 +30,9 @@ def port_named(spec: dict, name: str) -> int:
 def test_the_replicas_run_spool_with_its_real_flags_probes_and_routes():
     replica = find("Deployment", "spool-replica")
     spool = container(replica)
-    assert spool["command"] == ["python", "-m", "app", "serve"]
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_arguments(parser)
-    args = parser.parse_args(spool["args"])  # an unknown flag or bad value raises
-    validate_flags(args)
+    assert spool["command"] == ["spool", "serve"]
+    _, args, _ = parse(["serve", *spool["args"]], environ={e["name"]: e["value"] for e in spool["env"]})
+    validate_flags(args)  # an unknown flag or bad value exits or raises
     assert args.port == port_named(spool, "http") and args.host == "0.0.0.0"
     assert replica["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > args.shutdown_timeout
     routes = {rule.rule for rule in create_app(ServerState(model_name="m")).url_map.iter_rules()}
@@ -67,7 +65,5 @@ def test_the_router_finds_the_replicas_and_the_service_reaches_it():
 
 @pytest.mark.parametrize("bad", [["--kv-cache-gb", "1"], ["--port", "http"]])
 def test_a_wrong_flag_would_be_caught(bad):
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_arguments(parser)
-    with pytest.raises((argparse.ArgumentError, SystemExit)):
-        parser.parse_args(bad)
+    with pytest.raises(SystemExit):
+        parse(["serve", *bad], environ={})

@@ -47,15 +47,16 @@ import model  # noqa: E402, F401  (first: it sets the thread pools' environment 
 import numpy as np  # noqa: E402
 import trio  # noqa: E402
 
-from app.engine import Engine, EngineConfig, GenerationParams  # noqa: E402
+from app.engine import Engine, EngineConfig  # noqa: E402
+from app.bench import make_prompts, run_requests  # noqa: E402
 from app.engine.planner import PlannerConfig  # noqa: E402
 from bench_model import blas_info  # noqa: E402
-from model.backend import BACKENDS, DTYPES, resolve  # noqa: E402
+from model.backend import resolve  # noqa: E402
+from model.choices import BACKENDS, DTYPES  # noqa: E402
 from model.config import ModelConfig  # noqa: E402
 from model.default import resolve_model  # noqa: E402
 from model.kv_cache import DEFAULT_BLOCK_SIZE  # noqa: E402
 from model.runner import ModelRunner, load_model  # noqa: E402
-from model.sampling import SamplingParams  # noqa: E402
 from model.tokenizer import Tokenizer  # noqa: E402
 from random_model import SHAPES, random_model, write_model_dir  # noqa: E402
 
@@ -146,36 +147,6 @@ def timed(events, kind, fn, active, cpu_clock=False):
             events.append((kind, t0, time.perf_counter(), cpu))
             active.pop()
     return wrapper
-
-
-def make_prompts(tokenizer, count, length, seed):
-    """Distinct prompts of random ids from the non-special vocabulary."""
-    special = {i for i, t in tokenizer.hf.get_added_tokens_decoder().items() if t.special}
-    allowed = np.setdiff1d(np.arange(tokenizer.vocab_size), np.fromiter(special, dtype=np.int64))
-    rng = np.random.default_rng(seed)
-    return [rng.choice(allowed, size=length).tolist() for _ in range(count)]
-
-
-async def run_requests(engine, prompts, output_len):
-    """Submit everything at once; one client task per request drains its channel. Returns
-    (wall seconds, generated tokens, finish reasons, start time, event-loop thread CPU seconds)."""
-    params = GenerationParams(sampling=SamplingParams(temperature=0.0), max_tokens=output_len, ignore_eos=True)
-    tokens, reasons = [0], []
-
-    async def client(recv):
-        async with recv:
-            async for frame in recv:
-                tokens[0] += len(frame.token_ids)
-                if frame.finish_reason is not None:
-                    reasons.append(frame.finish_reason)
-                    return
-
-    async with trio.open_nursery() as nursery:
-        cpu, t0 = time.thread_time(), time.perf_counter()
-        for ids in prompts:
-            _, recv = engine.submit(ids, params)
-            nursery.start_soon(client, recv)
-    return time.perf_counter() - t0, tokens[0], reasons, t0, time.thread_time() - cpu
 
 
 def analyse(events, t_end, clock=None):

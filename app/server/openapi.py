@@ -5,6 +5,7 @@ from functools import cache
 
 from pydantic.json_schema import models_json_schema
 
+from app import version
 from app.server import messages_schemas as m
 from app.server import responses_schemas as r
 from app.server import schemas as s
@@ -75,7 +76,7 @@ def spec(model_name: str) -> dict:
         paths.setdefault(path, {})[method] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Spool", "version": "0.1.0", "description": f"OpenAI-compatible server for {model_name}"},
+        "info": {"title": "Spool", "version": version(), "description": f"OpenAI-compatible server for {model_name}"},
         "paths": paths,
         "components": {"schemas": schemas,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

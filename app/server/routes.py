@@ -126,20 +126,18 @@ async def delete_response(state: ServerState, response_id: str):
 
 
 async def models(state: ServerState):
-    return ModelList(data=[model_card(state)]).model_dump()
+    return ModelList(data=[model_card(state, name) for name in state.model_names]).model_dump()
 
 
 async def model(state: ServerState, model_id: str):
-    """GET /v1/models/{id}: the served model's card (what openai's models.retrieve reads), or
-    a 404 for any other id."""
-    if model_id != state.model_name:
-        raise APIError(404, f"the model {model_id!r} does not exist; this server serves {state.model_name!r}",
-                       param="model", code="model_not_found")
-    return model_card(state).model_dump()
+    """GET /v1/models/{id}: the served model's card under any of its names (what openai's
+    models.retrieve reads), or a 404 for any other id."""
+    state.check_model(model_id or None)
+    return model_card(state, model_id).model_dump()
 
 
-def model_card(state: ServerState) -> ModelCard:
-    return ModelCard(id=state.model_name, max_model_len=state.max_model_len)
+def model_card(state: ServerState, name: str) -> ModelCard:
+    return ModelCard(id=name, max_model_len=state.max_model_len)
 
 
 async def health(state: ServerState):

@@ -16,7 +16,8 @@ from app.server.responses import ResponseStore
 
 @dataclass
 class ServerState:
-    model_name: str
+    model_name: str  # the name replies carry: --served-model-name's first
+    aliases: list = field(default_factory=list)  # its other names, which requests may use too
     engine: object = None  # None while the model loads
     tokenizer: object = None
     tool_format: object = HERMES  # how the model writes tool calls (app/server/tools), once loaded
@@ -32,7 +33,11 @@ class ServerState:
     connections: ConnectionStats = field(default_factory=ConnectionStats)
     responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id reads
 
+    @property
+    def model_names(self) -> list[str]:
+        return [self.model_name, *self.aliases]
+
     def check_model(self, name: str | None) -> None:
-        if name not in (None, "", self.model_name):
+        if name not in (None, "", *self.model_names):
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")

@@ -10,10 +10,9 @@ replicas behind one address, with prefix-aware routing, health checks and retrie
     POST /v1/completions/render           them (cache-aware routing hashes these)
 """
 
-import importlib.metadata
-
 from quart import request
 
+from app import version
 from app.server.errors import APIError, decode_json, validate
 from app.server.prompts import chat_prompt, completion_prompts
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -29,7 +28,7 @@ async def server_info(state: ServerState):
         "served_model_name": state.model_name,
         "model_path": state.model_path,
         "tokenizer_path": state.model_path,
-        "version": importlib.metadata.version("spool"),
+        "version": version(),
         "backend": state.backend,
         "dp_size": 1,
         "max_model_len": state.max_model_len,

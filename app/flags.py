@@ -1,0 +1,128 @@
+"""Every command's flags, under the names vLLM's and llama-server's users already type.
+
+vLLM's spelling is the primary name where Spool's differed (--max-num-seqs, not --max-seqs); the
+old names stay as aliases, and llama-server's short forms are aliases where they do not clash
+(-m, -c/--ctx-size, -np/--parallel, -t/--threads, -a/--alias, -b/--batch-size). Each flag is also
+SPOOL_<DEST> in the environment and a key of --config FILE.yaml (app/settings.py), so this
+module imports nothing heavy: --threads must be read before NumPy starts its thread pool.
+"""
+
+import argparse
+
+from app.server import limits, tools
+from model.choices import BACKENDS, DTYPES
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def model_arguments(parser, *, positional: bool) -> None:
+    """What picks and loads the model: shared by serve, generate and bench."""
+    a = parser.add_argument
+    if positional:
+        a("model_arg", nargs="?", default=None, metavar="MODEL",
+          help="as --model, given first as `vllm serve MODEL` takes it")
+    a("-m", "--model", default=None,
+      help="a Hugging Face model directory, a .gguf file, or a Hub id (Org/Name, or Org/Name:Q4_K_M for that"
+           " quant of a GGUF repository) (default: SmolLM2-135M-Instruct, downloaded and converted on first use)")
+    a("--gguf-file", "--hf-file", default=None, metavar="NAME",
+      help="a Hub repository's GGUF file to serve, by name, when it holds several")
+    a("--revision", default=None, help="a Hub id's branch, tag or commit (default: main)")
+    a("--download-dir", default=None, metavar="DIR",
+      help="where Hub downloads go (default: huggingface_hub's cache, $HF_HOME)")
+    a("--tokenizer", default=None, metavar="DIR",
+      help="a directory whose tokenizer (tokenizer.json, its config, its chat template) replaces the model's")
+    a("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+      help="a Jinja chat template, as a file or inline, in place of the tokenizer's own")
+    a("--backend", choices=BACKENDS, default="auto",
+      help="numerics backend: auto picks cuda when CuPy is installed and sees a GPU, else cpu (numba kernels);"
+           " numpy is the plain NumPy reference (default: auto)")
+    a("--dtype", choices=DTYPES, default="auto",
+      help="weights, activations and KV cache: cuda takes bfloat16, float16 or float32 (auto: bfloat16);"
+           " cpu takes q8_0 weights (auto with AVX-512; 8-bit blocks: a quarter of the memory or less, and faster;"
+           " K/V in float16), q4_k (a Hugging Face checkpoint's weights quantized to Q4_K while loading, 4.75 bits"
+           " a weight; those whose rows are not a multiple of 256 as q8_0), or float32 ones (the exact path; auto"
+           " without AVX-512); a GGUF's quantized tensors keep their own types whatever the dtype, so q4_k serves"
+           " one as q8_0 does (default: auto)")
+    a("-t", "--threads", type=int, default=None,
+      help="CPU threads for the numba kernels and OpenBLAS (default: the CPUs this process may use, its affinity"
+           " and cgroup quota)")
+
+
+def fetch_model(args):
+    """The model directory model_arguments' flags name, fetched or converted on first use."""
+    from model.default import resolve_model
+
+    return resolve_model(args.model, gguf_file=args.gguf_file, revision=args.revision, download_dir=args.download_dir)
+
+
+def engine_arguments(parser) -> None:
+    """How many requests run at once and what a step holds: shared by serve and bench."""
+    a = parser.add_argument
+    a("--max-num-seqs", "--max-seqs", "-np", "--parallel", dest="max_num_seqs", type=int, default=64,
+      help="most requests running at once (default: 64)")
+    a("--max-num-batched-tokens", "--max-batched-tokens", "-b", "--batch-size", dest="max_num_batched_tokens",
+      type=int, default=1024, help="most tokens per step, decode rows included (default: 1024)")
+    a("--max-model-len", "-c", "--ctx-size", dest="max_model_len", type=int, default=None,
+      help="context length, prompt plus output (default: the model's)")
+    a("--prefill-chunk", type=int, default=256, help="most prompt tokens prefilled per step (default: 256)")
+    a("--kv-cache-gib", type=float, default=None,
+      help="memory for the paged KV cache in GiB (default: 1.0 on the CPU; on a GPU, what --gpu-memory-utilization"
+           " leaves)")
+    a("--gpu-memory-utilization", type=float, default=0.9,
+      help="CUDA: share of the GPU's memory for the weights, a step's activations and the KV cache; the KV cache"
+           " gets what the other two leave, measured by a profiling step at start-up (default: 0.9)")
+    a("--enforce-eager", action="store_true",
+      help="CUDA: run decode steps kernel by kernel instead of replaying CUDA graphs captured at start-up")
+    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+      help="reuse the KV blocks of prompts' shared prefixes (default: on)")
+    a("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
+
+
+def serve_arguments(parser) -> None:
+    model_arguments(parser, positional=True)
+    engine_arguments(parser)
+    a = parser.add_argument
+    a("--served-model-name", "-a", "--alias", dest="served_model_name", nargs="+", default=None, metavar="NAME",
+      help="the names clients use, the first in replies (default: the Hub id, or the directory's or file's name)")
+    a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    a("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    a("--swap-space", type=float, default=0.0,
+      help="host memory in GiB to spill preempted requests' KV to (pinned on a GPU, copied on a side stream);"
+           " 0 re-prefills them instead (default: 0)")
+    a("--max-queue", type=int, default=1024, help="most requests waiting; more get HTTP 429 (default: 1024)")
+    a("--api-key", default=None,
+      help="require 'Authorization: Bearer KEY' (or x-api-key) on every route but /health (default: none)")
+    a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
+    a("--shutdown-timeout", type=float, default=30.0,
+      help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")
+    a("--tool-call-parser", default=None, choices=tuple(tools.FORMATS), metavar="NAME",
+      help=f"how the model writes tool calls, by vLLM's parser names: {', '.join(tools.FORMATS)}"
+           " (default: read from the chat template's markers, else hermes)")
+    a("--no-ui", action="store_true", help="do not serve the chat page at /")
+    a("--log-level", default="info", choices=LOG_LEVELS, help="(default: info)")
+    a("--log-format", default="text", choices=("text", "json"),
+      help="text lines, or one JSON object a line for log shippers (default: text)")
+    a("--disable-log-requests", "--disable-uvicorn-access-log", dest="disable_log_requests", action="store_true",
+      help="no log line per request")
+    a("--uvicorn-log-level", default=None, choices=LOG_LEVELS,
+      help="level of the HTTP layer's own logs: request lines, connections (default: --log-level)")
+    limits.add_arguments(parser)
+
+
+def generate_arguments(parser) -> None:
+    parser.add_argument("prompt", help="the user message")
+    model_arguments(parser, positional=False)
+    a = parser.add_argument
+    a("--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)")
+    a("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    a("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0, off)")
+    a("--seed", type=int, default=None, help="seed for reproducible sampling (default: none)")
+
+
+def bench_arguments(parser) -> None:
+    model_arguments(parser, positional=True)
+    engine_arguments(parser)
+    a = parser.add_argument
+    a("--num-prompts", type=int, default=64, help="requests, all submitted at once (default: 64)")
+    a("--input-len", type=int, default=128, help="prompt tokens of each, random ids (default: 128)")
+    a("--output-len", type=int, default=64, help="tokens each generates, never stopping early (default: 64)")
