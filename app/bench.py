@@ -50,23 +50,18 @@ async def run_requests(engine, prompts, output_len):
 
 
 def run_bench(args) -> int:
+    """A value that can never work raises ValueError, which the command prints as one line."""
     for name in ("num_prompts", "input_len", "output_len", "max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
-            print(f"error: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
-            return 2
-    try:
-        backend = resolve(args.backend, args.dtype)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    backend = resolve(args.backend, args.dtype)
     model_dir = fetch_model(args)
     tokenizer = Tokenizer(args.tokenizer or model_dir)
     model = backend.load(model_dir, args.max_model_len)
     length = args.input_len + args.output_len
     if length > model.config.max_position_embeddings:
-        print(f"error: --input-len plus --output-len ({length}) is over the model's context"
-              f" ({model.config.max_position_embeddings})", file=sys.stderr)
-        return 2
+        raise ValueError(f"--input-len plus --output-len ({length}) is over the model's context"
+                         f" ({model.config.max_position_embeddings})")
     running = min(args.num_prompts, args.max_num_seqs)
     runner = ModelRunner(model.config, model, num_blocks=running * -(-length // DEFAULT_BLOCK_SIZE), seed=0)
     engine = Engine(runner, tokenizer, EngineConfig(

@@ -95,5 +95,8 @@ def main(argv=None, prog: str = "spool") -> int:
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # a value that can never work, said in one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130

@@ -14,23 +14,13 @@ from model.tokenizer import Tokenizer, chat_template_text
 
 
 def run_generate(args) -> int:
-    try:
-        backend = resolve(args.backend, args.dtype)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """Bad flags, a --chat-template that refuses the message and a model the backend cannot run
+    raise ValueError, which the command prints as one line."""
+    backend = resolve(args.backend, args.dtype)
     model_dir = fetch_model(args)
-    try:
-        tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template))
-        prompt = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
-    except ValueError as e:  # a --chat-template that is no template, or one that refuses the message
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        model = backend.load(model_dir)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template))
+    prompt = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+    model = backend.load(model_dir)
     context = min(len(prompt) + max(args.max_tokens, 1), model.config.max_position_embeddings)
     runner = ModelRunner(model.config, model, num_blocks=-(-context // DEFAULT_BLOCK_SIZE))
     engine = Engine(runner, tokenizer, EngineConfig(max_model_len=model.config.max_position_embeddings,
