@@ -1,6 +1,6 @@
 """The quart-trio application: every route module's routes bound to one ServerState, the
-access check before them, the request log after them, and errors in OpenAI's shape (in
-Anthropic's on its /v1/messages routes).
+access check before them, errors in OpenAI's shape (in Anthropic's on its /v1/messages
+routes), and the request log around it all (app/server/access_log.py).
 
 create_app() builds a fresh app around the state (Quart creates serving hooks once per app,
 so tests build one per server).
@@ -15,6 +15,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from app.server import chat_page, routes, worker_routes
+from app.server.access_log import AccessLog
 from app.server.errors import APIError
 from app.server.state import ServerState
 from app.server.websocket import websocket_route
@@ -48,7 +49,6 @@ ROUTES = [
 PAGE_ROUTES = [("GET", "/", chat_page.chat_page), ("GET", "/ui/<name>", chat_page.chat_page_file)]  # unless --no-ui
 
 log = logging.getLogger("spool.server")
-http_log = logging.getLogger("spool.http")
 
 
 def same(given: str, expected: str) -> bool:
@@ -71,13 +71,6 @@ async def admit(state: ServerState):
                            code="invalid_api_key")
     if request.method in ("POST", "PUT", "PATCH"):
         await request.get_data()
-
-
-async def log_request(response):
-    """Every request's method, path and status, as uvicorn logs them for vLLM: what a router
-    asks of a worker shows in its log."""
-    http_log.info(f"{request.remote_addr} {request.method} {request.path} {response.status_code}")
-    return response
 
 
 def anthropic_route() -> bool:
@@ -109,7 +102,6 @@ def create_app(state: ServerState) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None  # Spool enforces --request-timeout itself
     app.config["BODY_TIMEOUT"] = state.limits.body_timeout
     app.before_request(functools.partial(admit, state))
-    app.after_request(log_request)
     app.register_error_handler(APIError, api_error)
     app.register_error_handler(HTTPException, functools.partial(http_error, state))
     app.register_error_handler(Exception, crash)
@@ -118,4 +110,5 @@ def create_app(state: ServerState) -> QuartTrio:
         view = bound.setdefault(route, functools.partial(route, state))
         app.add_url_rule(path, route.__name__, view, methods=[method])
     app.add_websocket("/v1/ws", "websocket_route", functools.partial(websocket_route, state))
+    app.asgi_app = AccessLog(app.asgi_app)
     return app

@@ -1,5 +1,6 @@
-"""One API request's generation: its n choices submitted, their frames collected, aborted and
-logged however it ends; SSE, JSON and the WebSocket all run a request through it.
+"""One API request's generation: its n choices submitted, their frames collected, and aborted
+however it ends; SSE, JSON and the WebSocket all run a request through it. The request's log
+line (app/server/access_log.py) reads its tokens, TTFT and finish reasons.
 
 Each wait for frames runs in its own cancel scope under the request's deadline
 (--request-timeout, counted from submit). Whatever ends it (every choice done, the client
@@ -9,7 +10,6 @@ All n choices share one channel; a reader takes every frame already waiting befo
 so a client that falls behind gets fewer, larger chunks instead of a backlog.
 """
 
-import logging
 import math
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 import trio
 
 from app.engine import Draining, EngineError, Frame, Overloaded
+from app.server import access_log
 from app.server.errors import APIError
 from app.server.schemas import UsageInfo
 from app.server.tools import ToolUse
-
-access_log = logging.getLogger("spool.access")
 
 RETRY_AFTER_SECONDS = 1
 
@@ -106,11 +105,12 @@ class Generation:
                 rid = f"{self.id}-{index}"
                 self.submissions.append((rid, prompt, params))
                 self.choices[rid] = Choice(index, rid, prompt_index, prompt)
+        access_log.attach(self)
 
     @contextmanager
     def submitted(self) -> Iterator[APIError | None]:
         """Submits every choice and gives the engine's refusal, or None; however the block is
-        left, aborts every choice still running and writes the access log line."""
+        left, aborts every choice still running."""
         try:
             refusal = None
             try:
@@ -120,7 +120,6 @@ class Generation:
             yield refusal
         finally:
             self.abort()
-            self.log()
 
     def _submit(self) -> None:
         submitted = []
@@ -226,11 +225,3 @@ class Generation:
             cached[c.prompt_index] = max(cached.get(c.prompt_index, 0), c.cached_tokens)
         usage.prompt_tokens_details.cached_tokens = sum(cached.values())
         return usage
-
-    def log(self) -> None:
-        """The access log line: id, tokens, TTFT, total time, finish reasons."""
-        usage = self.usage()
-        ttft = f"{1000 * (self.first_token_at - self.started):.0f}ms" if self.first_token_at else "-"
-        reasons = ",".join(sorted({c.finish_reason or "aborted" for c in self.choices.values()}))
-        access_log.info(f"{self.id} prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}"
-                        f" ttft={ttft} total={1000 * (time.monotonic() - self.started):.0f}ms finish={reasons}")

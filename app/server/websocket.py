@@ -11,14 +11,19 @@ Server frames:
 A malformed frame gets an error frame and the socket stays open, as does a generate frame over
 --ws-max-generations (an error frame with status 429). Closing the socket cancels every
 generation on it. With --api-key, the upgrade request needs the same Authorization header as HTTP.
+
+Each generate frame gets a log line (method WS) with an HTTP-like status for how it ended: 200
+done, 499 cancelled (a cancel frame, or the socket closed), 504 past --request-timeout, 500 an
+engine error, or the refusal's status (400, 429...); the socket gets its own when it closes.
 """
 
 import json
+import time
 
 import trio
 from quart import websocket
 
-from app.server import chat_page
+from app.server import access_log, chat_page
 from app.server.errors import APIError, decode_json, validate
 from app.server.prompts import start_generation
 from app.server.responders.chat import ChatText
@@ -51,9 +56,19 @@ def done_frame(gid: str, gen) -> dict:
     return {"type": "done", "id": gid, "choices": choices, "usage": gen.usage().model_dump()}
 
 
+def done_status(gen) -> int:
+    """The log line's status for a generation that sent its done frame."""
+    if gen.failure():
+        return 500
+    if any(c.finish_reason == "cancelled" for c in gen.choices.values()):
+        return access_log.CLIENT_GONE
+    return 200
+
+
 async def serve_websocket(state: ServerState) -> None:
     lock = trio.Lock()
     generations: dict = {}  # id -> Generation in flight
+    remote, path = websocket.remote_addr, websocket.path
 
     async def send(frame: dict) -> None:
         async with lock:
@@ -63,9 +78,11 @@ async def serve_websocket(state: ServerState) -> None:
         await send({"type": "error", "id": gid, "error": error.body()["error"]})
 
     async def run(gid: str, gen) -> None:
+        status = access_log.CLIENT_GONE  # unless it gets further: the socket closed under it
         try:
             with gen.submitted() as refusal:
                 if refusal:
+                    status = refusal.status
                     await send_error(gid, refusal)
                     return
                 async for pieces in gen.batches():
@@ -73,11 +90,14 @@ async def serve_websocket(state: ServerState) -> None:
                         if piece.text:
                             await send({"type": "delta", "id": gid, "index": piece.choice.index, "text": piece.text})
                 if gen.timed_out:
+                    status = 504
                     await send_error(gid, gen.timeout_error())
                     return
+                status = done_status(gen)
                 await send(done_frame(gid, gen))
         finally:
             del generations[gid]
+            access_log.websocket_line(remote, path, status, gen.started, gen)
 
     def parse(message) -> tuple[str, str, dict]:
         frame = decode_json(message, "the frame")
@@ -103,7 +123,7 @@ async def serve_websocket(state: ServerState) -> None:
     async with trio.open_nursery() as nursery:
         while True:
             message = await websocket.receive()
-            gid = None
+            received, gid = time.monotonic(), None
             try:
                 kind, gid, body = parse(message)
                 if kind == "cancel":
@@ -114,4 +134,5 @@ async def serve_websocket(state: ServerState) -> None:
                     generations[gid] = start(gid, body)
                     nursery.start_soon(run, gid, generations[gid])
             except APIError as e:
+                access_log.websocket_line(remote, path, e.status, received)
                 await send_error(gid, e)
