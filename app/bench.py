@@ -11,7 +11,7 @@ import numpy as np
 import trio
 
 from app.engine import Engine, EngineConfig, GenerationParams
-from app.flags import fetch_model
+from app.flags import fetch_model, speculative_config
 from model.backend import resolve
 from model.kv_cache import DEFAULT_BLOCK_SIZE
 from model.runner import ModelRunner
@@ -67,7 +67,7 @@ def run_bench(args) -> int:
     engine = Engine(runner, tokenizer, EngineConfig(
         max_model_len=length, max_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk,
         max_batched_tokens=max(args.max_num_batched_tokens, running), max_queue=args.num_prompts + 2,
-        prefix_caching=args.enable_prefix_caching, decode_log_interval=0))
+        prefix_caching=args.enable_prefix_caching, decode_log_interval=0, speculative=speculative_config(args)))
     warmup = make_prompts(tokenizer, 2, min(args.input_len, 32), seed=1)
     prompts = make_prompts(tokenizer, args.num_prompts, args.input_len, seed=0)
 

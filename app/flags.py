@@ -55,6 +55,15 @@ def fetch_model(args):
     return resolve_model(args.model, gguf_file=args.gguf_file, revision=args.revision, download_dir=args.download_dir)
 
 
+def speculative_config(args):
+    """--speculative-config's JSON, parsed (a ValueError of one line when it cannot be)."""
+    if not args.speculative_config:
+        return None
+    from app.engine.speculation import SpeculativeConfig
+
+    return SpeculativeConfig.parse(args.speculative_config)
+
+
 def engine_arguments(parser) -> None:
     """How many requests run at once and what a step holds: shared by serve and bench."""
     a = parser.add_argument
@@ -76,6 +85,9 @@ def engine_arguments(parser) -> None:
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse the KV blocks of prompts' shared prefixes (default: on)")
     a("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
+    a("--speculative-config", default=None, metavar="JSON",
+      help='speculative decoding, as vLLM takes it: {"method": "ngram", "num_speculative_tokens": 4,'
+           ' "prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup: the CPU backends; default: off)')
 
 
 def serve_arguments(parser) -> None:

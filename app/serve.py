@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from app.engine import Engine, EngineConfig
-from app.flags import fetch_model
+from app.flags import fetch_model, speculative_config
 from app.logs import configure_logging
 from app.server import limits, tools
 from app.server.app import create_app
@@ -52,6 +52,7 @@ def validate_flags(args) -> None:
     if args.tokenizer is not None and not Path(args.tokenizer, "tokenizer.json").is_file():
         raise ValueError(f"--tokenizer {args.tokenizer!r} is not a directory with a tokenizer.json")
     chat_template_text(args.chat_template)
+    speculative_config(args)
     limits.Limits.from_args(args).validate()
 
 
@@ -111,7 +112,7 @@ def load(args, state: ServerState) -> Engine:
     engine = Engine(runner, state.tokenizer, EngineConfig(
         max_model_len=state.max_model_len, max_seqs=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
-        swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching))
+        swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching, speculative=speculative_config(args)))
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
              f" ({backend.dtype}, weights {model.weight_bytes / 2**20:.0f} MiB),"
              f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB:"

@@ -6,6 +6,7 @@ variable and a config key. `--print-config` shows each value and where it came f
 """
 
 import argparse
+import json
 import os
 import re
 from pathlib import Path
@@ -139,8 +140,9 @@ def _convert(action, raw, where: str):
         items = [s for s in re.split(r"[,\s]+", str(raw).strip()) if s] if many else [raw]
     values = []
     for item in items:
+        text = json.dumps(item) if isinstance(item, dict) else str(item)  # a JSON-valued flag's YAML mapping
         try:
-            value = action.type(str(item)) if action.type else str(item)
+            value = action.type(text) if action.type else text
         except (TypeError, ValueError):
             raise SettingsError(f"{where}: {item!r} is not a valid {getattr(action.type, '__name__', 'value')}"
                                 ) from None

@@ -38,6 +38,13 @@ class Row:
     mask: object = None  # a Future of the tokens allowed next (model.sampling.allowed_tokens' words), or None
     embed: bool = False  # an embedding request's last chunk: its last token's state, pooled, not a token
     prompt_logprobs: int | None = None  # a prefill chunk whose prompt tokens are scored: each with its top n
+    num_draft: int = 0  # a decode row's speculative guesses: its last num_draft tokens, each position sampled
+
+    def histories(self) -> list[Sequence[int]]:
+        """The output before each sampled position: a verified guess is sampled as plain
+        decoding would sample it there (penalties over it, a seeded draw at its index)."""
+        drafts = list(self.token_ids[len(self.token_ids) - self.num_draft:])
+        return [self.output_ids] + [[*self.output_ids, *drafts[:j]] for j in range(1, self.num_draft + 1)]
 
 
 @dataclass
@@ -136,7 +143,8 @@ class ModelRunner:
         ends = np.cumsum(query_lens) - 1
         starts = ends - np.asarray(query_lens) + 1
         scored = [start + k for r, start in zip(rows, starts) for k in range(len(predicted(r)))]
-        logit_index = np.array([end for r, end in zip(rows, ends) if r.sample] + scored, dtype=np.int64)
+        sampled = [i for r, end in zip(rows, ends) if r.sample for i in range(end - r.num_draft, end + 1)]
+        logit_index = np.array(sampled + scored, dtype=np.int64)
         pooled_index = np.array([end for r, end in zip(rows, ends) if r.embed], dtype=np.int64)
         meta = ops.attention_meta(query_lens, [r.start_pos + n for r, n in zip(rows, query_lens)],
                                   [r.block_table for r in rows], self.block_size)
@@ -159,14 +167,17 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> Launched:
         """Queue the step on the device: forward pass, sampling, and the copy of the sampled ids
         to the host. On the CPU the work is done when this returns."""
-        sampling = [r for r in plan.rows if r.sample]
+        rows = [r for r in plan.rows if r.sample]
+        # one entry per sampled position: a row with guesses has one for each, and one after them
+        sampling = [r for r in rows for _ in range(r.num_draft + 1)]
         logits, hidden = self.forward(plan)  # the masks are computed meanwhile
         embedded = [] if hidden is None else self.embeddings([r for r in plan.rows if r.embed], hidden)
         scored = self.score_prompts(plan.rows, logits[len(sampling):])
         if not sampling:
             return Launched([], None, None, embedded, scored)
+        histories = [h for r in rows for h in (r.histories() if r.num_draft else [self.history(r)])]
         sampled = self.ops.sample(logits[:len(sampling)], SampleBatch(
-            [r.params for r in sampling], [r.prompt_ids for r in sampling], [self.history(r) for r in sampling],
+            [r.params for r in sampling], [r.prompt_ids for r in sampling], histories,
             self.rng, keys=[r.request_id for r in sampling],
             masks=[None if r.mask is None else r.mask.result() for r in sampling]))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})

@@ -24,7 +24,7 @@ import itertools
 import math
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -61,6 +61,10 @@ class Engine:
         self.stats = Stats()
         self.outputs = OutputProcessor(tokenizer, self.stats)
         window = getattr(getattr(runner, "config", None), "kv_window", 0)
+        if config.speculative and self.overlaps:
+            log.warning("speculative decoding runs on the CPU backends only for now; decoding without it")
+            config = replace(config, speculative=None)
+            self.config = config
         self.planner = Planner(config, self.pool, self.outputs, self.stats, window)
         self.reporter = StatusReporter(config.decode_log_interval)
         self._wake = trio.Event()
@@ -169,19 +173,37 @@ class Engine:
     def apply(self, plan: StepPlan, sampled: list[Sampled]) -> None:
         """A landed step: the planner counts its K/V, the output processor takes each sampled
         token and sends the deltas."""
-        by_id = {s.request_id: s for s in sampled}
+        by_id: dict[str, list[Sampled]] = {}  # a row with guesses has one per sampled position
+        for result in sampled:
+            by_id.setdefault(result.request_id, []).append(result)
         now = time.monotonic()
         for request, row in self.planner.landed(plan):
-            sampled = by_id.get(row.request_id)  # none for a chunk that predicts no prompt token
-            if sampled is not None and sampled.prompt_logprobs:
-                self.outputs.score_prompt(request, sampled)
-            if not (row.sample or row.embed):
-                continue
-            end = self.outputs.accept(request, sampled, now)
-            if end is not None:
-                self.planner.finish(request, end.reason, end.stop_reason, end.error)
+            results = by_id.get(row.request_id, [])  # none for a chunk that predicts no prompt token
+            if results and results[0].prompt_logprobs:
+                self.outputs.score_prompt(request, results[0])
+            if row.num_draft:
+                self.verify(request, row, results, now)
+            elif row.sample or row.embed:
+                end = self.outputs.accept(request, results[0] if results else None, now)
+                if end is not None:
+                    self.planner.finish(request, end.reason, end.stop_reason, end.error)
         for request in self.outputs.send_deltas(self.planner.decoding):
             self.planner.finish(request, "cancelled")
+
+    def verify(self, request: Request, row, results: list[Sampled], now: float) -> None:
+        """A row with guesses: the model's tokens go out in order up to the first that differs
+        from its guess (that one included, as the plain step would have sampled it), each
+        through the same stop checks as any token."""
+        guesses = row.token_ids[len(row.token_ids) - row.num_draft:]
+        kept = next((j for j, guess in enumerate(guesses) if results[j].token_id != guess), row.num_draft)
+        appended = 0
+        for result in results[:kept + 1]:
+            appended += 1
+            end = self.outputs.accept(request, result, now)
+            if end is not None:
+                self.planner.finish(request, end.reason, end.stop_reason, end.error)
+                break
+        self.planner.verified(request, row, kept, appended)
 
     def retire(self) -> None:
         """The requests that finished: blocks freed, host copies and sampler state dropped,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from app.engine.block_pool import BlockPool
 from app.engine.request import Request, State
 from app.engine.schedule import Reload, Schedule, Spill, TickStart
+from app.engine.speculation import SpeculativeConfig, Speculation
 from app.engine.stats import Stats
 from model.runner import AHEAD, Row, StepPlan
 
@@ -47,6 +48,7 @@ class PlannerConfig:
     prefill_chunk: int = 256
     swap_blocks: int = 0  # host spill pool, in blocks; 0 means preempt by recompute
     immunity_tokens: int = 16  # a resumed request is not preempted again for this many tokens
+    speculative: SpeculativeConfig | None = None  # decode rows carry guesses to verify (speculation.py)
 
     def __post_init__(self):
         if self.max_batched_tokens < self.max_seqs:
@@ -81,6 +83,7 @@ class Planner:
         self.aborts: set[str] = set()  # pending, including ids not seen yet (carried)
         self.swap_used = 0
         self.in_flight: list[StepPlan] = []  # planned and not yet landed (or failed), oldest first
+        self.speculation = Speculation(config.speculative) if config.speculative else None
         self.admitted = Admitted()
         self.reloads: list[Reload] = []  # decided by this tick's resume
         self.spills: list[Spill] = []  # decided by this tick's plan
@@ -119,7 +122,8 @@ class Planner:
         decode_rows = self.plan_decode(flying)
         step = None
         if decode_rows is not None:
-            step = StepPlan(decode_rows + self.plan_prefill(len(decode_rows), flying))
+            decode_tokens = sum(len(row.token_ids) for row in decode_rows)
+            step = StepPlan(decode_rows + self.plan_prefill(decode_tokens, flying))
             if step.rows:
                 self.in_flight.append(step)
         return Schedule(step, self.spills)
@@ -153,6 +157,8 @@ class Planner:
             request.spill_blocks = 0
             del self.requests[request.id]
             self.aborts.discard(request.id)  # one that came in while it finished has nothing to end
+            if self.speculation:
+                self.speculation.release(request.id)
         return retired
 
     # -- resume and admission ---------------------------------------------------------------------
@@ -253,7 +259,34 @@ class Planner:
                     break
             if request.state is State.DECODING:
                 planned.append((request, ahead))
-        return [self.decode_row(r, ahead) for r, ahead in planned if r.state is State.DECODING]
+        rows = [self.decode_row(r, ahead) for r, ahead in planned if r.state is State.DECODING]
+        return self.add_guesses(rows) if self.speculation else rows
+
+    def add_guesses(self, rows: list[Row]) -> list[Row]:
+        """Each decode row the proposer has guesses for carries them, in blocks free now (a
+        guess never preempts) and within the step's token budget. Not for a row fed ahead, one
+        under a mask or penalties, or one whose stop tokens min_tokens still bans."""
+        spare = self.config.max_batched_tokens - len(rows)
+        for row in rows:
+            request = self.requests[row.request_id]
+            p = request.params
+            if (spare <= 0 or row.token_ids[0] == AHEAD or row.mask is not None or p.sampling.penalized
+                    or len(request.output_ids) < p.min_tokens):
+                continue
+            guesses = self.speculation.propose(request, min(spare, request.max_tokens - len(request.output_ids) - 1))
+            last = request.num_tokens - 1 + len(guesses)  # the position of the last guess
+            while guesses and request.dropped_blocks + len(request.block_table) <= last // self.pool.block_size:
+                block = self.pool.allocate()
+                if block is None:
+                    guesses = guesses[:(request.dropped_blocks + len(request.block_table)) * self.pool.block_size
+                                      - request.num_tokens]
+                    break
+                request.block_table.append(block)
+            if guesses:
+                row.token_ids, row.num_draft = [row.token_ids[0], *guesses], len(guesses)
+                row.block_table = self.table(request)
+                spare -= len(guesses)
+        return rows
 
     def make_room(self, needy: Request) -> bool:
         """Preempt one victim, newest first, never an immune one (unless only the needy one is
@@ -381,7 +414,7 @@ class Planner:
             request = self.requests.get(row.request_id)
             if request is None or request.state is State.FINISHED:
                 continue
-            request.num_computed += len(row.token_ids)
+            request.num_computed += len(row.token_ids) - row.num_draft  # guesses count once verified
             self.offer_full_blocks(request)
             self.drop_outside_window(request)
             if request.state is State.PREFILLING and request.num_computed == request.target:
@@ -393,6 +426,22 @@ class Planner:
             if row.sample or row.embed or row.prompt_logprobs is not None:
                 sampling.append((request, row))
         return sampling
+
+    def verified(self, request: Request, row: Row, kept: int, appended: int) -> None:
+        """A row with guesses landed: `kept` of them matched what the model sampled, and
+        `appended` tokens joined the output (fewer when one ended the request). The K/V of the
+        guesses among those counts; the blocks past the next row's position go back, so the
+        rejected guesses' K/V is never offered to the prefix cache and is written over."""
+        self.speculation.verified(request, row.num_draft, kept)
+        if request.state is State.FINISHED:
+            return
+        request.num_computed += appended - 1
+        self.offer_full_blocks(request)
+        self.drop_outside_window(request)
+        keep = self.pool.blocks_for(request.num_tokens) - request.dropped_blocks
+        if len(request.block_table) > keep:
+            self.pool.release(request.block_table[keep:])
+            del request.block_table[keep:]
 
     def fail(self, plan: StepPlan, message: str) -> None:
         """The runner raised: every row of that step ends with an error (once its mask, if it

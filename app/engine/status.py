@@ -26,6 +26,11 @@ class StatusReporter:
         rate = (tokens - self.tokens_at_last_line) / max(now - self.since, 1e-9)
         self.tokens_at_last_line, self.since = tokens, now
         held = sum(r.num_tokens for r in planner.requests.values())
-        return (f"Decode batch. #running-req: {planner.num_running}, #token: {held},"
+        line = (f"Decode batch. #running-req: {planner.num_running}, #token: {held},"
                 f" token usage: {pool.usage:.2f}, gen throughput (token/s): {rate:.2f},"
                 f" #queue-req: {len(planner.waiting)}")
+        if planner.speculation:  # as SGLang's line: the share of guesses kept, tokens per verified row
+            s = planner.speculation.stats
+            line += (f", accept rate: {s.accepted_tokens / max(s.draft_tokens, 1):.2f},"
+                     f" accept len: {1 + s.accepted_tokens / max(s.drafts, 1):.2f}")
+        return line

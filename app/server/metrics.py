@@ -46,6 +46,18 @@ class EngineCollector:
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries)
         yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.prefix_cache_hits)
         yield counter("num_preemptions", "Requests preempted for KV space.", stats.preemptions)
+        speculation = self.engine.planner.speculation
+        if speculation:  # vLLM's spec_decode counters
+            spec = speculation.stats
+            yield counter("spec_decode_num_drafts", "Decode rows that carried guesses.", spec.drafts)
+            yield counter("spec_decode_num_draft_tokens", "Guessed tokens verified.", spec.draft_tokens)
+            yield counter("spec_decode_num_accepted_tokens", "Guessed tokens kept.", spec.accepted_tokens)
+            per_pos = CounterMetricFamily("spool:spec_decode_num_accepted_tokens_per_pos",
+                                          "Guessed tokens kept, by their place in the row's guesses.",
+                                          labels=labels + ["position"])
+            for position, kept in enumerate(spec.accepted_per_pos):
+                per_pos.add_metric(values + [str(position)], kept)
+            yield per_pos
         success = CounterMetricFamily("spool:request_success", "Finished requests by finish reason.",
                                       labels=labels + ["finished_reason"])
         for reason in ("stop", "length", "cancelled", "error"):

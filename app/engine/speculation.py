@@ -1,0 +1,134 @@
+"""Speculative decoding's proposals: what a decoding row offers the model to check, and how many.
+
+A proposer guesses the next tokens of a request; its decode row then carries them after its
+last token, the step computes logits at every one of those positions, and the engine keeps the
+guesses the model itself samples, plus the one token after them (outputs.accept's order: stops,
+max_tokens and aborts land on the token they would have without speculation). A verified token
+is sampled exactly as plain decoding samples it (greedy's argmax, a seeded row's draw keyed by
+its token index), so the text is the same with speculation on or off, and an unseeded row's
+tokens keep the model's distribution: a guess is kept only when the model's own draw equals it.
+
+NgramProposer is prompt lookup (vLLM's "ngram", llama.cpp's lookup decoding): the longest
+suffix of the request's tokens, prompt_lookup_max down to prompt_lookup_min long, that occurred
+before, and the tokens that followed its latest occurrence. Speculation keeps each request's
+count adaptive: a guess fully kept asks for more next time, a partly kept one for what was
+kept plus one, and two misses in a row pause the request's guessing for a while.
+"""
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's --speculative-config keys, for method "ngram"."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+
+    @classmethod
+    def parse(cls, text: str) -> "SpeculativeConfig":
+        """--speculative-config's JSON (a ValueError of one line for anything else)."""
+        try:
+            given = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config is not JSON: {e}") from None
+        if not isinstance(given, dict):
+            raise ValueError("--speculative-config must be a JSON object, such as"
+                             ' {"method": "ngram", "num_speculative_tokens": 4}')
+        unknown = set(given) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"--speculative-config has unknown keys {sorted(unknown)}; it takes"
+                             f" {sorted(cls.__dataclass_fields__)}")
+        config = cls(**given)
+        if config.method != "ngram":
+            raise ValueError(f"--speculative-config method {config.method!r} is not supported; Spool has 'ngram'")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(config, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"--speculative-config {name} must be a positive integer, got {value!r}")
+        if config.prompt_lookup_min > config.prompt_lookup_max:
+            raise ValueError("--speculative-config prompt_lookup_min is over prompt_lookup_max")
+        return config
+
+
+class NgramProposer:
+    def __init__(self, lookup_min: int, lookup_max: int):
+        self.lookup_min, self.lookup_max = lookup_min, lookup_max
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed an earlier occurrence of tokens' longest suffix
+        (lookup_max down to lookup_min long): the latest with k tokens after it, else the
+        latest (a run of one token repeating overlaps the end); none when none occurred."""
+        for n in range(min(self.lookup_max, len(tokens) - 1), self.lookup_min - 1, -1):
+            suffix, found = tokens[-n:], None
+            for start in range(len(tokens) - n - 1, -1, -1):  # latest first, never the suffix itself
+                if tokens[start:start + n] == suffix:
+                    found = start if found is None else found
+                    if start + n + k <= len(tokens):
+                        return tokens[start + n:start + n + k]
+            if found is not None:
+                return tokens[found + n:found + n + k]
+        return []
+
+
+@dataclass
+class Pace:
+    """One request's guess count, following what it kept."""
+
+    k: int
+    misses: int = 0
+    paused_until: int = 0  # the request's output length at which guessing resumes
+
+
+@dataclass
+class SpecStats:
+    """vLLM's spec_decode counters: rows that carried guesses, guesses, guesses kept, and kept
+    by position (the first guess of a row, the second, ...)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list = field(default_factory=list)
+
+
+class Speculation:
+    PAUSE = 16  # tokens a request decodes plainly after two rows in a row kept no guess
+
+    def __init__(self, config: SpeculativeConfig):
+        self.config = config
+        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.paces: dict[str, Pace] = {}
+        self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
+
+    def propose(self, request, limit: int) -> list[int]:
+        """The guesses for request's next row, at most limit."""
+        pace = self.paces.setdefault(request.id, Pace(self.config.num_speculative_tokens))
+        if limit <= 0 or len(request.output_ids) < pace.paused_until:
+            return []
+        return self.proposer.propose(request.all_ids, min(pace.k, limit))
+
+    def verified(self, request, proposed: int, kept: int) -> None:
+        """A row with proposed guesses landed and kept the first `kept` of them."""
+        s = self.stats
+        s.drafts += 1
+        s.draft_tokens += proposed
+        s.accepted_tokens += kept
+        for position in range(kept):
+            s.accepted_per_pos[position] += 1
+        pace = self.paces.get(request.id)
+        if pace is None:
+            return
+        if kept == proposed:
+            pace.k, pace.misses = min(pace.k + 2, self.config.num_speculative_tokens), 0
+        elif kept:
+            pace.k, pace.misses = kept + 1, 0
+        else:
+            pace.k, pace.misses = 1, pace.misses + 1
+            if pace.misses >= 2:
+                pace.paused_until, pace.misses = len(request.output_ids) + self.PAUSE, 0
+
+    def release(self, request_id) -> None:
+        self.paces.pop(request_id, None)

@@ -1,0 +1,171 @@
+"""Speculative decoding with n-gram prompt lookup (app/engine/speculation.py), on the tiny
+model's q8_0 CPU path, whose logits are the same bits however a row's tokens are chunked: greedy
+and seeded rows write exactly the tokens of plain decoding, through aborts and preemption; an
+unseeded row's tokens keep the model's distribution (a chi-square test); the KV blocks of
+rejected guesses go back to the pool and never into the prefix cache."""
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from app.engine.speculation import NgramProposer, SpeculativeConfig
+from engine_harness import Harness
+from model.ops.numba_ops import NumbaOps
+from model.runner import ModelRunner, Row, StepPlan
+from model.sampling import SamplingParams
+from model.tokenizer import Tokenizer
+from tiny_model import make_tiny_model
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-spec"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return Tokenizer(model_dir)
+
+
+def runner(model_dir, num_blocks=1024):
+    return ModelRunner.from_dir(model_dir, num_blocks=num_blocks, block_size=BLOCK, ops=NumbaOps("q8_0"), seed=0)
+
+
+def copy_heavy_prompts(rng, count):
+    """Prompts that repeat themselves, so lookup has something to propose."""
+    prompts = []
+    for _ in range(count):
+        motif = rng.integers(5, 250, size=int(rng.integers(2, 8))).tolist()
+        prompts.append(motif * int(rng.integers(2, 6)) + rng.integers(5, 250, size=int(rng.integers(0, 5))).tolist())
+    return prompts
+
+
+def test_lookup_proposes_what_followed_the_longest_earlier_suffix():
+    proposer = NgramProposer(lookup_min=1, lookup_max=3)
+    assert proposer.propose([1, 2, 3, 9, 1, 2, 3], 3) == [9, 1, 2]
+    assert proposer.propose([5, 1, 2, 7, 7, 2, 1, 2], 2) == [7, 7]  # [1, 2] beats [2], the latest [2]
+    assert proposer.propose([4, 4, 4, 4], 3) == [4]  # only overlapping occurrences: the latest's one token
+    assert proposer.propose([4, 4, 4, 4, 4, 4, 4], 2) == [4, 4]
+    assert proposer.propose([1, 2, 3], 4) == []
+    assert NgramProposer(lookup_min=2, lookup_max=2).propose([1, 2, 9, 3, 2], 2) == []
+
+
+@pytest.mark.parametrize("text,error", [
+    ("{", "is not JSON"), ("[1]", "must be a JSON object"), ('{"method": "eagle"}', "Spool has 'ngram'"),
+    ('{"num_speculative_tokens": 0}', "positive integer"), ('{"k": 1}', "unknown keys"),
+    ('{"prompt_lookup_min": 5, "prompt_lookup_max": 2}', "prompt_lookup_min is over"),
+])
+def test_a_bad_speculative_config_is_one_line(text, error):
+    with pytest.raises(ValueError, match=error):
+        SpeculativeConfig.parse(text)
+
+
+def run(model_dir, tokenizer, prompts, sampling, spec, num_blocks=1024, aborts=None, max_seqs=8, **params):
+    """Each prompt's tokens; aborts: {prompt index: tick at which it is aborted}."""
+    h = Harness(runner(model_dir, num_blocks), tokenizer, speculative=spec, max_seqs=max_seqs,
+                max_batched_tokens=64, prefill_chunk=32, max_queue=len(prompts))
+    ids = [h.submit(p, sampling=sampling[i] if isinstance(sampling, list) else sampling, **params)
+           for i, p in enumerate(prompts)]
+    for tick in range(10_000):
+        if not h.planner.has_work:
+            break
+        for index, at in (aborts or {}).items():
+            if at == tick:
+                h.engine.abort(ids[index])
+        h.tick()
+        for request in h.planner.decoding:  # no block held past the next row's position
+            assert request.dropped_blocks + len(request.block_table) <= h.pool.blocks_for(request.num_tokens)
+    return [h.tokens(i) for i in ids], [h.final(i).finish_reason for i in ids], h
+
+
+def test_greedy_tokens_are_those_of_plain_decoding_through_aborts_and_preemption(model_dir, tokenizer):
+    """200 random prompts in batches, random k, random aborts, and a KV pool small enough that
+    requests are preempted and recomputed: every request that was not aborted writes exactly
+    the tokens of plain decoding, and an aborted one a prefix of them."""
+    rng = np.random.default_rng(1)
+    prompts = copy_heavy_prompts(rng, 200)
+    greedy = SamplingParams(temperature=0.0)
+    kept = preempted = 0
+    for batch in range(0, 200, 25):
+        chunk = prompts[batch:batch + 25]
+        plain, _, _ = run(model_dir, tokenizer, chunk, greedy, None, max_tokens=24, ignore_eos=True)
+        k = int(rng.integers(1, 7))
+        aborts = {int(i): int(rng.integers(1, 40)) for i in rng.choice(len(chunk), size=4, replace=False)}
+        spec = SpeculativeConfig(num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=3)
+        tokens, reasons, h = run(model_dir, tokenizer, chunk, greedy, spec, num_blocks=48, aborts=aborts,
+                                 max_tokens=24, ignore_eos=True)
+        for i, (mine, theirs, reason) in enumerate(zip(tokens, plain, reasons)):
+            if i in aborts and reason == "cancelled":
+                assert mine == theirs[:len(mine)], (batch + i, k)
+            else:
+                assert mine == theirs and reason == "length", (batch + i, k)
+        kept += h.planner.speculation.stats.accepted_tokens
+        preempted += h.stats.preemptions
+        assert h.pool.used == 0  # every block, guesses' included, went back
+    assert kept > 500 and preempted > 0  # guesses were kept, and requests were preempted
+
+
+def test_seeded_sampling_writes_the_same_text_with_speculation_on_and_off(model_dir, tokenizer):
+    rng = np.random.default_rng(2)
+    prompts = copy_heavy_prompts(rng, 24)
+    sampling = [SamplingParams(temperature=float(rng.uniform(0.3, 1.5)), top_p=float(rng.uniform(0.7, 1.0)),
+                               seed=int(rng.integers(1 << 30)), logprobs=2) for _ in prompts]
+    plain, _, _ = run(model_dir, tokenizer, prompts, sampling, None, max_tokens=32, ignore_eos=True)
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+    tokens, _, h = run(model_dir, tokenizer, prompts, sampling, spec, max_tokens=32, ignore_eos=True)
+    assert tokens == plain
+    assert h.planner.speculation.stats.accepted_tokens > 20
+
+
+def test_stops_and_max_tokens_land_on_the_token_plain_decoding_lands_on(model_dir, tokenizer):
+    """A stop token among kept guesses ends the request there; nothing after it goes out."""
+    rng = np.random.default_rng(3)
+    prompts = copy_heavy_prompts(rng, 16)
+    greedy = SamplingParams(temperature=0.0)
+    plain, _, _ = run(model_dir, tokenizer, prompts, greedy, None, max_tokens=20, ignore_eos=True)
+    stops = [p[len(p) // 2] for p in plain]  # a token each request writes mid-way
+    spec = SpeculativeConfig(num_speculative_tokens=5, prompt_lookup_min=1, prompt_lookup_max=3)
+    for stop_set in ([], stops):
+        expected, want, _ = run(model_dir, tokenizer, prompts, greedy, None, max_tokens=20, ignore_eos=True,
+                                stop_token_ids=stop_set)
+        tokens, reasons, _ = run(model_dir, tokenizer, prompts, greedy, spec, max_tokens=20, ignore_eos=True,
+                                 stop_token_ids=stop_set)
+        assert tokens == expected and reasons == want
+
+
+def test_unseeded_tokens_keep_the_models_distribution(model_dir, tokenizer):
+    """6,000 requests of one prompt that lookup mostly has guesses for, four tokens each: the
+    second to fourth tokens' counts, per prefix of the tokens before them, against the model's
+    own probabilities there (a chi-square test: a verifier that kept one wrong guess in five
+    fails it)."""
+    prompt = [17, 42, 17, 42, 17, 42, 17, 42]
+    sampling = SamplingParams(temperature=1.0)
+    spec = SpeculativeConfig(num_speculative_tokens=2, prompt_lookup_min=1, prompt_lookup_max=2)
+    tokens, _, h = run(model_dir, tokenizer, [prompt] * 6000, sampling, spec, max_seqs=64, max_tokens=4,
+                       ignore_eos=True)
+    assert h.planner.speculation.stats.accepted_tokens > 1000
+    nexts: dict[tuple, list[int]] = {}
+    for t in tokens:
+        for length in (1, 2, 3):
+            nexts.setdefault(tuple(t[:length]), []).append(t[length])
+    probe = runner(model_dir, 64)
+    chi2, dof = 0.0, 0
+    for prefix, seen in nexts.items():
+        if len(seen) < 40:
+            continue
+        ids = prompt + list(prefix)
+        logits = probe.logits(StepPlan([Row("p", ids, 0, list(range(-(-len(ids) // BLOCK))), sample=True)]))
+        z = np.asarray(logits[0], np.float64)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        observed = np.bincount(seen, minlength=len(p)).astype(np.float64)
+        expected = p * len(seen)
+        big = expected >= 5
+        cells_o = np.append(observed[big], observed[~big].sum())
+        cells_e = np.append(expected[big], expected[~big].sum())
+        chi2 += float(((cells_o - cells_e) ** 2 / cells_e).sum())
+        dof += len(cells_o) - 1
+    assert dof >= 10
+    assert scipy_stats.chi2.sf(chi2, dof) > 1e-3, (chi2, dof)
