@@ -169,3 +169,39 @@ def test_unseeded_tokens_keep_the_models_distribution(model_dir, tokenizer):
         dof += len(cells_o) - 1
     assert dof >= 10
     assert scipy_stats.chi2.sf(chi2, dof) > 1e-3, (chi2, dof)
+
+
+def test_the_status_line_reports_acceptance(model_dir, tokenizer):
+    from app.engine.status import StatusReporter
+
+    spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
+    _, _, h = run(model_dir, tokenizer, copy_heavy_prompts(np.random.default_rng(4), 4), SamplingParams(temperature=0),
+                  spec, max_tokens=16, ignore_eos=True)
+    s = h.planner.speculation.stats
+    line = StatusReporter(decode_interval=1).decode_step(h.planner, h.pool)
+    assert f"accept rate: {s.accepted_tokens / s.draft_tokens:.2f}" in line
+    assert f"accept len: {1 + s.accepted_tokens / s.drafts:.2f}" in line
+
+
+def test_a_server_with_speculation_writes_the_same_text_and_counts_it(model_dir):
+    """`spool serve --speculative-config ...` against one without: the same greedy text over
+    the official client, and vLLM's spec_decode counters in /metrics."""
+    from live_server import LiveServer
+
+    prompt = "one two three four one two three four one two three four one two"
+    texts, counters = [], {}
+    for flags in ((), ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3,'
+                                               ' "prompt_lookup_min": 1}')):
+        server = LiveServer(str(model_dir), "--dtype", "q8_0", "--kv-cache-gib", "0.05", *flags)
+        try:
+            with server.openai_client() as client:
+                texts.append(client.completions.create(model=model_dir.name, prompt=prompt, max_tokens=40,
+                                                       temperature=0).choices[0].text)
+            counters = {k: v for k, v in server.metrics().items() if "spec_decode" in k}
+        finally:
+            assert server.stop() == 0, server.output()
+    assert texts[0] == texts[1] and len(texts[0]) > 0
+    drafts = next(v for k, v in counters.items() if k.startswith("spool:spec_decode_num_drafts_total"))
+    accepted = next(v for k, v in counters.items() if k.startswith("spool:spec_decode_num_accepted_tokens_total"))
+    per_pos = sum(v for k, v in counters.items() if k.startswith("spool:spec_decode_num_accepted_tokens_per_pos"))
+    assert drafts > 0 and accepted == per_pos
