@@ -13,6 +13,8 @@ import trio
 from app.engine import Engine, EngineConfig, GenerationParams
 from app.flags import fetch_model, speculative_config
 from model.backend import resolve
+from model.default import resolve_model
+from model.draft import DraftModel
 from model.kv_cache import DEFAULT_BLOCK_SIZE
 from model.runner import ModelRunner
 from model.sampling import SamplingParams
@@ -64,10 +66,13 @@ def run_bench(args) -> int:
                          f" ({model.config.max_position_embeddings})")
     running = min(args.num_prompts, args.max_num_seqs)
     runner = ModelRunner(model.config, model, num_blocks=running * -(-length // DEFAULT_BLOCK_SIZE), seed=0)
+    speculative = speculative_config(args)
+    if speculative and speculative.method == "draft_model":
+        runner.draft = DraftModel.load(backend, resolve_model(speculative.model), runner, tokenizer)
     engine = Engine(runner, tokenizer, EngineConfig(
         max_model_len=length, max_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk,
         max_batched_tokens=max(args.max_num_batched_tokens, running), max_queue=args.num_prompts + 2,
-        prefix_caching=args.enable_prefix_caching, decode_log_interval=0, speculative=speculative_config(args)))
+        prefix_caching=args.enable_prefix_caching, decode_log_interval=0, speculative=speculative))
     warmup = make_prompts(tokenizer, 2, min(args.input_len, 32), seed=1)
     prompts = make_prompts(tokenizer, args.num_prompts, args.input_len, seed=0)
 

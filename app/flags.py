@@ -56,12 +56,13 @@ def fetch_model(args):
 
 
 def speculative_config(args):
-    """--speculative-config's JSON, parsed (a ValueError of one line when it cannot be)."""
-    if not args.speculative_config:
+    """--speculative-config's JSON and --draft-model, parsed (a ValueError of one line when
+    they cannot be); None when neither is given."""
+    if not (args.speculative_config or args.draft_model):
         return None
     from app.engine.speculation import SpeculativeConfig
 
-    return SpeculativeConfig.parse(args.speculative_config)
+    return SpeculativeConfig.parse(args.speculative_config, args.draft_model)
 
 
 def engine_arguments(parser) -> None:
@@ -87,7 +88,11 @@ def engine_arguments(parser) -> None:
     a("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
     a("--speculative-config", default=None, metavar="JSON",
       help='speculative decoding, as vLLM takes it: {"method": "ngram", "num_speculative_tokens": 4,'
-           ' "prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup: the CPU backends; default: off)')
+           ' "prompt_lookup_max": 4, "prompt_lookup_min": 2} for prompt lookup, or {"method": "draft_model",'
+           ' "model": PATH, "num_speculative_tokens": 4} for a draft model (the CPU backends; default: off)')
+    a("--draft-model", "-md", "--model-draft", dest="draft_model", default=None, metavar="MODEL",
+      help="a smaller model with the same tokenizer whose guesses the model verifies (as --speculative-config's"
+           " draft_model; a path or Hub id)")
 
 
 def serve_arguments(parser) -> None:

@@ -24,7 +24,8 @@ from app.server import limits, tools
 from app.server.app import create_app
 from app.server.state import ServerState
 from app.server.listener import serve_http
-from model.default import DEFAULT_MODEL_NAME
+from model.default import DEFAULT_MODEL_NAME, resolve_model
+from model.draft import DraftModel
 from model.backend import resolve
 from model.errors import ModelError, one_line
 from model.hub import is_hub_id
@@ -107,12 +108,15 @@ def load(args, state: ServerState) -> Engine:
         except Exception as e:  # pinning fails where the host has too little memory to lock
             raise ValueError(f"cannot pin --swap-space {args.swap_space:g} GiB of host memory ({one_line(e)});"
                              " lower --swap-space") from None
+    speculative = speculative_config(args)
+    if speculative and speculative.method == "draft_model":
+        runner.draft = DraftModel.load(backend, resolve_model(speculative.model), runner, state.tokenizer)
     if backend.name == "cuda" and not args.enforce_eager:
         capture_graphs(runner, args.max_num_seqs, state.max_model_len)
     engine = Engine(runner, state.tokenizer, EngineConfig(
         max_model_len=state.max_model_len, max_seqs=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
-        swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching, speculative=speculative_config(args)))
+        swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching, speculative=speculative))
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
              f" ({backend.dtype}, weights {model.weight_bytes / 2**20:.0f} MiB),"
              f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB:"

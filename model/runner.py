@@ -39,6 +39,7 @@ class Row:
     embed: bool = False  # an embedding request's last chunk: its last token's state, pooled, not a token
     prompt_logprobs: int | None = None  # a prefill chunk whose prompt tokens are scored: each with its top n
     num_draft: int = 0  # a decode row's speculative guesses: its last num_draft tokens, each position sampled
+    draft_limit: int = 0  # guesses the runner's draft model may add to this decode row (model/draft.py)
 
     def histories(self) -> list[Sequence[int]]:
         """The output before each sampled position: a verified guess is sampled as plain
@@ -105,6 +106,7 @@ class ModelRunner:
         self.overlaps = self.ops.asynchronous
         self.swap = None  # model.swap.SwapPool on a GPU with --swap-space
         self.last_sampled = (None, {})  # the last launched step's ids on the device, and each request's row
+        self.draft = None  # model.draft.DraftModel: guesses for rows with a draft_limit
 
     def capture_graphs(self, max_seqs: int, max_model_len: int) -> None:
         """CUDA only: capture the decode graphs that logits() replays from now on."""
@@ -167,6 +169,8 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> Launched:
         """Queue the step on the device: forward pass, sampling, and the copy of the sampled ids
         to the host. On the CPU the work is done when this returns."""
+        if self.draft is not None:
+            self.draft.propose(plan.rows)
         rows = [r for r in plan.rows if r.sample]
         # one entry per sampled position: a row with guesses has one for each, and one after them
         sampling = [r for r in rows for _ in range(r.num_draft + 1)]
@@ -229,8 +233,10 @@ class ModelRunner:
         return self.collect(self.launch(plan))
 
     def release(self, request_id) -> None:
-        """The request has ended: the sampler may drop what it kept for it."""
+        """The request has ended: the sampler and the draft may drop what they kept for it."""
         self.ops.release(request_id)
+        if self.draft is not None:
+            self.draft.release(request_id)
 
     def reserve_swap(self, num_blocks: int) -> None:
         """A GPU's spill pool: num_blocks slots of pinned host memory, allocated now

@@ -181,7 +181,7 @@ class Engine:
             results = by_id.get(row.request_id, [])  # none for a chunk that predicts no prompt token
             if results and results[0].prompt_logprobs:
                 self.outputs.score_prompt(request, results[0])
-            if row.num_draft:
+            if row.num_draft or row.draft_limit:
                 self.verify(request, row, results, now)
             elif row.sample or row.embed:
                 end = self.outputs.accept(request, results[0] if results else None, now)

@@ -263,29 +263,36 @@ class Planner:
         return self.add_guesses(rows) if self.speculation else rows
 
     def add_guesses(self, rows: list[Row]) -> list[Row]:
-        """Each decode row the proposer has guesses for carries them, in blocks free now (a
-        guess never preempts) and within the step's token budget. Not for a row fed ahead, one
-        under a mask or penalties, or one whose stop tokens min_tokens still bans."""
+        """Each decode row may carry guesses: prompt lookup's, made here, or room for a draft
+        model's, which the runner makes (Row.draft_limit). They take blocks free now (a guess
+        never preempts) within the step's token budget. Not for a row fed ahead, one under a
+        mask or penalties, or one whose stop tokens min_tokens still bans."""
         spare = self.config.max_batched_tokens - len(rows)
+        lookup = self.speculation.lookup
         for row in rows:
             request = self.requests[row.request_id]
             p = request.params
             if (spare <= 0 or row.token_ids[0] == AHEAD or row.mask is not None or p.sampling.penalized
                     or len(request.output_ids) < p.min_tokens):
                 continue
-            guesses = self.speculation.propose(request, min(spare, request.max_tokens - len(request.output_ids) - 1))
-            last = request.num_tokens - 1 + len(guesses)  # the position of the last guess
-            while guesses and request.dropped_blocks + len(request.block_table) <= last // self.pool.block_size:
+            count = self.speculation.allowance(request, min(spare, request.max_tokens - len(request.output_ids) - 1))
+            guesses = lookup.propose(request.all_ids, count) if lookup and count else []
+            count = len(guesses) if lookup else count
+            while count and request.dropped_blocks + len(request.block_table) <= \
+                    (request.num_tokens - 1 + count) // self.pool.block_size:  # the last guess's position
                 block = self.pool.allocate()
                 if block is None:
-                    guesses = guesses[:(request.dropped_blocks + len(request.block_table)) * self.pool.block_size
-                                      - request.num_tokens]
+                    count = (request.dropped_blocks + len(request.block_table)) * self.pool.block_size \
+                        - request.num_tokens
                     break
                 request.block_table.append(block)
-            if guesses:
-                row.token_ids, row.num_draft = [row.token_ids[0], *guesses], len(guesses)
+            if count:
+                if lookup:
+                    row.token_ids, row.num_draft = [row.token_ids[0], *guesses[:count]], count
+                else:
+                    row.draft_limit = count
                 row.block_table = self.table(request)
-                spare -= len(guesses)
+                spare -= count
         return rows
 
     def make_room(self, needy: Request) -> bool:

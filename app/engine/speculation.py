@@ -19,32 +19,46 @@ import json
 from dataclasses import dataclass, field
 
 
+METHODS = ("ngram", "draft_model")
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM's --speculative-config keys, for method "ngram"."""
+    """vLLM's --speculative-config keys: method "ngram" (prompt lookup) or "draft_model" (model:
+    a smaller model with the same tokenizer, model/draft.py)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
+    model: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "SpeculativeConfig":
-        """--speculative-config's JSON (a ValueError of one line for anything else)."""
+    def parse(cls, text: str | None, draft_model: str | None = None) -> "SpeculativeConfig":
+        """--speculative-config's JSON, with --draft-model's path as its "model" (a ValueError
+        of one line for anything else)."""
         try:
-            given = json.loads(text)
+            given = json.loads(text) if text else {}
         except json.JSONDecodeError as e:
             raise ValueError(f"--speculative-config is not JSON: {e}") from None
         if not isinstance(given, dict):
             raise ValueError("--speculative-config must be a JSON object, such as"
                              ' {"method": "ngram", "num_speculative_tokens": 4}')
+        if draft_model is not None:
+            given["model"] = draft_model
         unknown = set(given) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"--speculative-config has unknown keys {sorted(unknown)}; it takes"
                              f" {sorted(cls.__dataclass_fields__)}")
+        if "model" in given and "method" not in given:
+            given["method"] = "draft_model"
         config = cls(**given)
-        if config.method != "ngram":
-            raise ValueError(f"--speculative-config method {config.method!r} is not supported; Spool has 'ngram'")
+        if config.method not in METHODS:
+            raise ValueError(f"--speculative-config method {config.method!r} is not supported; Spool has"
+                             f" {', '.join(map(repr, METHODS))}")
+        if (config.method == "draft_model") != isinstance(config.model, str):
+            raise ValueError("--speculative-config takes a draft \"model\" (a path or Hub id) with method"
+                             " \"draft_model\", and only then")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             value = getattr(config, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -99,19 +113,24 @@ class Speculation:
 
     def __init__(self, config: SpeculativeConfig):
         self.config = config
-        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        # prompt lookup guesses here; a draft model's guesses are the runner's (model/draft.py)
+        self.lookup = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max) \
+            if config.method == "ngram" else None
         self.paces: dict[str, Pace] = {}
         self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
 
-    def propose(self, request, limit: int) -> list[int]:
-        """The guesses for request's next row, at most limit."""
+    def allowance(self, request, limit: int) -> int:
+        """How many guesses request's next row may carry, at most limit: its pace, or none
+        while paused."""
         pace = self.paces.setdefault(request.id, Pace(self.config.num_speculative_tokens))
-        if limit <= 0 or len(request.output_ids) < pace.paused_until:
-            return []
-        return self.proposer.propose(request.all_ids, min(pace.k, limit))
+        if len(request.output_ids) < pace.paused_until:
+            return 0
+        return max(0, min(pace.k, limit))
 
     def verified(self, request, proposed: int, kept: int) -> None:
         """A row with proposed guesses landed and kept the first `kept` of them."""
+        if not proposed:
+            return
         s = self.stats
         s.drafts += 1
         s.draft_tokens += proposed
