@@ -54,7 +54,7 @@ class Harness:
     def tick(self) -> None:
         """One turn of Engine._tick_loop: the overlapped loop when the runner overlaps."""
         plan = self.engine.next_step()
-        self.in_flight = turn(plan, self.in_flight, self.launch, self.land, self.runner.overlaps)
+        self.in_flight = turn(plan, self.in_flight, self.launch, self.land, self.engine.overlaps)
         self.engine.retire()
         self.assert_consistent()
 

@@ -260,3 +260,29 @@ def test_a_draft_with_another_tokenizer_is_refused(model_dir, tmp_path):
     other = make_tiny_model(tmp_path / "other", tokens=("<extra>",))
     with pytest.raises(ModelError, match="another tokenizer"):
         DraftModel.load(resolve("cpu", "q8_0"), other, runner(model_dir, 16), Tokenizer(model_dir))
+
+
+@pytest.mark.slow
+def test_the_cuda_kernels_through_the_harness_write_the_same_tokens(model_dir, tokenizer, monkeypatch):
+    """The CUDA backend (its kernels run on the CPU through the harness) decodes without its
+    overlapped loop while rows carry guesses: lookup with greedy rows and the model as its own
+    draft with seeded rows write the tokens of plain decoding on it, and the draft keeps every
+    greedy guess."""
+    import test_speculation
+    from cuda_harness import CpuLauncher
+    from model.ops.cuda_ops import CudaOps
+
+    monkeypatch.setattr(test_speculation, "runner", lambda path, num_blocks=1024: ModelRunner.from_dir(
+        path, num_blocks=num_blocks, block_size=BLOCK, ops=CudaOps(np, CpuLauncher()), seed=0))
+    prompts = copy_heavy_prompts(np.random.default_rng(6), 8)
+    seeded = [SamplingParams(temperature=0.9, seed=i) for i in range(8)]
+    for sampling, spec in (
+            (SamplingParams(temperature=0.0), SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1)),
+            (seeded, SpeculativeConfig(method="draft_model", model=str(model_dir), num_speculative_tokens=3))):
+        plain, _, h = test_speculation.run(model_dir, tokenizer, prompts, sampling, None, max_tokens=12,
+                                           ignore_eos=True)
+        assert h.engine.overlaps  # without guesses, the device's overlapped loop
+        tokens, _, h = test_speculation.run(model_dir, tokenizer, prompts, sampling, spec, max_tokens=12,
+                                            ignore_eos=True)
+        assert tokens == plain and not h.engine.overlaps
+        assert h.planner.speculation.stats.accepted_tokens > 10

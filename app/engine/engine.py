@@ -8,7 +8,8 @@ A runner whose steps run on a device (`runner.overlaps`, the CUDA runner) gets t
 loop: step N+1 is planned and launched before step N's sampled ids are awaited and applied, so
 the device runs N+1 while the host applies N, sends its frames and plans N+2. What a plan may
 see one step late is in planner.py's docstring. On the CPU the step is the host's own work,
-and nothing would overlap: there the loop waits for each step before planning the next.
+and nothing would overlap: there the loop waits for each step before planning the next. So does
+speculative decoding on a device: a row's next input is what the model kept of its guesses.
 
 The planner decides which blocks move (reloads, spills) and the engine moves them through the
 runner before it launches the step, so a spill reads its blocks before any step reuses them.
@@ -24,7 +25,7 @@ import itertools
 import math
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import trio
 
@@ -54,17 +55,15 @@ class EngineConfig(PlannerConfig):
 class Engine:
     def __init__(self, runner, tokenizer, config: EngineConfig):
         self.runner = runner
-        self.overlaps = runner.overlaps  # its steps run on a device: the overlapped loop
+        # its steps run on a device: the overlapped loop, unless rows carry guesses, whose next
+        # row depends on what the model kept (a device still runs each step off the event loop)
+        self.overlaps = runner.overlaps and not config.speculative
         self.tokenizer = tokenizer
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
         self.stats = Stats()
         self.outputs = OutputProcessor(tokenizer, self.stats)
         window = getattr(getattr(runner, "config", None), "kv_window", 0)
-        if config.speculative and self.overlaps:
-            log.warning("speculative decoding runs on the CPU backends only for now; decoding without it")
-            config = replace(config, speculative=None)
-            self.config = config
         self.planner = Planner(config, self.pool, self.outputs, self.stats, window)
         self.reporter = StatusReporter(config.decode_log_interval)
         self._wake = trio.Event()
@@ -265,7 +264,7 @@ class Engine:
         """Wait for a launched step's sampled ids and apply them. (A CPU step's ids are ready
         when its launch returns: no thread hop for them.)"""
         try:
-            if self.overlaps:
+            if self.runner.overlaps:
                 sampled = await trio.to_thread.run_sync(self.runner.collect, launched)
             else:
                 sampled = self.runner.collect(launched)
