@@ -35,7 +35,8 @@ class Row:
     params: SamplingParams = GREEDY
     prompt_ids: Sequence[int] = ()  # for the repetition penalty
     output_ids: Sequence[int] = ()  # for penalties, and the seeded draw's token index
-    mask: object = None  # a Future of the tokens allowed next (model.sampling.allowed_tokens' words), or None
+    mask: object = None  # a Future of the tokens allowed next (model.sampling.allowed_tokens' words), or None;
+    # with guesses, of a list of them: one per sampled position
     embed: bool = False  # an embedding request's last chunk: its last token's state, pooled, not a token
     prompt_logprobs: int | None = None  # a prefill chunk whose prompt tokens are scored: each with its top n
     num_draft: int = 0  # a decode row's speculative guesses: its last num_draft tokens, each position sampled
@@ -180,12 +181,19 @@ class ModelRunner:
         if not sampling:
             return Launched([], None, None, embedded, scored)
         histories = [h for r in rows for h in (r.histories() if r.num_draft else [self.history(r)])]
+        masks = [m for r in rows for m in self.masks(r)]
         sampled = self.ops.sample(logits[:len(sampling)], SampleBatch(
             [r.params for r in sampling], [r.prompt_ids for r in sampling], histories,
-            self.rng, keys=[r.request_id for r in sampling],
-            masks=[None if r.mask is None else r.mask.result() for r in sampling]))
+            self.rng, keys=[r.request_id for r in sampling], masks=masks))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
         return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded, scored)
+
+    @staticmethod
+    def masks(row: Row) -> list:
+        """The row's mask for each position it samples (a row with guesses has a list of them)."""
+        if row.mask is None:
+            return [None] * (row.num_draft + 1)
+        return row.mask.result() if row.num_draft else [row.mask.result()]
 
     def score_prompts(self, rows: list[Row], logits) -> dict:
         """Each prompt_logprobs row's predicted prompt tokens, scored under the logits of the

@@ -286,3 +286,22 @@ def test_the_cuda_kernels_through_the_harness_write_the_same_tokens(model_dir, t
                                             ignore_eos=True)
         assert tokens == plain and not h.engine.overlaps
         assert h.planner.speculation.stats.accepted_tokens > 10
+
+
+def test_a_grammar_masks_every_verified_position(model_dir, tokenizer):
+    """Rows under a grammar guess by lookup, each position sampled under the grammar's mask
+    after the guesses before it: the same tokens as plain constrained decoding, every one the
+    grammar's, and guesses kept (the grammar repeats itself, so lookup finds it)."""
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_regex("(the cat|a dog)( (sat|ran) (the cat|a dog)){6}")
+    prompts = copy_heavy_prompts(np.random.default_rng(7), 12)
+    sampling = [SamplingParams(temperature=0.0)] * 6 + [SamplingParams(temperature=1.0, seed=i) for i in range(6)]
+    plain, reasons, _ = run(model_dir, tokenizer, prompts, sampling, None, max_tokens=160, grammar=grammar)
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+    tokens, spec_reasons, h = run(model_dir, tokenizer, prompts, sampling, spec, max_tokens=160, grammar=grammar)
+    assert tokens == plain and spec_reasons == reasons == ["stop"] * 12
+    import re
+
+    assert all(re.fullmatch("(the cat|a dog)( (sat|ran) (the cat|a dog)){6}", tokenizer.decode(t)) for t in tokens)
+    assert h.planner.speculation.stats.accepted_tokens > 50

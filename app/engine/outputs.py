@@ -64,6 +64,28 @@ class OutputProcessor:
             return None
         return self.grammars.later(self.mask_now, request)
 
+    @staticmethod
+    def guessable(request: Request) -> bool:
+        """A mask that can follow guesses: a grammar's (a thinking budget's depends on the output)."""
+        return request.params.thinking is None
+
+    def guess_masks(self, request: Request, guesses: list[int]):
+        """A Future of the masks of a row with guesses, one per sampled position: its grammar's
+        after each guess, as far as the grammar takes them (a position past a guess it refuses
+        is never kept, as the model cannot sample that guess; it gets the last mask)."""
+        return self.grammars.later(self.masks_along, request, guesses)
+
+    def masks_along(self, request: Request, guesses: list[int]) -> list:
+        matcher = request.matcher
+        masks = [self.grammars.mask(matcher)]
+        valid = matcher.validate_tokens(guesses)
+        for token in guesses[:valid]:
+            matcher.consume_token(token)
+            masks.append(self.grammars.mask(matcher))
+        if valid:
+            matcher.rollback(valid)
+        return masks + [masks[-1]] * (len(guesses) - valid)
+
     def mask_now(self, request: Request):
         """The tokens allowed next: one, when a thinking budget is spent; else what its grammar
         allows; None when nothing constrains it."""

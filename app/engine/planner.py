@@ -265,15 +265,17 @@ class Planner:
     def add_guesses(self, rows: list[Row]) -> list[Row]:
         """Each decode row may carry guesses: prompt lookup's, made here, or room for a draft
         model's, which the runner makes (Row.draft_limit). They take blocks free now (a guess
-        never preempts) within the step's token budget. Not for a row fed ahead, one under a
-        mask or penalties, or one whose stop tokens min_tokens still bans."""
+        never preempts) within the step's token budget. A grammar's row guesses by lookup only,
+        with a mask for each position. Not for a row fed ahead, one under a thinking budget or
+        penalties, or one whose stop tokens min_tokens still bans."""
         spare = self.config.max_batched_tokens - len(rows)
         lookup = self.speculation.lookup
         for row in rows:
             request = self.requests[row.request_id]
             p = request.params
-            if (spare <= 0 or row.token_ids[0] == AHEAD or row.mask is not None or p.sampling.penalized
-                    or len(request.output_ids) < p.min_tokens):
+            masked = row.mask is not None
+            if (spare <= 0 or row.token_ids[0] == AHEAD or p.sampling.penalized or len(request.output_ids) < p.min_tokens
+                    or masked and not (lookup and self.rows.guessable(request))):
                 continue
             count = self.speculation.allowance(request, min(spare, request.max_tokens - len(request.output_ids) - 1))
             guesses = lookup.propose(request.all_ids, count) if lookup and count else []
@@ -289,6 +291,9 @@ class Planner:
             if count:
                 if lookup:
                     row.token_ids, row.num_draft = [row.token_ids[0], *guesses[:count]], count
+                    if masked:  # the plain mask is not needed: the first of the new ones is it
+                        row.mask.cancel()
+                        row.mask = self.rows.guess_masks(request, guesses[:count])
                 else:
                     row.draft_limit = count
                 row.block_table = self.table(request)
