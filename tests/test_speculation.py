@@ -263,17 +263,16 @@ def test_a_draft_with_another_tokenizer_is_refused(model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_cuda_kernels_through_the_harness_write_the_same_tokens(model_dir, tokenizer, monkeypatch):
-    """The CUDA backend (its kernels run on the CPU through the harness) decodes without its
-    overlapped loop while rows carry guesses: lookup with greedy rows and the model as its own
-    draft with seeded rows write the tokens of plain decoding on it, and the draft keeps every
-    greedy guess."""
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_the_cuda_kernels_write_the_same_tokens(model_dir, tokenizer, monkeypatch, backend):
+    """The CUDA backend (on a GPU, or its kernels on the CPU through the harness) decodes without
+    its overlapped loop while rows carry guesses: lookup with greedy rows and the model as its
+    own draft with seeded rows write the tokens of plain decoding on it."""
     import test_speculation
-    from cuda_harness import CpuLauncher
-    from model.ops.cuda_ops import CudaOps
+    from test_cuda_forward import cuda_ops
 
     monkeypatch.setattr(test_speculation, "runner", lambda path, num_blocks=1024: ModelRunner.from_dir(
-        path, num_blocks=num_blocks, block_size=BLOCK, ops=CudaOps(np, CpuLauncher()), seed=0))
+        path, num_blocks=num_blocks, block_size=BLOCK, ops=cuda_ops(backend), seed=0))
     prompts = copy_heavy_prompts(np.random.default_rng(6), 8)
     seeded = [SamplingParams(temperature=0.9, seed=i) for i in range(8)]
     for sampling, spec in (
