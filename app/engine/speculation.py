@@ -12,7 +12,8 @@ NgramProposer is prompt lookup (vLLM's "ngram", llama.cpp's lookup decoding): th
 suffix of the request's tokens, prompt_lookup_max down to prompt_lookup_min long, that occurred
 before, and the tokens that followed its latest occurrence. Speculation keeps each request's
 count adaptive: a guess fully kept asks for more next time, a partly kept one for what was
-kept plus one, and two misses in a row pause the request's guessing for a while.
+kept plus one, and two misses in a row pause the request's guessing, longer each time until a
+guess is kept again.
 """
 
 import json
@@ -97,6 +98,7 @@ class Pace:
 
     k: int
     misses: int = 0
+    pause: int = 16  # tokens the next pause lasts: doubled by each pause until a guess is kept
     paused_until: int = 0  # the request's output length at which guessing resumes
 
 
@@ -112,7 +114,8 @@ class SpecStats:
 
 
 class Speculation:
-    PAUSE = 16  # tokens a request decodes plainly after two rows in a row kept no guess
+    PAUSES = (16, 256)  # tokens a request decodes plainly after two rows in a row kept no guess:
+    # the first pause, doubled by each pause until a guess is kept, and the longest
 
     def __init__(self, config: SpeculativeConfig):
         self.config = config
@@ -143,14 +146,14 @@ class Speculation:
         pace = self.paces.get(request.id)
         if pace is None:
             return
-        if kept == proposed:
-            pace.k, pace.misses = min(pace.k + 2, self.config.num_speculative_tokens), 0
-        elif kept:
-            pace.k, pace.misses = kept + 1, 0
+        if kept:
+            pace.k = min(pace.k + 2, self.config.num_speculative_tokens) if kept == proposed else kept + 1
+            pace.misses, pace.pause = 0, self.PAUSES[0]
         else:
             pace.k, pace.misses = 1, pace.misses + 1
             if pace.misses >= 2:
-                pace.paused_until, pace.misses = len(request.output_ids) + self.PAUSE, 0
+                pace.paused_until, pace.misses = len(request.output_ids) + pace.pause, 0
+                pace.pause = min(2 * pace.pause, self.PAUSES[1])
 
     def release(self, request_id) -> None:
         self.paces.pop(request_id, None)
