@@ -22,16 +22,23 @@ COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (its usage is a screenful for serve)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def command_parser(command: str, prog: str) -> argparse.ArgumentParser:
     add, _, description = COMMANDS[command]
-    parser = argparse.ArgumentParser(prog=f"{prog} {command}", description=description)
+    parser = Parser(prog=f"{prog} {command}", description=description)
     add(parser)
     settings.add_arguments(parser)
     return parser
 
 
 def top_parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Spool: a small LLM inference server.")
+    parser = Parser(prog=prog, description="Spool: a small LLM inference server.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (_, help_text, _) in COMMANDS.items():

@@ -112,7 +112,7 @@ def serve_arguments(parser) -> None:
     a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
     a("--shutdown-timeout", type=float, default=30.0,
       help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")
-    a("--tool-call-parser", default=None, choices=tuple(tools.FORMATS), metavar="NAME",
+    a("--tool-call-parser", default=None, metavar="NAME",
       help=f"how the model writes tool calls, by vLLM's parser names: {', '.join(tools.FORMATS)}"
            " (default: read from the chat template's markers, else hermes)")
     a("--no-ui", action="store_true", help="do not serve the chat page at /")

@@ -52,6 +52,8 @@ def validate_flags(args) -> None:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.tokenizer is not None and not Path(args.tokenizer, "tokenizer.json").is_file():
         raise ValueError(f"--tokenizer {args.tokenizer!r} is not a directory with a tokenizer.json")
+    if args.tool_call_parser is not None and args.tool_call_parser not in tools.FORMATS:
+        raise ValueError(f"--tool-call-parser {args.tool_call_parser!r} is not one of {', '.join(tools.FORMATS)}")
     chat_template_text(args.chat_template)
     speculative_config(args)
     limits.Limits.from_args(args).validate()

@@ -190,3 +190,13 @@ def test_bench_reports_throughput(tiny_dir):
     requests, total, output = (float(w) for w in line.replace(",", " ").split() if w.replace(".", "").isdigit())
     assert requests > 0 and total == pytest.approx(output * (8 + 5) / 5, rel=1e-3)
     assert "6 prompts x 8 tokens in, 5 out; max-num-seqs 4" in done.stdout
+
+
+@pytest.mark.parametrize("argv,words", [(["serve", "--port", "http"], "argument --port: invalid int value"),
+                                        (["serve", "--max-seqs"], "expected one argument"),
+                                        (["serve", "--no-such-flag"], "unrecognized arguments"),
+                                        (["sreve"], "invalid choice: 'sreve'")])
+def test_a_bad_flag_is_one_line_not_a_screenful_of_usage(argv, words):
+    done = spool(*argv)
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and line.startswith("error: ") and words in line and "--help" in line
