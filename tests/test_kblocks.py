@@ -42,10 +42,10 @@ def test_packed_blocks_read_back_bit_for_bit(qtype, rows, columns):
     np.testing.assert_array_equal(strips.dequantize(picked).view(np.uint32), want[picked].view(np.uint32))
 
 
-@pytest.mark.parametrize("qtype, bits", [(T.Q4_K, 4.75), (T.Q5_0, 6), (T.Q5_1, 7), (T.Q5_K, 5.75), (T.Q6_K, 6.75)],
-                         ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("qtype, bits", [(T.Q4_K, 4.625), (T.Q5_0, 5.5), (T.Q5_1, 6), (T.Q5_K, 5.625),
+                                         (T.Q6_K, 6.625)], ids=lambda v: getattr(v, "name", str(v)))
 def test_bits_a_weight_the_kernels_read(qtype, bits):
-    """Values and factors, against the file's 4.5, 5.5, 6, 5.5 and 6.5625 (float16 factors)."""
+    """Values and factors, against the file's 4.5, 5.5, 6, 5.5 and 6.5625."""
     assert 8 * packed(qtype, 32, 512).nbytes / (32 * 512) == bits
 
 
@@ -106,13 +106,20 @@ def test_a_row_is_the_same_whatever_rows_share_its_gemv(qtype):
 
 
 @pytest.mark.parametrize("qtype, per_block", [(T.Q4_K, Q4_1Strips), (T.Q5_K, Q5_1Strips)], ids=["Q4_K", "Q5_K"])
-def test_compact_k_factors_multiply_as_float32_ones(qtype, per_block):
-    """Q4_K's and Q5_K's 8-bit sub-block factors under float32 d and -dmin give every kernel
-    the same numbers, bit for bit, as the same weights with a float32 scale and minimum per
-    block, in fewer bytes (4.75 bits a weight to 6, 5.75 to 7)."""
-    strips = packed(qtype, 17, 768)
-    plain = per_block(np.ascontiguousarray(strips.q[..., :per_block.BLOCK_BYTES]), strips.block_factors(), 17)
+def test_compact_k_factors_multiply_as_per_block_ones(qtype, per_block):
+    """Q4_K's and Q5_K's 8-bit sub-block factors under float16 d and -dmin give every kernel
+    the same numbers, bit for bit, as the same weights with a scale and minimum per block, in
+    fewer bytes (4.625 bits a weight to 5, 5.625 to 6). d and dmin are set to powers of two
+    here, so that each block's products are float16 too, as per-block factors must be."""
+    data = gguf_weight(qtype, 17, 768).reshape(17, 3, -1)
+    data[:, :, 0:2] = np.array([2.0 ** -9], dtype=np.float16).view(np.uint8)  # d
+    data[:, :, 2:4] = np.array([2.0 ** -7], dtype=np.float16).view(np.uint8)  # dmin
+    strips = PACKERS[qtype][0](data.reshape(17, -1), 768)
+    factors = strips.block_factors()
+    assert np.array_equal(factors.astype(np.float16).astype(np.float32), factors)
+    plain = per_block(np.ascontiguousarray(strips.q[..., :per_block.BLOCK_BYTES]), factors.astype(np.float16), 17)
     np.testing.assert_array_equal(plain.dequantize(), strips.dequantize())
+    assert plain.nbytes > strips.nbytes
     x = np.random.default_rng(4).standard_normal((40, 768), dtype=np.float32)
     for rows in (x[:1], x[:32], x):
         np.testing.assert_array_equal(matmul(rows, strips), matmul(rows, plain))

@@ -124,7 +124,7 @@ def test_a_tiny_model_in_q4_k(wide_dir, tmp_path):
     """Its logits are the float32 logits of gguf-py's dequantized Q4_K weights (within the
     kernels' tolerance); off the float32 model's by at most 20% of their range and 30% of their
     spread in RMS (0.12 and 0.23 measured, 4 bits of random weights through two layers; q8_0:
-    0.009 and 0.018); and its weights hold 4.75 bits each."""
+    0.009 and 0.018); and its weights hold 4.625 bits each."""
     got, q4_bytes = logits(wide_dir, "q4_k")
     exact, f32_bytes = logits(wide_dir, "float32")
     on_gguf_values, _ = logits(dequantized_copy(wide_dir, tmp_path / "dequantized"), "float32")
@@ -139,8 +139,8 @@ def test_a_tiny_model_in_q4_k(wide_dir, tmp_path):
     matrices = sum(s[0] * s[1] for s in shapes if len(s) == 2)
     vectors = sum(s[0] for s in shapes if len(s) == 1)
     assert f32_bytes == 4 * (matrices + vectors)
-    assert q4_bytes == padded * 4.75 / 8 + 4 * vectors
-    assert abs(q4_bytes / f32_bytes - 4.75 / 32) < 0.003
+    assert q4_bytes == padded * 4.625 / 8 + 4 * vectors
+    assert abs(q4_bytes / f32_bytes - 4.625 / 32) < 0.003
 
 
 def test_a_gguf_keeps_its_own_types_under_q4_k(tmp_path):

@@ -15,7 +15,8 @@ from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
 
 
 def from_gguf(t: QuantizedTensor) -> Strips | None:
-    """t's blocks packed into strips, or None where its kind has no packer."""
+    """t's blocks packed into strips, or None where its kind has no packer (or its packer none
+    for these blocks)."""
     packer = PACKERS.get(t.kind)
     return None if packer is None else packer(t.blocks, t.shape[1])
 
@@ -54,25 +55,30 @@ def _blocks(blocks: np.ndarray, columns: int, block_bytes: int) -> np.ndarray:
 
 
 def _halves(blocks: np.ndarray, at: int) -> np.ndarray:
-    """The float16 each block holds at byte offset at, as float32 (rows, blocks): exact."""
-    return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
+    """The float16 each block holds at byte offset at (rows, blocks)."""
+    return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.float16)[..., 0]
 
 
 def pack_q8_0(blocks: np.ndarray, columns: int) -> Q8_0Strips:
     """Q8_0 blocks into Q8_0 strips: the same int8 values and scales."""
     src = _blocks(blocks, columns, _Q8_0_BYTES)
     strips = Q8_0Strips.zeros(blocks.shape[0], columns)
-    _pack_q8_0(src, _halves(src, 0), strips.q.view(np.uint8), strips.factors)
+    _pack_q8_0(src, _halves(src, 0).view(np.uint16), *strips.packed_arrays())
     return strips
 
 
-def pack_q4_0(blocks: np.ndarray, columns: int) -> Q4_1Strips:
-    """Q4_0 blocks (d x (q - 8)) into Q4_1 strips: scale d, minimum -8d, the same nibbles. Exact:
-    q x d - 8d has at most 15 significant bits, as (q - 8) x d has."""
+def pack_q4_0(blocks: np.ndarray, columns: int) -> Q4_1Strips | None:
+    """Q4_0 blocks (d x (q - 8)) into Q4_1 strips: scale d, minimum -8d (exact in float16, and q x
+    d - 8d has at most 15 significant bits, as (q - 8) x d has), the same nibbles. None where some
+    -8d overflows float16 (d of 8192 and up): the caller rounds those weights to Q8_0."""
     src = _blocks(blocks, columns, _Q4_0_BYTES)
     d = _halves(src, 0)
+    with np.errstate(over="ignore"):
+        minimum = np.float16(-8) * d
+    if not np.isfinite(minimum).all():
+        return None
     strips = Q4_1Strips.zeros(blocks.shape[0], columns)
-    _pack_q4(src, 2, d, np.float32(-8) * d, strips.q.view(np.uint8), strips.factors)
+    _pack_q4(src, 2, d.view(np.uint16), minimum.view(np.uint16), *strips.packed_arrays())
     return strips
 
 
@@ -80,11 +86,11 @@ def pack_q4_1(blocks: np.ndarray, columns: int) -> Q4_1Strips:
     """Q4_1 blocks (d x q + m) into Q4_1 strips: the same scales, minima and nibbles."""
     src = _blocks(blocks, columns, _Q4_1_BYTES)
     strips = Q4_1Strips.zeros(blocks.shape[0], columns)
-    _pack_q4(src, 4, _halves(src, 0), _halves(src, 2), strips.q.view(np.uint8), strips.factors)
+    _pack_q4(src, 4, _halves(src, 0).view(np.uint16), _halves(src, 2).view(np.uint16), *strips.packed_arrays())
     return strips
 
 
-@njit("void(uint8[:, :, ::1], float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1])", parallel=True,
+@njit("void(uint8[:, :, ::1], uint16[:, ::1], uint8[:, :, ::1], uint16[:, :, ::1])", parallel=True,
       cache=True, nogil=True)
 def _pack_q8_0(src, d, q, scale):
     """Row r, value k of a block to its place in the strip (kblocks.put_byte)."""
@@ -98,11 +104,11 @@ def _pack_q8_0(src, d, q, scale):
                     kblocks.put_byte(q, s, b, r, k, np.int8(src[row, b, 2 + k]))
 
 
-@njit("void(uint8[:, :, ::1], int64, float32[:, ::1], float32[:, ::1], uint8[:, :, ::1], float32[:, :, ::1])",
+@njit("void(uint8[:, :, ::1], int64, uint16[:, ::1], uint16[:, ::1], uint8[:, :, ::1], uint16[:, :, ::1])",
       parallel=True, cache=True, nogil=True)
 def _pack_q4(src, start, d, minimum, q, factors):
     """Blocks of 32 nibbles from byte start (value k low in byte k, k + 16 high in byte k) into
-    Q4_1 strips (kblocks.put); factors the 16 rows' scales, then minima."""
+    Q4_1 strips (kblocks.put); factors the 16 rows' scales, then minima (float16 bits)."""
     rows, blocks = src.shape[0], src.shape[1]
     for s in prange(q.shape[0]):
         for r in range(min(STRIP, rows - s * STRIP)):
@@ -116,7 +122,7 @@ def _pack_q4(src, start, d, minimum, q, factors):
 
 
 # GGUF type -> its packer
-PACKERS: dict[str, Callable[[np.ndarray, int], Strips]] = {
+PACKERS: dict[str, Callable[[np.ndarray, int], Strips | None]] = {
     "q8_0": pack_q8_0,
     "q4_0": pack_q4_0,
     "q4_1": pack_q4_1,

@@ -161,6 +161,27 @@ def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_s
     return builder.add(start, _adjacent_sums(builder, pairs))
 
 
+def _widened(builder, bits: ir.Value) -> ir.Value:
+    """float16 bits (n x i16) as the float32s they stand for, exactly, in integer IR that every
+    target lowers (LLVM's own half to float is a library call numba cannot link without F16C):
+    a normal half's exponent rebased, a subnormal's mantissa times 2^-24 (no float32 subnormal
+    is made, so a CPU flushing them cannot change it). Infinities and NaNs, which no finite
+    weight has, are not kept."""
+    n = bits.type.count
+    ints, floats = ir.VectorType(ir.IntType(32), n), ir.VectorType(ir.FloatType(), n)
+
+    def each(value):
+        return ir.Constant(ints, [value] * n)
+
+    wide = builder.zext(bits, ints)
+    magnitude = builder.and_(wide, each(0x7FFF))
+    normal = builder.bitcast(builder.add(builder.shl(magnitude, each(13)), each((127 - 15) << 23)), floats)
+    subnormal = builder.fmul(builder.sitofp(magnitude, floats), ir.Constant(floats, [2.0 ** -24] * n))
+    value = builder.select(builder.icmp_unsigned("<", magnitude, each(0x400)), subnormal, normal)
+    sign = builder.shl(builder.and_(wide, each(0x8000)), each(16))
+    return builder.bitcast(builder.or_(builder.bitcast(value, ints), sign), floats)
+
+
 @intrinsic(prefer_literal=True)
 def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
     """out[t + i, 16o:16o+16] = strip s times activation row t + i for i < tile (1, 2 or 4), for the
@@ -194,12 +215,12 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
         xsum_rows = [builder.gep(xsum_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, 2)))]) for u in ts]
         accs = [cgutils.alloca_once_value(builder, ir.Constant(floats16, None)) for _ in ts]
 
-        def load_floats(at):
-            return builder.load(builder.bitcast(at, floats16.as_pointer()), align=4)
+        halves16 = ir.VectorType(ir.IntType(16), 16)
 
         def block_factors(lines, factors, k):
-            """Factors k..k + 15 of the block: as stored, or SUB_SCALES's bytes times their float32."""
-            stored = load_floats(builder.gep(factors, [ir.Constant(i64, k)]))
+            """Factors k..k + 15 of the block: as stored, or SUB_SCALES's bytes times them."""
+            at = builder.bitcast(builder.gep(factors, [ir.Constant(i64, k)]), halves16.as_pointer())
+            stored = _widened(builder, builder.load(at, align=2))
             if not weights.SUB_SCALES:
                 return stored
             ints = builder.gep(lines, [ir.Constant(i64, block_bytes - factors_per_block + k)])
@@ -297,7 +318,7 @@ def _gemv_kernel(weights: type[Strips]):
             if tokens % 2:
                 _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, s, kind, 1)
     return compiled(strip_gemv, [f"void({ints}[:, ::1], float32[:, ::1], int32[:, ::1], int8[:, :, ::1],"
-                                 " float32[:, :, ::1], float32[:, ::1])" for ints in ("int8", "int16")], weights)
+                                 " uint16[:, :, ::1], float32[:, ::1])" for ints in ("int8", "int16")], weights)
 
 
 def _grouped_kernel(weights: type[Strips]):
@@ -341,7 +362,7 @@ def gemv(x: np.ndarray, w: Strips, activations=np.int8) -> np.ndarray:
     """x @ w.T over every strip (rows past w's last included), for C-ordered float32 x, its
     blocks rounded to activations (np.int8 or np.int16)."""
     out = np.empty((x.shape[0], w.q.shape[0] * STRIP), dtype=np.float32)
-    _GEMV[type(w)](*_integers(x, activations), w.q, w.factors, out)
+    _GEMV[type(w)](*_integers(x, activations), w.q, w.factors.view(np.uint16), out)
     return out
 
 
@@ -351,5 +372,6 @@ def grouped_gemv(x: np.ndarray, w: Strips, experts: int, starts: np.ndarray, act
     experts' weights stacked, a whole number of strips each), for the active experts, in one call."""
     strips = w.q.shape[0] // experts
     out = np.empty((x.shape[0], strips * STRIP), dtype=np.float32)
-    _GROUPED[type(w)](*_integers(x, activations), w.q, w.factors, starts, active, strips, out)
+    _GROUPED[type(w)](*_integers(x, activations), w.q, w.factors.view(np.uint16), starts, active, strips,
+                            out)
     return out

@@ -4,12 +4,9 @@ Q6_KStrips.
 
 Each packer reads the tensor's bytes (rows, row_bytes), row r being weight row r, as gguf-py's
 dequantizers lay them out, and keeps each factor as they compute it: the float16 d (and dmin)
-to float32 times the sub-block's integer scale (and minimum), a product exact in float32 (the
-K-quants keep the integers and d, -dmin, for the kernels to multiply), so that the strips read
-back bit for bit. One numba pass over the strips on all cores.
+as it is, and for the K-quants the sub-blocks' integers beside d and -dmin for the kernels to
+multiply (in float32, exact), so that the strips read back bit for bit. One numba pass over the strips on all cores.
 """
-
-import math
 
 import numpy as np
 from numba import njit, prange
@@ -24,16 +21,11 @@ SUB_BLOCKS = QK_K // BLOCK
 
 @njit(cache=True, nogil=True, inline="always")
 def _half(lo, hi):
-    """The float16 in bytes lo, hi (little-endian) as float32, exactly."""
-    bits = np.int64(lo) | (np.int64(hi) << 8)
-    exponent, mantissa = (bits >> 10) & 31, bits & 1023
-    if exponent == 31:
-        magnitude = np.inf if mantissa == 0 else np.nan
-    elif exponent == 0:
-        magnitude = math.ldexp(float(mantissa), -24)
-    else:
-        magnitude = math.ldexp(float(mantissa | 1024), exponent - 25)
-    return np.float32(-magnitude if bits >> 15 else magnitude)
+    """The float16 in bytes lo, hi (little-endian), as its bits."""
+    return np.uint16(np.uint16(lo) | (np.uint16(hi) << np.uint16(8)))
+
+
+NEGATIVE = np.uint16(0x8000)  # a float16's sign bit: x ^ NEGATIVE is -x, exactly
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -85,7 +77,7 @@ def _pack_affine_k(blocks, q, factors, rows, block_bytes, high_bits, ints_at):
             for sb in range(q.shape[1] // SUB_BLOCKS):
                 at = sb * block_bytes
                 factors[s, sb, r] = _half(data[at], data[at + 1])
-                factors[s, sb, STRIP + r] = -_half(data[at + 2], data[at + 3])
+                factors[s, sb, STRIP + r] = _half(data[at + 2], data[at + 3]) ^ NEGATIVE
                 qs = at + 16 + 32 * high_bits
                 for j in range(SUB_BLOCKS):
                     sc, m = _scale_min(data, at + 4, j)
@@ -151,32 +143,32 @@ def _strips(weights: type[Strips], name: str, blocks: np.ndarray, columns: int, 
 
 def pack_q4_k(blocks: np.ndarray, columns: int) -> Q4_KStrips:
     strips = _strips(Q4_KStrips, "Q4_K", blocks, columns, QK_K, 144)
-    _pack_affine_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, 144, 0,
+    _pack_affine_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, 144, 0,
                    Q4_KStrips.BLOCK_BYTES - Q4_KStrips.FACTORS)
     return strips
 
 
 def pack_q5_k(blocks: np.ndarray, columns: int) -> Q5_KStrips:
     strips = _strips(Q5_KStrips, "Q5_K", blocks, columns, QK_K, 176)
-    _pack_affine_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, 176, 1,
+    _pack_affine_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, 176, 1,
                    Q5_KStrips.BLOCK_BYTES - Q5_KStrips.FACTORS)
     return strips
 
 
 def pack_q5_0(blocks: np.ndarray, columns: int) -> Q5_0Strips:
     strips = _strips(Q5_0Strips, "Q5_0", blocks, columns, BLOCK, 22)
-    _pack_q5(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, False)
+    _pack_q5(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, False)
     return strips
 
 
 def pack_q5_1(blocks: np.ndarray, columns: int) -> Q5_1Strips:
     strips = _strips(Q5_1Strips, "Q5_1", blocks, columns, BLOCK, 24)
-    _pack_q5(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows, True)
+    _pack_q5(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, True)
     return strips
 
 
 def pack_q6_k(blocks: np.ndarray, columns: int) -> Q6_KStrips:
     strips = _strips(Q6_KStrips, "Q6_K", blocks, columns, QK_K, 210)
-    _pack_q6_k(np.ascontiguousarray(blocks), strips.q.view(np.uint8), strips.factors, strips.rows,
+    _pack_q6_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows,
                Q6_KStrips.BLOCK_BYTES - Q6_KStrips.FACTORS)
     return strips

@@ -1,11 +1,13 @@
 """The packed weight schemes of the CPU backend, one class each: its kind, its constants, and its
 strips read back as float32. Packing is pack.py's and kblocks.py's, multiplying matmul.py's.
 
-Q8_0 is llama.cpp's: 32 int8 values and one float32 scale per block along each weight row (9
+Q8_0 is llama.cpp's: 32 int8 values and one float16 scale per block along each weight row (8.5
 bits a weight; float32 is 32). The others keep a GGUF's 4-, 5- and 6-bit values as they come,
 nothing rounded again: each value's low four bits two to a byte (a nibble plane), its fifth and
-sixth bits packed below them, and float32 factors exact for the file's (float16 d times a small
-integer scale is exact in float32), so that they read back bit for bit as gguf-py dequantizes.
+sixth bits packed below them, and the file's float16 factors, so that they read back bit for
+bit as gguf-py dequantizes. Factors are float16 because a decode step at batch 1 is bound by
+the bytes it reads: float32 ones cost Q8_0 6% more bytes, Q4_0 files 20%. The kernels widen
+them exactly to float32 (gemv.py), on every CPU.
 
 A strip is 16 weight rows; each (strip, block) holds its 16 x 32 values as 8 lines of 64, line
 l holding weights 4l to 4l + 3 of the block for each of the 16 rows in turn (byte 4r + k % 4 of
@@ -25,10 +27,11 @@ scale each (Q6_K's sub-blocks of 16). Factors per (strip, block): the 16 rows' s
 with SCALES = 2), then their minima.
 
 With SUB_SCALES (the K-quants' compact form) those factors are the file's integers, a byte
-each (int8 where SIGNED, Q6_K's), at the end of q's (strip, block), and the float32 factors are
+each (int8 where SIGNED, Q6_K's), at the end of q's (strip, block), and the float16 factors are
 per (strip, 256 weights): Q4_K's and Q5_K's d, then -dmin, Q6_K's d twice (once per scale). The
-kernels multiply them by the block's integers to the float32 factors gguf-py computes: 4.75
-bits a weight for Q4_K (the file's 4.5), 5.75 for Q5_K (5.5), 6.75 for Q6_K (6.5625).
+kernels multiply them, widened, by the block's integers to the float32 factors gguf-py
+computes: 4.625 bits a weight for Q4_K (the file's 4.5), 5.625 for Q5_K (5.5), 6.625 for Q6_K
+(6.5625).
 """
 
 from dataclasses import dataclass, replace
@@ -43,15 +46,15 @@ LINES = BLOCK // QUAD  # lines per (strip, block)
 LINE_BYTES = STRIP * QUAD
 NIBBLE_BYTES = STRIP * BLOCK // 2  # the nibble plane of a (strip, block)
 HIGH_BYTES = STRIP * BLOCK // 8  # a (strip, block)'s bytes per high bit
-SUPER_BLOCKS = 8  # blocks under one float32 factor with SUB_SCALES: a K-quant super-block
+SUPER_BLOCKS = 8  # blocks under one float16 factor with SUB_SCALES: a K-quant super-block
 
 
 @dataclass
 class Strips:
-    """A weight's values (q) and float32 factors per (strip, block), in strip order."""
+    """A weight's values (q) and float16 factors per (strip, block), in strip order."""
 
     q: np.ndarray  # (strips, blocks, BLOCK_BYTES) int8
-    factors: np.ndarray  # (strips, blocks, FACTORS) float32; with SUB_SCALES, per super-block
+    factors: np.ndarray  # (strips, blocks, FACTORS) float16; with SUB_SCALES, per super-block
     rows: int  # the weight's rows; the strips may hold up to 15 more, zero
 
     kind: ClassVar[str]  # the scheme's name, as GGUF spells it
@@ -60,11 +63,11 @@ class Strips:
     ZERO: ClassVar[int] = 0  # subtracted from every value
     SIGNED_VALUES: ClassVar[bool] = False  # values int8, stored as bytes plus 128 (ZERO = 128)
     SCALES: ClassVar[int] = 1  # scales per (row, block): 2 for a scale per 16 weights
-    MINIMA: ClassVar[bool] = False  # a float32 minimum per (row, block) added
-    SUB_SCALES: ClassVar[bool] = False  # factors as 8-bit integers in q under float32 per 256 weights
+    MINIMA: ClassVar[bool] = False  # a minimum per (row, block) added
+    SUB_SCALES: ClassVar[bool] = False  # factors as 8-bit integers in q under float16 per 256 weights
     SIGNED: ClassVar[bool] = False  # those integers int8 (else uint8)
     BLOCK_BYTES: ClassVar[int]  # bytes of q per (strip, block)
-    FACTORS: ClassVar[int]  # float32 factors per (strip, block)
+    FACTORS: ClassVar[int]  # float16 factors per (strip, block)
 
     def __init_subclass__(cls):
         cls.FACTORS = STRIP * (cls.SCALES + cls.MINIMA)
@@ -77,7 +80,7 @@ class Strips:
         strips, blocks = -(-rows // STRIP), columns // BLOCK
         return cls(np.zeros((strips, blocks, cls.BLOCK_BYTES), dtype=np.int8),
                    np.zeros((strips, -(-blocks // SUPER_BLOCKS) if cls.SUB_SCALES else blocks, cls.FACTORS),
-                            dtype=np.float32), rows)
+                            dtype=np.float16), rows)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -86,6 +89,10 @@ class Strips:
     @property
     def nbytes(self) -> int:
         return self.q.nbytes + self.factors.nbytes
+
+    def packed_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """q as uint8 and the factors as their float16 bits (uint16): the arrays the packers write."""
+        return self.q.view(np.uint8), self.factors.view(np.uint16)
 
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """The float32 rows (all, or those an index picks: the embedding's lookup), each weight
@@ -109,11 +116,12 @@ class Strips:
         return out.reshape(len(index), blocks * BLOCK).astype(np.float32)
 
     def block_factors(self) -> np.ndarray:
-        """The float32 factors per (strip, block): SUB_SCALES's integers times their float32."""
+        """The float32 factors per (strip, block): with SUB_SCALES, the integers times their float16."""
+        factors = self.factors.astype(np.float32)  # exact
         if not self.SUB_SCALES:
-            return self.factors
+            return factors
         ints = self.q.view(np.int8 if self.SIGNED else np.uint8)[..., self.BLOCK_BYTES - self.FACTORS:]
-        return np.repeat(self.factors, SUPER_BLOCKS, axis=1)[:, :ints.shape[1]] * ints.astype(np.float32)
+        return np.repeat(factors, SUPER_BLOCKS, axis=1)[:, :ints.shape[1]] * ints.astype(np.float32)
 
     def _values(self) -> np.ndarray:
         """The values less ZERO, one per element, in strip order: (strips, blocks, 16 x 32)."""
@@ -141,7 +149,7 @@ class Q8_0Strips(Strips):
 
 class Q4_1Strips(Strips):
     """Q4_1 (a weight is scale x q + minimum, q in 0..15): the nibble plane; factors
-    the 16 rows' scales, then minima (6 bits a weight)."""
+    the 16 rows' scales, then minima (5 bits a weight, as the file's)."""
 
     kind, NIBBLES, MINIMA = "q4_1", True, True
 
@@ -154,14 +162,14 @@ class Q4_KStrips(Strips):
 
 class Q5_0Strips(Strips):
     """Q5_0 (scale x (q - 16), q in 0..31): nibbles and one high bit; factors the scales
-    (6 bits a weight, as the file's 5.5 with float16 scales)."""
+    (5.5 bits a weight, as the file's)."""
 
     kind, NIBBLES, HIGH_BITS, ZERO = "q5_0", True, 1, 16
 
 
 class Q5_1Strips(Strips):
     """Q5_1 (scale x q + minimum, q in 0..31): nibbles, one high bit, scales and
-    minima (7 bits a weight)."""
+    minima (6 bits a weight, as the file's)."""
 
     kind, NIBBLES, HIGH_BITS, MINIMA = "q5_1", True, 1, True
 
@@ -174,7 +182,7 @@ class Q5_KStrips(Strips):
 
 class Q6_KStrips(Strips):
     """Q6_K (d x sc x (q - 32), q in 0..63, one int8 sc per 16 weights): nibbles and two bit
-    planes, two scales per (row, block), each sc under d. 6.75 bits a weight against the file's
+    planes, two scales per (row, block), each sc under d. 6.625 bits a weight against the file's
     6.56, where int8 lines (as Q8_0's) would read 10: a GEMV is bound by the bytes it reads, and
     widening the bit planes is the same work as Q5's."""
 
