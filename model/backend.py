@@ -5,7 +5,7 @@ cpu: numba kernels (NumbaOps, model/ops/numba_ops.py), with Q8_0 8-bit weights (
 quarter of the memory, and one integer GEMV for every batch size on every CPU, so that a row's
 logits do not depend on its batch; a GGUF's tensors packed from their own blocks
 (model/quant/blocks.py), every kept type exact), or Q4_K ones for the float weights of rows of
-256 and up (--dtype q4_k: 4.75 bits a weight; a GGUF's quantized tensors keep their own types),
+256 and up (--dtype q4_k: 4.625 bits a weight; a GGUF's quantized tensors keep their own types),
 unless --dtype float32 asks for float32 ones, multiplied by OpenBLAS; by default q8_0 where the
 CPU path (model/quant/cpu.py) is avx2 or avx512, else float32. numpy: NumPy alone in float32, the
 reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when
