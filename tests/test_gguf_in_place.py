@@ -89,12 +89,14 @@ def test_parts_of_one_kind_stack_as_block_rows_and_others_stay_apart(no_unkept_p
     packed = blocks.PACKERS["q8_0"](stacked.blocks, 64)
     np.testing.assert_array_equal(packed.dequantize(), np.concatenate([dequantize(a), dequantize(b)]))
     mixed = fuse([a, b, c])
-    assert isinstance(mixed, Fused) and mixed.shape == (72, 64)
+    assert isinstance(mixed, Fused) and [p.shape for p in mixed.parts] == [(64, 64), (8, 64)]  # a, b stacked
     ops = NumbaOps("q8_0")
     w = ops.weight(mixed)
     x = rng.standard_normal((3, 64), dtype=np.float32)
     want = int8_activations(x) @ np.concatenate([p.dequantize() for p in w.parts]).T
     np.testing.assert_allclose(ops.linear(x, w), want, rtol=1e-4, atol=1e-3 * np.abs(want).max())
+    # The parts written into one output by one GEMV call give each part's own bits.
+    np.testing.assert_array_equal(ops.linear(x, w), np.concatenate([ops.linear(x, p) for p in w.parts], axis=1))
     np.testing.assert_array_equal(NumpyOps().weight(mixed), np.concatenate([dequantize(p) for p in (a, b, c)]))
     # Parts that come out in one scheme become one weight where the first fills whole strips.
     d, e = quantized(rng, 16, 64, Q.Q8_0), quantized(rng, 8, 64, UNKEPT)
@@ -102,7 +104,9 @@ def test_parts_of_one_kind_stack_as_block_rows_and_others_stay_apart(no_unkept_p
     assert isinstance(one, Q8_0Strips) and one.rows == 24
     rounded = pack.quantize(dequantize(e)).dequantize()
     np.testing.assert_array_equal(one.dequantize(), np.concatenate([dequantize(d), rounded]))
-    assert isinstance(ops.weight(Fused((a, b))), Fused)  # 24 rows first: b's would straddle a strip
+    apart = ops.weight(Fused((a, b)))
+    assert isinstance(apart, Fused)  # 24 rows first: b's would straddle a strip
+    np.testing.assert_array_equal(ops.linear(x, apart)[:, 24:], ops.linear(x, apart.parts[1]))
 
 
 def test_the_cache_directory_holds_no_weights(served):
@@ -129,9 +133,9 @@ def test_the_loaded_blocks_are_the_files(served, no_unkept_packer):
         gate_up = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
         if i == 0:
             assert isinstance(layer.wqkv, Fused)
-            assert [type(part) for part in layer.wqkv.parts] == [Q4_1Strips, Q4_1Strips, Q8_0Strips]
-            for part, name in zip(layer.wqkv.parts, qkv):
-                np.testing.assert_array_equal(part.dequantize(), want[name], err_msg=name)
+            assert [type(part) for part in layer.wqkv.parts] == [Q4_1Strips, Q8_0Strips]  # q and k stacked
+            for part, names in zip(layer.wqkv.parts, (qkv[:2], qkv[2:])):
+                np.testing.assert_array_equal(part.dequantize(), expect(names), err_msg=names[0])
         else:
             np.testing.assert_array_equal(layer.wqkv.dequantize(), expect(qkv))
         for got, names in ((layer.w_gate_up, gate_up), (layer.wo, [p + "self_attn.o_proj.weight"]),

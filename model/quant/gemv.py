@@ -308,17 +308,18 @@ def _gemv_kernel(weights: type[Strips]):
     factors stored)."""
     kind = weights.kind
 
-    def strip_gemv(xq, xs, xsum, q, qs, out):  # rows four at a time, a block's lines unpacked once
+    def strip_gemv(xq, xs, xsum, q, qs, out, first):  # strip s to out's strip first + s
         tokens = xq.shape[0]
-        for s in prange(q.shape[0]):
+        for s in prange(q.shape[0]):  # rows four at a time, a block's lines unpacked once
             for t in range(0, tokens - 3, 4):
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, s, kind, 4)
+                _strip_dot(q, s, xq, t, qs, xs, xsum, out, first + s, kind, 4)
             if tokens % 4 >= 2:
-                _strip_dot(q, s, xq, tokens - tokens % 4, qs, xs, xsum, out, s, kind, 2)
+                _strip_dot(q, s, xq, tokens - tokens % 4, qs, xs, xsum, out, first + s, kind, 2)
             if tokens % 2:
-                _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, s, kind, 1)
+                _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, first + s, kind, 1)
     return compiled(strip_gemv, [f"void({ints}[:, ::1], float32[:, ::1], int32[:, ::1], int8[:, :, ::1],"
-                                 " uint16[:, :, ::1], float32[:, ::1])" for ints in ("int8", "int16")], weights)
+                                 " uint16[:, :, ::1], float32[:, ::1], int64)" for ints in ("int8", "int16")],
+                    weights)
 
 
 def _grouped_kernel(weights: type[Strips]):
@@ -358,11 +359,16 @@ def _integers(x: np.ndarray, activations):
     return xq, xs, xsum
 
 
-def gemv(x: np.ndarray, w: Strips, activations=np.int8) -> np.ndarray:
-    """x @ w.T over every strip (rows past w's last included), for C-ordered float32 x, its
-    blocks rounded to activations (np.int8 or np.int16)."""
-    out = np.empty((x.shape[0], w.q.shape[0] * STRIP), dtype=np.float32)
-    _GEMV[type(w)](*_integers(x, activations), w.q, w.factors.view(np.uint16), out)
+def gemv(x: np.ndarray, parts: tuple[Strips, ...], activations=np.int8) -> np.ndarray:
+    """x @ w.T for w the parts stacked along their rows (a Q4_K_M file's Q4_K q and k beside its
+    Q6_K v), over every strip of each (rows past a part's last included), for C-ordered float32
+    x, its blocks rounded to activations (np.int8 or np.int16) once for all parts."""
+    xq, xs, xsum = _integers(x, activations)
+    out = np.empty((x.shape[0], sum(w.q.shape[0] for w in parts) * STRIP), dtype=np.float32)
+    first = 0
+    for w in parts:
+        _GEMV[type(w)](xq, xs, xsum, w.q, w.factors.view(np.uint16), out, first)
+        first += w.q.shape[0]
     return out
 
 

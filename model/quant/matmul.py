@@ -10,11 +10,15 @@ the GEMV's bits.
 import numpy as np
 
 from model.quant.gemv import gemv
-from model.quant.strips import Strips
+from model.quant.strips import STRIP, Strips
 
 
-def matmul(x: np.ndarray, w: Strips, activations=np.int8) -> np.ndarray:
+def matmul(x: np.ndarray, w: Strips | tuple[Strips, ...], activations=np.int8) -> np.ndarray:
     """x @ w.T for activations x (tokens, in), as float32 (tokens, out), x's blocks rounded to
-    activations (np.int8 or np.int16, gemv.py)."""
-    out = gemv(np.ascontiguousarray(x, dtype=np.float32), w, activations)
-    return out if w.rows == out.shape[1] else np.ascontiguousarray(out[:, :w.rows])
+    activations (np.int8 or np.int16, gemv.py); w packed weights, or parts of one stacked along
+    their rows, every part but the last a whole number of strips."""
+    parts = w if isinstance(w, tuple) else (w,)
+    assert all(p.rows % STRIP == 0 for p in parts[:-1]), "a part's rows would straddle a strip"
+    out = gemv(np.ascontiguousarray(x, dtype=np.float32), parts, activations)
+    rows = sum(p.rows for p in parts)
+    return out if rows == out.shape[1] else np.ascontiguousarray(out[:, :rows])

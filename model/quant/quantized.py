@@ -5,8 +5,8 @@ computes them. The CPU backend packs the blocks into strips instead (blocks.py).
 tensor too large to convert whole for nothing (FloatRows): packing ops read it a slab at a time.
 
 A Fused weight is the parts of one GEMM (q, k and v; gate and up) whose kinds differ, as a
-Q4_K_M file's Q4_K attn_q and Q6_K attn_v do: each part stays in its own kind, and linear
-multiplies part by part into one output.
+Q4_K_M file's Q4_K attn_q and attn_k and Q6_K attn_v do: each part stays in its own kind, and
+linear multiplies part by part into one output.
 """
 
 from dataclasses import dataclass, replace
@@ -68,13 +68,20 @@ class FloatRows:
 
 
 def fuse(parts: list) -> "QuantizedTensor | Fused":
-    """Parts of one GEMM, at least one quantized: their block rows stacked into one tensor where
-    they share a kind (as they usually do), else a Fused of them."""
-    kinds = {p.kind if isinstance(p, QuantizedTensor) else None for p in parts}
-    if len(kinds) == 1 and None not in kinds:
-        return QuantizedTensor(parts[0].kind, np.concatenate([p.blocks for p in parts]),
-                               (sum(p.shape[0] for p in parts), parts[0].shape[1]))
-    return Fused(tuple(parts))
+    """Parts of one GEMM, at least one quantized: each run of parts of one kind stacked as block
+    rows (all of them where they share a kind, as they usually do; a Q4_K_M file's Q4_K q and k
+    beside its Q6_K v), a Fused of the runs where kinds differ."""
+    runs: list[list] = []
+    for p in parts:
+        if runs and isinstance(p, QuantizedTensor) and isinstance(runs[-1][0], QuantizedTensor) \
+                and runs[-1][0].kind == p.kind:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    stacked = [run[0] if len(run) == 1 else
+               QuantizedTensor(run[0].kind, np.concatenate([p.blocks for p in run]),
+                               (sum(p.shape[0] for p in run), run[0].shape[1])) for run in runs]
+    return stacked[0] if len(stacked) == 1 else Fused(tuple(stacked))
 
 
 def take_rows(w, index: np.ndarray):
