@@ -76,8 +76,8 @@ def test_gguf_converts_tokenizes_and_runs(made, kind, tmp_path):
 
 def test_the_q4_k_m_mix_is_served_in_place_by_the_cpu_backend(made, tmp_path):
     """Layer 1's Q6_K attn_v beside Q4_K attn_q/k: that layer's q/k/v are read as a Fused of
-    two parts (q and k stacked, v), layer 0's (all Q4_K) as one stack of blocks; the logits stay within 2% of the float32
-    path's range (about 1% when measured, every K type rounded to Q8_0 here) and pick the same
+    two parts (q and k stacked, v), layer 0's (all Q4_K) as one stack of blocks; the logits stay
+    within 2% of the float32 path's range (about 1% when measured, every K type rounded to Q8_0 here) and pick the same
     token."""
     from model.config import ModelConfig
     from model.ops.numba_ops import NumbaOps

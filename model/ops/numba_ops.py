@@ -91,7 +91,7 @@ class NumbaOps(NumpyOps):
         return super().embedding(table, token_ids, scale)
 
     def linear(self, x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
-        if isinstance(w, Fused) and _in_one_output(w.parts):
+        if isinstance(w, Fused) and all(isinstance(p, Strips) for p in w.parts):
             out = matmul(x, w.parts, self.ACTIVATIONS[self.activations])
         elif isinstance(w, Fused):
             out = np.concatenate([self.linear(x, part) for part in w.parts], axis=1)
@@ -135,8 +135,3 @@ class NumbaOps(NumpyOps):
     def sample(self, logits: np.ndarray, batch: SampleBatch) -> SampleResult:
         """NumpyOps.sample's contract; the plain rows drawn in one kernel (model/ops/numba_sampler.py)."""
         return numba_sampler.sample(logits, batch, super().sample)
-
-
-def _in_one_output(parts: tuple) -> bool:
-    """Whether the GEMV writes parts into one output: all packed, each but the last whole strips."""
-    return all(isinstance(p, Strips) for p in parts) and all(p.rows % STRIP == 0 for p in parts[:-1])

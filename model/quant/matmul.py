@@ -16,9 +16,11 @@ from model.quant.strips import STRIP, Strips
 def matmul(x: np.ndarray, w: Strips | tuple[Strips, ...], activations=np.int8) -> np.ndarray:
     """x @ w.T for activations x (tokens, in), as float32 (tokens, out), x's blocks rounded to
     activations (np.int8 or np.int16, gemv.py); w packed weights, or parts of one stacked along
-    their rows, every part but the last a whole number of strips."""
+    their rows."""
     parts = w if isinstance(w, tuple) else (w,)
-    assert all(p.rows % STRIP == 0 for p in parts[:-1]), "a part's rows would straddle a strip"
     out = gemv(np.ascontiguousarray(x, dtype=np.float32), parts, activations)
+    if any(p.rows % STRIP for p in parts[:-1]):  # a part's zero rows sit before the next part's
+        firsts = np.cumsum([0] + [p.q.shape[0] * STRIP for p in parts[:-1]])
+        return np.concatenate([out[:, f:f + p.rows] for f, p in zip(firsts, parts)], axis=1)
     rows = sum(p.rows for p in parts)
     return out if rows == out.shape[1] else np.ascontiguousarray(out[:, :rows])
