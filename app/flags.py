@@ -38,10 +38,10 @@ def model_arguments(parser, *, positional: bool) -> None:
            " numpy is the plain NumPy reference (default: auto)")
     a("--dtype", choices=DTYPES, default="auto",
       help="weights, activations and KV cache: cuda takes bfloat16, float16 or float32 (auto: bfloat16);"
-           " cpu takes q8_0 weights (auto with AVX-512; 8-bit blocks: a quarter of the memory or less, and faster;"
+           " cpu takes q8_0 weights (auto; 8-bit blocks: a quarter of the memory or less, and faster;"
            " K/V in float16), q4_k (a Hugging Face checkpoint's weights quantized to Q4_K while loading, 4.625 bits"
-           " a weight; those whose rows are not a multiple of 256 as q8_0), or float32 ones (the exact path; auto"
-           " without AVX-512); a GGUF's quantized tensors keep their own types whatever the dtype, so q4_k serves"
+           " a weight; those whose rows are not a multiple of 256 as q8_0), or float32 ones (the exact path,"
+           " through OpenBLAS); a GGUF's quantized tensors keep their own types whatever the dtype, so q4_k serves"
            " one as q8_0 does (default: auto)")
     a("-t", "--threads", type=int, default=None,
       help="CPU threads for the numba kernels and OpenBLAS (default: the CPUs this process may use, its affinity"

@@ -6,8 +6,8 @@ quarter of the memory, and one integer GEMV for every batch size on every CPU, s
 logits do not depend on its batch; a GGUF's tensors packed from their own blocks
 (model/quant/blocks.py), every kept type exact), or Q4_K ones for the float weights of rows of
 256 and up (--dtype q4_k: 4.625 bits a weight; a GGUF's quantized tensors keep their own types),
-unless --dtype float32 asks for float32 ones, multiplied by OpenBLAS; by default q8_0 where the
-CPU path (model/quant/cpu.py) is avx2 or avx512, else float32. numpy: NumPy alone in float32, the
+unless --dtype float32 asks for float32 ones, multiplied by OpenBLAS; by default q8_0 on every
+CPU (model/quant/cpu.py picks its instructions). numpy: NumPy alone in float32, the
 reference the others are tested against. cuda: Spool's kernels through CuPy, in float16 when
 the checkpoint says it was trained in float16, else bfloat16, unless --dtype says otherwise.
 auto: cuda when CuPy is installed and sees a device, else cpu. Every refusal is a ValueError of one
@@ -96,9 +96,7 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
         if dtype not in ("auto", "float32", *CPU_DTYPES):
             raise ValueError(f"the CPU backend keeps weights in float32, q8_0 or q4_k; --dtype {dtype} needs"
                              " --backend cuda")
-        if dtype == "auto":
-            dtype = "q8_0" if quantized_is_faster() else "float32"
-        return Backend("cpu", dtype)  # its kernels compile in prepare, once the model is checked
+        return Backend("cpu", "q8_0" if dtype == "auto" else dtype)  # its kernels compile in prepare, once the model is checked
     try:
         from model.ops import cupy_ops
     except ImportError:
@@ -109,15 +107,6 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     if dtype in CPU_DTYPES:
         raise ValueError(f"--dtype {dtype} is for --backend cpu; the CUDA kernels take bfloat16, float16 or float32")
     return Backend("cuda", dtype)
-
-
-def quantized_is_faster() -> bool:
-    """Whether the default --dtype on the CPU is q8_0: where numba's target has 256-bit integer
-    vectors or wider (model/quant/cpu.py's avx2 and avx512 paths); on narrower ones the integer
-    GEMV is slower than float32 weights through OpenBLAS."""
-    from model.quant.cpu import QUANTIZED_DEFAULT
-
-    return QUANTIZED_DEFAULT
 
 
 def cpu_kernels() -> type:

@@ -8,6 +8,7 @@ compiled for one CPU never serves another here whatever numba's cache keys hold.
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from reference import int8_activations
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
 CHOICE = ("import json; from model.quant import cpu;"
-          " print(json.dumps([cpu.PATH, cpu.F16C, cpu.QUANTIZED_DEFAULT, cpu.VNNI]))")
+          " print(json.dumps([cpu.PATH, cpu.F16C, cpu.VNNI]))")
 # numba's settings that compile for each path's CPU on this one (an empty features string: the
 # name's own features, not the host's)
 # (avx512 and avx2 without VNNI: pmaddubsw for the nibble schemes; avx2-vnni: AVX-VNNI's 256-bit
@@ -64,8 +65,7 @@ def choice(tmp_path: Path, **settings) -> list:
 ])
 def test_the_path_is_what_numbas_target_has(tmp_path, name, features, want):
     settings = {"NUMBA_CPU_NAME": name} | ({} if features is None else {"NUMBA_CPU_FEATURES": features})
-    path, f16c, quantized_default, vnni = choice(tmp_path, **settings)
-    assert [path, f16c, vnni] == want and quantized_default == (path != "portable")
+    assert choice(tmp_path, **settings) == want
 
 
 @x86
@@ -73,8 +73,22 @@ def test_the_features_string_decides_what_it_names(tmp_path):
     """Without NUMBA_CPU_FEATURES numba compiles for the host's features, whatever the name; a
     feature it turns off is off (AVX-512 needs F16C, so -f16c takes both)."""
     assert choice(tmp_path, NUMBA_CPU_NAME="haswell") == choice(tmp_path)
-    path, f16c, _, _ = choice(tmp_path, NUMBA_CPU_FEATURES="-f16c")
+    path, f16c, _ = choice(tmp_path, NUMBA_CPU_FEATURES="-f16c")
     assert path != "avx512" and not f16c
+
+
+@pytest.mark.parametrize("name, features, has", [
+    ("apple-m1", "", True), ("neoverse-n1", "", True), ("cortex-a76", "", True),
+    ("cortex-a72", "", False), ("generic", "", False), ("generic", "+dotprod", True),
+])
+def test_the_probe_finds_arms_dot_product(name, features, has):
+    """The probe behind cpu.SDOT, asked of ARM CPUs through LLVM's AArch64 back end on this machine:
+    sdot where the CPU has the dot product, the generic intrinsic expanded where it has not."""
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    marker, probe = cpu._PROBES["dotprod"]
+    assembly = cpu._assembly(probe, "aarch64-unknown-linux-gnu", name, features)
+    assert (marker in assembly) == has and ("smull" in assembly) == (not has)
 
 
 def test_the_path_is_logged_once(tmp_path):
@@ -84,11 +98,11 @@ def test_the_path_is_logged_once(tmp_path):
                                                      f" target {llvm.get_host_cpu_name()} ")
 
 
-def test_the_default_dtype_is_q8_0_where_the_path_has_wide_integer_vectors():
+def test_the_default_dtype_is_q8_0_on_every_path():
     from model.backend import resolve
 
-    assert resolve("cpu").dtype == ("q8_0" if cpu.QUANTIZED_DEFAULT else "float32")
-    assert resolve("cpu", "q8_0").dtype == "q8_0"
+    assert resolve("cpu").dtype == "q8_0"
+    assert resolve("cpu", "float32").dtype == "float32"
 
 
 @pytest.fixture(scope="module")
@@ -168,12 +182,12 @@ def test_every_kept_type_multiplies_the_same_bits_on_every_path(tmp_path, caches
 @x86
 @pytest.mark.slow
 @pytest.mark.parametrize("target, dtype", [("avx2", "auto"), ("no-f16c", "auto"), ("portable", "auto"),
-                                           ("portable", "q8_0")])
+                                           ("portable", "float32")])
 def test_the_default_model_generates_on_every_path(caches, tmp_path_factory, target, dtype):
     """numba's haswell target (AVX2, no AVX-512), the host's with F16C masked off (so AVX-512 too:
     float32 K/V) and its generic one (SSE2 only, no F16C) compile every kernel they use and
-    generate: q8_0 by default on AVX2, float32 by default on generic, and q8_0 weights with
-    float32 K/V there when asked."""
+    generate: q8_0 weights by default on each (float32 K/V without F16C), and float32 weights on
+    generic when asked."""
     settings, path = ({"NUMBA_CPU_FEATURES": "-f16c"}, "avx2") if target == "no-f16c" else (TARGETS[target], target)
     cache = tmp_path_factory.mktemp("numba-no-f16c") if target == "no-f16c" else caches[path]
     args = ["-c", "import logging, runpy, sys; logging.basicConfig(level='INFO'); sys.argv = sys.argv[1:];"
@@ -184,3 +198,54 @@ def test_the_default_model_generates_on_every_path(caches, tmp_path_factory, tar
     assert done.stdout.strip()
     assert f"CPU path {path}:" in done.stderr
     assert ("float32 K/V" in done.stderr) == (target != "avx2")
+
+
+# The same multiplications on 64-bit ARM, emulated (tools/arm64_emulated.sh): strips packed here,
+# multiplied there, the products compared bit for bit.
+ARM64 = Path(os.environ.get("SPOOL_ARM64_ROOT", "/tmp/spool-arm64"))
+ARM_PRODUCTS = """
+import sys
+import numpy as np
+from model.quant import cpu
+from model.quant.gemv import gemv
+from model.quant.strips import SCHEMES
+given = np.load(sys.argv[1])
+outs = {}
+for kind, scheme in zip(given["kinds"], given["schemes"]):
+    w = SCHEMES[str(scheme)](given[f"{kind}-q"], given[f"{kind}-factors"], int(given[f"{kind}-rows"]))
+    for activations in (np.int8, np.int16):
+        for tokens in (1, 2, 3, 17, 100):
+            x = np.ascontiguousarray(given["x"][:tokens, :w.shape[1]])
+            outs[f"{kind}-{activations.__name__}-{tokens}"] = gemv(x, (w,), activations)
+np.savez(sys.argv[2], **outs)
+print(cpu.PATH, cpu.SDOT)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ARM64 / "site" / "numba").is_dir() or shutil.which("qemu-aarch64-static") is None,
+                    reason="no emulated arm64 Python here (tools/arm64_emulated.sh setup makes one)")
+@pytest.mark.parametrize("arm_cpu, sdot", [("neoverse-n1", True), ("cortex-a72", False)])
+def test_arm_multiplies_the_same_bits(tmp_path, arm_cpu, sdot):
+    """Every kept type at 1 to 100 rows, int8 and int16 activations, on an emulated ARM CPU with the
+    dot product (sdot) and one without (plain IR): the same bits as this machine's."""
+    from model.quant.gemv import gemv
+
+    weights = dict(kept_weights())
+    x = np.random.default_rng(5).standard_normal((100, 768), dtype=np.float32)
+    given = {"kinds": np.array(list(weights)), "schemes": np.array([w.kind for w in weights.values()]), "x": x}
+    for kind, w in weights.items():
+        given |= {f"{kind}-q": w.q, f"{kind}-factors": w.factors, f"{kind}-rows": np.array(w.rows)}
+    np.savez(tmp_path / "given.npz", **given)
+    done = subprocess.run(["bash", "tools/arm64_emulated.sh", "run", "-c", ARM_PRODUCTS, str(tmp_path / "given.npz"),
+                           str(tmp_path / "out.npz")], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                          env=os.environ | {"ARM_CPU": arm_cpu, "NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["neon", str(sdot)]
+    there = np.load(tmp_path / "out.npz")
+    for kind, w in weights.items():
+        for activations in (np.int8, np.int16):
+            for tokens in (1, 2, 3, 17, 100):
+                rows = np.ascontiguousarray(x[:tokens, :w.shape[1]])
+                np.testing.assert_array_equal(there[f"{kind}-{activations.__name__}-{tokens}"],
+                                              gemv(rows, (w,), activations), err_msg=f"{kind} {tokens}")

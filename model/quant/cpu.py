@@ -1,6 +1,7 @@
-"""What numba's target gives the packed-weight kernels: the widest integer vectors (avx512,
-avx2 or portable), the widest vpdpbusd (VNNI), and whether float16 K/V can be converted in
-hardware (F16C): decided once at import, every kernel module asks here.
+"""What numba's target gives the packed-weight kernels: the widest integer vectors on x86 (avx512,
+avx2 or portable) or 64-bit ARM (neon), the widest vpdpbusd (VNNI), ARM's sdot, and whether
+float16 K/V can be converted in hardware (F16C, or ARM's own): decided once at import, every
+kernel module asks here.
 
 The target is what numba compiles for, not the host: numba.config.CPU_NAME and CPU_FEATURES
 (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES; the host's name and features where unset, and no extra
@@ -10,12 +11,13 @@ assembly LLVM writes for tiny probes, so that nothing is compiled that the targe
 and the process never aborts on a CPU Spool does not know.
 
 The GEMV's integer sums are exact on every path (model/quant/gemv.py: vpdpbusd with VNNI,
-pmaddubsw on AVX2 and AVX-512BW, plain vector IR elsewhere), so its bits are the same on all of
-them; the path decides the instructions and the default --dtype: q8_0
-where the target has 256-bit integer vectors or wider (avx2, avx512), float32 through OpenBLAS
-elsewhere (portable: SSE2, or a CPU not measured here), where the integer GEMV is slower. To run
-another CPU's code here, set numba's own variables, e.g. NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=
-for AVX2, NUMBA_CPU_NAME=generic for SSE2 (tests/test_cpu_paths.py does so).
+pmaddubsw on AVX2 and AVX-512BW, sdot on ARM with the dot product, plain vector IR elsewhere),
+so its bits are the same on all of them; the path decides only the instructions. The default
+--dtype is q8_0 on every path: on numba's generic SSE2 target the packed GEMV still decodes 2-4x
+faster than float32 weights through OpenBLAS (BENCHMARKS.md, "Packed weights on every CPU"). To
+run another CPU's code here, set numba's own variables, e.g. NUMBA_CPU_NAME=haswell
+NUMBA_CPU_FEATURES= for AVX2, NUMBA_CPU_NAME=generic for SSE2 (tests/test_cpu_paths.py does so);
+tools/arm64_emulated.sh runs ARM's under QEMU.
 """
 
 import logging
@@ -26,7 +28,7 @@ from numba.core.codegen import get_host_cpu_features
 
 log = logging.getLogger("spool.model")
 
-PATHS = ("portable", "avx2", "avx512")
+PATHS = ("portable", "avx2", "avx512", "neon")  # x86's by width; neon: 64-bit ARM (plain IR, sdot)
 
 CPU_NAME = config.CPU_NAME or llvm.get_host_cpu_name()
 CPU_FEATURES = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
@@ -60,18 +62,34 @@ def _vnni_probe(n: int) -> str:
     return _VNNI_PROBE.format(n=n, h=n // 2, even=next(lanes), odd=next(lanes), bits=16 * n)
 
 
+# 16 int8 products summed in fours into 4 int32 lanes: one sdot only with ARM's dot product
+# (FEAT_DotProd: Apple M1 and later, Graviton 2 and later, Neoverse, Cortex-A76 and later). A
+# generic intrinsic, so a target without it expands it rather than failing; only the probe uses
+# it, since it leaves which products share a lane to the target (sdot's are adjacent fours).
+_SDOT_PROBE = """define <4 x i32> @probe(<4 x i32> %acc, <16 x i8> %a, <16 x i8> %b) {
+  %x = sext <16 x i8> %a to <16 x i32>
+  %y = sext <16 x i8> %b to <16 x i32>
+  %p = mul <16 x i32> %x, %y
+  %r = call <4 x i32> @llvm.vector.partial.reduce.add.v4i32.v16i32(<4 x i32> %acc, <16 x i32> %p)
+  ret <4 x i32> %r
+}
+declare <4 x i32> @llvm.vector.partial.reduce.add.v4i32.v16i32(<4 x i32>, <16 x i32>)
+"""
+
 _PROBES = {"avx512bw": ("zmm", _VECTOR_PROBE.format(n=32, bits=512)),
            "avx2": ("ymm", _VECTOR_PROBE.format(n=16, bits=256)),
            "avx512vnni": ("vpdpwssd\t%zmm", _vnni_probe(32)),
-           "avxvnni": ("vpdpwssd\t%ymm", _vnni_probe(16))}
+           "avxvnni": ("vpdpwssd\t%ymm", _vnni_probe(16)),
+           "dotprod": ("sdot\t", _SDOT_PROBE)}
 
 
-def _assembly(probe: str) -> str:
-    """The assembly LLVM writes for probe on numba's target."""
+def _assembly(probe: str, triple: str = "", name: str = CPU_NAME, features: str = CPU_FEATURES) -> str:
+    """The assembly LLVM writes for probe on numba's target (or on the triple's named CPU, which
+    tests/test_cpu_paths.py asks of ARM's on this machine)."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_default_triple()
-    machine = target.create_target_machine(cpu=CPU_NAME, features=CPU_FEATURES, opt=2)
+    target = llvm.Target.from_triple(triple) if triple else llvm.Target.from_default_triple()
+    machine = target.create_target_machine(cpu=name, features=features, opt=2)
     module = llvm.parse_assembly(probe)
     module.triple = machine.triple
     module.verify()
@@ -92,19 +110,24 @@ def _target_has(feature: str) -> bool:
 def _choose() -> tuple[str, str]:
     """The path and why."""
     named = " with NUMBA_CPU_FEATURES" if config.CPU_FEATURES else ""
+    if ARM:
+        return "neon", f"numba's target {CPU_NAME}{named} is 64-bit ARM"
     for path, feature, name in (("avx512", "avx512bw", "AVX-512BW"), ("avx2", "avx2", "AVX2")):
         if _target_has(feature):
             return path, f"numba's target {CPU_NAME}{named} has {name}"
     return "portable", f"numba's target {CPU_NAME}{named} has neither AVX-512BW nor AVX2"
 
 
+ARM = llvm.get_process_triple().startswith(("aarch64", "arm64"))
 PATH, WHY = _choose()
 # the bits of the registers vpdpbusd (the GEMV's int8 dot, 64 or 32 products) works on: 512
 # with AVX-512 VNNI, 256 with AVX-VNNI (Alder Lake and later), else 0
 VNNI = (512 if PATH == "avx512" and _target_has("avx512vnni") else
         256 if PATH == "avx2" and _target_has("avxvnni") else 0)
+# int8 dot products into int32 lanes by sdot (16 products an instruction) on ARM where the
+# target has them, else the plain IR's widening multiplies
+SDOT = ARM and _target_has("dotprod")
 F16C = _target_has("f16c")
-QUANTIZED_DEFAULT = PATH != "portable"  # the default --dtype on the CPU is q8_0, else float32
-log.info(f"CPU path {PATH}: {WHY}{f' and {VNNI}-bit VNNI (vpdpbusd)' if VNNI else ''};"
-         f" default --dtype {'q8_0' if QUANTIZED_DEFAULT else 'float32'}; float16 K/V"
+log.info(f"CPU path {PATH}: {WHY}{f' and {VNNI}-bit VNNI (vpdpbusd)' if VNNI else ''}"
+         f"{' and the dot product (sdot)' if SDOT else ''}; float16 K/V"
          f" {'through F16C' if F16C else 'unavailable (no F16C): float32 K/V'}")

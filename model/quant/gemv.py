@@ -11,10 +11,11 @@ scaled into 16 float lanes by the weight and activation scales. Batches and pref
 compute-bound: with VNNI a line times an int8 quad is one vpdpbusd (64 products; two with
 AVX-VNNI's 256-bit registers), and the rows go four at a time, a block's lines unpacked once for
 all four, each row's arithmetic still the sequence it has alone. On AVX2 and AVX-512BW without
-VNNI the nibble schemes' int8 products go through pmaddubsw and pmaddwd; otherwise (Q8_0
-there, int16 activations, other CPUs) the same sums are plain LLVM vector IR (bytes widened to
-int16, pair sums as pmaddwd, the pairs added once per scale), which LLVM lowers at the width
-the target has (vpdpwssd with VNNI) and other back ends into their own multiply-adds. Integer
+VNNI the int8 products go through pmaddubsw and pmaddwd, and on ARM through sdot where the CPU
+has the dot product; otherwise (int16 activations, other CPUs) the same sums are plain LLVM
+vector IR (bytes widened to int16, pair sums as pmaddwd, the pairs added once per scale), which
+LLVM lowers at the width the target has (vpdpwssd with VNNI) and other back ends into their own
+multiply-adds. Integer
 sums are exact every way, so all give the same bits. Each scheme's kernels are generated from
 its constants (strips.py: nibbles, high bits, ZERO, SIGNED_VALUES, SCALES, MINIMA, SUB_SCALES,
 SIGNED), compiled under its kind."""
@@ -26,7 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
-from model.quant.cpu import PATH, VNNI
+from model.quant.cpu import PATH, SDOT, VNNI
 from model.quant.strips import (BLOCK, LINE_BYTES, LINES, NIBBLE_BYTES, QUAD, SCHEMES, STRIP, SUPER_BLOCKS,
                                 Q4_1Strips, Q8_0Strips, Strips)
 
@@ -105,6 +106,21 @@ def _call(builder, name: str, result: ir.Type, *args: ir.Value) -> ir.Value:
     return builder.call(fn, list(args))
 
 
+def _sdot_sums(builder, line_weights: list[ir.Value], quads: list[ir.Value], accs: list[ir.Value],
+               signed: bool) -> list[ir.Value]:
+    """ARM's sdot on each 16 bytes of each line (4 rows' quads) and the broadcast int8 quad of
+    activations, into accs (4 x int32 each); the weights as signed bytes: the nibble schemes'
+    (below 64) as they are, Q8_0's (signed) less 128, which is a flip of the top bit."""
+    bytes_, ints = ir.VectorType(ir.IntType(8), 16), ir.VectorType(ir.IntType(32), 4)
+    for line, quad in zip(line_weights, quads):
+        x = builder.bitcast(splat(builder, quad, ints), bytes_)
+        if signed:
+            line = builder.xor(line, ir.Constant(line.type, [-128] * line.type.count))
+        for i, piece in enumerate(_pieces(builder, line, 128)):
+            accs[i] = _call(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", ints, accs[i], piece, x)
+    return accs
+
+
 # pmaddubsw and pmaddwd by register width
 _MADD = {512: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
          256: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd")}
@@ -119,14 +135,17 @@ def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_s
     on AVX2 or AVX-512BW, pmaddubsw (pair sums in int16) then pmaddwd by ones: the nibble schemes'
     unsigned weights as they are (2 x 63 x 127 cannot saturate), Q8_0's as the signed bytes they
     stand for, their magnitudes times the activations with the weights' signs (llama.cpp's
-    trick: 2 x 128 x 127 cannot either). Otherwise, and for int16, the same integers through
-    int16 pair sums in plain IR."""
+    trick: 2 x 128 x 127 cannot either); on ARM with the dot product, sdot (_sdot_sums).
+    Otherwise, and for int16, the same integers through int16 pair sums in plain IR."""
     quad_bits = quads[0].type.width
-    signed = weights.SIGNED_VALUES and not VNNI and PATH != "portable"  # Q8_0 through pmaddubsw
+    madd = PATH in ("avx2", "avx512")  # pmaddubsw
+    signed = weights.SIGNED_VALUES and (SDOT or (madd and not VNNI))  # Q8_0's bytes as their int8 values
     start = ir.Constant(INTS16, None)
     if x_sum is not None and not (quad_bits == 32 and signed):
         start = splat(builder, builder.mul(x_sum, ir.Constant(ir.IntType(32), -weights.ZERO)), INTS16)
-    if quad_bits == 32 and (VNNI or (PATH != "portable" and (weights.NIBBLES or signed))):
+    if quad_bits == 32 and SDOT:
+        return _joined(builder, _sdot_sums(builder, line_weights, quads, _pieces(builder, start, 128), signed))
+    if quad_bits == 32 and (VNNI or (madd and (weights.NIBBLES or signed))):
         bits = VNNI or (512 if PATH == "avx512" and not signed else 256)
         ints, bytes_ = ir.VectorType(ir.IntType(32), bits // 32), ir.VectorType(ir.IntType(8), bits // 8)
         shorts = ir.VectorType(ir.IntType(16), bits // 16)
