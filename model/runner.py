@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from model.config import ModelConfig
+from model.errors import is_failure, one_line
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from model.llama import Llama
 from model.ops.numpy_ops import NumpyOps
@@ -63,6 +64,7 @@ class Launched:
     sampled: SampleResult | None
     embedded: list = field(default_factory=list)  # a Sampled with its embedding for each embedding row
     scored: dict = field(default_factory=dict)  # request id -> its chunk's prompt logprobs (Sampled.prompt_logprobs)
+    failed: dict = field(default_factory=dict)  # request id -> why its row could not be sampled (its mask failed)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Sampled:
     embedding: np.ndarray | None = None  # an embedding row's: its last token's final hidden state, unit length
     # a prompt_logprobs row's: per prompt token its chunk predicts, (token id, logprob, rank, top)
     prompt_logprobs: list[tuple[int, float, int, list[tuple[int, float]]]] | None = None
+    error: str | None = None  # the row could not be sampled (token_id is NO_TOKEN): its request alone fails
 
 
 def predicted(row: Row) -> Sequence[int]:
@@ -181,19 +184,28 @@ class ModelRunner:
         if not sampling:
             return Launched([], None, None, embedded, scored)
         histories = [h for r in rows for h in (r.histories() if r.num_draft else [self.history(r)])]
-        masks = [m for r in rows for m in self.masks(r)]
+        failed: dict = {}
+        masks = [m for r in rows for m in self.masks(r, failed)]
         sampled = self.ops.sample(logits[:len(sampling)], SampleBatch(
             [r.params for r in sampling], [r.prompt_ids for r in sampling], histories,
             self.rng, keys=[r.request_id for r in sampling], masks=masks))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
-        return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded, scored)
+        return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded, scored, failed)
 
     @staticmethod
-    def masks(row: Row) -> list:
-        """The row's mask for each position it samples (a row with guesses has a list of them)."""
+    def masks(row: Row, failed: dict) -> list:
+        """The row's mask for each position it samples (a row with guesses has a list of them).
+        A mask that could not be computed (its grammar raised, or panicked) fails its row alone:
+        the row samples unmasked, its token is dropped, and failed says why."""
         if row.mask is None:
             return [None] * (row.num_draft + 1)
-        return row.mask.result() if row.num_draft else [row.mask.result()]
+        try:
+            return row.mask.result() if row.num_draft else [row.mask.result()]
+        except BaseException as e:
+            if not is_failure(e):
+                raise
+            failed[row.request_id] = f"the output format failed: {type(e).__name__}: {one_line(e)}"
+            return [None] * (row.num_draft + 1)
 
     def score_prompts(self, rows: list[Row], logits) -> dict:
         """Each prompt_logprobs row's predicted prompt tokens, scored under the logits of the
@@ -232,8 +244,10 @@ class ModelRunner:
         out = launched.embedded
         if launched.rows:
             ids, sampled, vocab = launched.ids.result(), launched.sampled, self.config.vocab_size
-            out = [Sampled(r.request_id, int(ids[i]) if 0 <= ids[i] < vocab else NO_TOKEN, sampled.logprobs[i],
-                           sampled.top_logprobs[i], prompt_logprobs=scored.pop(r.request_id, None))
+            failed = launched.failed
+            out = [Sampled(r.request_id, int(ids[i]) if 0 <= ids[i] < vocab and r.request_id not in failed
+                           else NO_TOKEN, sampled.logprobs[i], sampled.top_logprobs[i],
+                           prompt_logprobs=scored.pop(r.request_id, None), error=failed.get(r.request_id))
                    for i, r in enumerate(launched.rows)] + out
         return out + [Sampled(rid, NO_TOKEN, prompt_logprobs=lps) for rid, lps in scored.items()]
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 _M64 = (1 << 64) - 1
+INT32_MAX = 2**31 - 1  # the widest top_k a sampler holds (int32 on the device)
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,14 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+        if not isinstance(self.top_k, int) or not -1 <= self.top_k <= INT32_MAX:
+            raise ValueError(f"top_k must be -1, 0 (off) or a positive int32, got {self.top_k!r}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
             raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS}")
         for token, bias in self.logit_bias.items():
             if not isinstance(token, int) or not 0 <= token < vocab_size:
                 raise ValueError(f"logit_bias has token id {token!r}, outside the vocabulary [0, {vocab_size})")
@@ -64,8 +68,8 @@ class SamplingParams:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"top_logprobs must be in [0, 20], got {self.logprobs}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -2**63 <= self.seed < 2**64):
+            raise ValueError(f"seed must be a 64-bit integer, got {self.seed!r}")
 
 
 def _mix64(z: int) -> int:
@@ -84,5 +88,7 @@ def seeded_uniform(seed: int, index: int) -> float:
 
 def allowed_tokens(mask: np.ndarray, vocab: int) -> np.ndarray:
     """A grammar's mask (int32 words of bits: token t is bit t % 32 of word t // 32, as
-    llguidance writes them) as one bool per token id."""
-    return np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), bitorder="little")[:vocab].astype(bool)
+    llguidance writes them) as one bool per token id; ids past the mask's end are not allowed
+    (a padded vocabulary's rows that no token names)."""
+    bits = np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), bitorder="little")[:vocab].astype(bool)
+    return bits if len(bits) == vocab else np.pad(bits, (0, vocab - len(bits)))

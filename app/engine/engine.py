@@ -31,13 +31,14 @@ import trio
 
 from app.engine.block_pool import BlockPool
 from app.engine.errors import Draining, EngineError, Overloaded
-from app.engine.outputs import OutputProcessor
+from app.engine.outputs import Ending, OutputProcessor
 from app.engine.planner import Planner, PlannerConfig
 from app.engine.request import GenerationParams, Request
 from app.engine.schedule import Reload, Spill
 from app.engine.stats import Stats
 from app.engine.status import StatusReporter
 from app.engine.validation import validate
+from model.errors import is_failure, one_line
 from model.runner import Sampled, StepPlan
 
 log = logging.getLogger("spool.engine")
@@ -62,7 +63,12 @@ class Engine:
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
         self.stats = Stats()
-        self.outputs = OutputProcessor(tokenizer, self.stats)
+        # a checkpoint's embedding often has more rows than its tokenizer has tokens (Qwen's
+        # 151,936 for about 151,670): a request may name only ids both know, and a grammar's
+        # mask covers every row of the logits (those past the tokenizer never allowed)
+        rows = getattr(getattr(runner, "config", None), "vocab_size", tokenizer.vocab_size)
+        self.vocab_size = min(tokenizer.vocab_size, rows)
+        self.outputs = OutputProcessor(tokenizer, self.stats, max(tokenizer.vocab_size, rows))
         window = getattr(getattr(runner, "config", None), "kv_window", 0)
         self.planner = Planner(config, self.pool, self.outputs, self.stats, window)
         self.reporter = StatusReporter(config.decode_log_interval)
@@ -82,7 +88,7 @@ class Engine:
         if self.draining:
             raise Draining("the server is shutting down")
         max_tokens = validate(prompt_ids, params, max_model_len=self.config.max_model_len, pool=self.pool,
-                              vocab_size=self.tokenizer.vocab_size, grammars=self.outputs.grammars)
+                              vocab_size=self.vocab_size, grammars=self.outputs.grammars)
         if len(self.planner.waiting) >= self.config.max_queue:
             raise Overloaded(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
         return max_tokens
@@ -113,8 +119,14 @@ class Engine:
         return request_id, recv
 
     def add(self, request: Request) -> None:
-        """A request already validated (validate), into the waiting queue."""
-        self.outputs.open(request)
+        """A request already validated (validate), into the waiting queue; EngineError when its
+        detokenizer or grammar cannot be set up (a native library's panic included)."""
+        try:
+            self.outputs.open(request)
+        except BaseException as e:
+            if not is_failure(e):
+                raise
+            raise EngineError(f"the request cannot be set up: {type(e).__name__}: {one_line(e)}") from None
         self.planner.add(request)
 
     def abort(self, request_id: str) -> None:
@@ -183,7 +195,7 @@ class Engine:
             if row.num_draft or row.draft_limit:
                 self.verify(request, row, results, now)
             elif row.sample or row.embed:
-                end = self.outputs.accept(request, results[0] if results else None, now)
+                end = self.accept(request, results[0] if results else None, now)
                 if end is not None:
                     self.planner.finish(request, end.reason, end.stop_reason, end.error)
         for request in self.outputs.send_deltas(self.planner.decoding):
@@ -198,11 +210,22 @@ class Engine:
         appended = 0
         for result in results[:kept + 1]:
             appended += 1
-            end = self.outputs.accept(request, result, now)
+            end = self.accept(request, result, now)
             if end is not None:
                 self.planner.finish(request, end.reason, end.stop_reason, end.error)
                 break
         self.planner.verified(request, row, kept, appended)
+
+    def accept(self, request: Request, result: Sampled | None, now: float) -> Ending | None:
+        """The output processor takes one token; what it raises there (the grammar's matcher,
+        the detokenizer, a native library's panic) ends this request alone, never the tick."""
+        try:
+            return self.outputs.accept(request, result, now)
+        except BaseException as e:
+            if not is_failure(e):
+                raise
+            log.error(f"request {request.id} failed on its token", exc_info=e)
+            return Ending("error", error=f"the output could not be processed: {type(e).__name__}: {one_line(e)}")
 
     def retire(self) -> None:
         """The requests that finished: blocks freed, host copies and sampler state dropped,

@@ -25,11 +25,12 @@ class Ending:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, stats: Stats):
+    def __init__(self, tokenizer, stats: Stats, mask_size: int | None = None):
+        """mask_size: how many token ids a grammar's mask covers (the logits' width)."""
         self.tokenizer = tokenizer
         self.stats = stats
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
-        self.grammars = Grammars(tokenizer)
+        self.grammars = Grammars(tokenizer, mask_size)
 
     def open(self, request: Request) -> None:
         """A request's detokenizer, stop-string buffer and grammar matcher, at submission."""
@@ -126,6 +127,8 @@ class OutputProcessor:
         if p.embed:  # its prompt is read: the vector is the whole answer
             request.embedding = sampled.embedding
             return Ending("stop")
+        if sampled.error is not None:
+            return Ending("error", error=sampled.error)
         token = sampled.token_id
         if token == NO_TOKEN:
             return Ending("error", error="the model gave no token: its logits held no finite value")

@@ -5,7 +5,7 @@ from app.engine.block_pool import BlockPool
 from app.engine.errors import EngineError
 from app.engine.grammar import Grammars
 from app.engine.request import GenerationParams
-from model.errors import one_line
+from model.errors import is_failure, one_line
 
 
 def validate(prompt_ids: list[int], params: GenerationParams, *, max_model_len: int, pool: BlockPool,
@@ -45,6 +45,8 @@ def validate(prompt_ids: list[int], params: GenerationParams, *, max_model_len: 
     if params.grammar is not None:
         try:
             grammars.pristine(params.grammar)
-        except ValueError as e:
+        except BaseException as e:  # llguidance's own refusal, or its panic (a BaseException)
+            if not is_failure(e):
+                raise
             raise EngineError(f"the output format cannot be compiled: {one_line(e)}", "grammar") from None
     return max_tokens

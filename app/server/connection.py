@@ -31,6 +31,7 @@ from wsproto.utilities import LocalProtocolError
 
 from app.server.errors import APIError
 from app.server.http1 import HTTP2_REFUSAL, Http1Protocol, Http2Preface, Paused
+from model.errors import is_failure
 
 log = logging.getLogger("spool.connection")
 
@@ -117,10 +118,16 @@ class Connection:
                     self.timer.cancel()
                     ending.deadline = trio.current_time() + APP_EXIT_GRACE
                     await self.protocol.handle(Closed())  # the app sees the disconnect
-        except* Exception as group:
-            self.reason = "error"
-            error = group.exceptions[0]
-            log.warning(f"connection from {self.peer} failed and was closed: {error!r}", exc_info=group)
+        except* BaseException as group:
+            # a handler's error, or a native library's panic (pyo3's is a BaseException), ends
+            # this connection alone; a cancellation, an interrupt or an exit goes on up
+            failed, fatal = group.split(is_failure)
+            if failed is not None:
+                self.reason = "error"
+                log.warning(f"connection from {self.peer} failed and was closed: {failed.exceptions[0]!r}",
+                            exc_info=failed)
+            if fatal is not None:
+                raise fatal
         finally:
             self.abort(self.reason or "shutdown")
 

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from model.sampling import INT32_MAX
+
 
 class Loose(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -134,7 +136,7 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
 
 
 # -- responses ---------------------------------------------------------------------------

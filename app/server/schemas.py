@@ -14,6 +14,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from model.sampling import INT32_MAX, MAX_LOGIT_BIAS
+
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
 # Fields that would change the output, and what Spool does not do yet; a value that asks for
 # nothing (None, [], {}, false, "none", or "auto" but for tool_choice) passes.
 UNSUPPORTED = {
@@ -45,13 +49,13 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=16)
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1 or 0: off; past the vocabulary: off
     min_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's range
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     max_tokens: int | None = None

@@ -98,7 +98,7 @@ class DeviceSampler:
         ids = ops.zeros(rows, np.int32)
         ops.kernel("sampling.cu", "sample")((rows,), (SAMPLE_THREADS,), (
             ids, adjusted, ops.asarray([p.temperature for p in params], np.float32),
-            ops.asarray([p.top_k if p.top_k > 0 else 0 for p in params], np.int32),
+            ops.asarray([min(p.top_k, vocab) if p.top_k > 0 else 0 for p in params], np.int32),
             ops.asarray([p.top_p for p in params], np.float32), ops.asarray([p.min_p for p in params], np.float32),
             ops.asarray(uniform, np.float32), np.int32(vocab)))
         if (count_rows >= 0).any():
