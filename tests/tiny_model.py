@@ -75,13 +75,23 @@ def random_weights(variant: str, tie: bool, vocab: int, seed: int = 0, layers: i
     return t
 
 
+def pad_vocabulary(t: dict[str, np.ndarray], vocab: int, extra: int) -> None:
+    """extra rows past the tokenizer's ids, as checkpoints pad theirs (Qwen2.5's 151,936 for
+    about 151,670 tokens): copies of real rows, tripled, so a sampler or a mask that let them
+    through would pick them often."""
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in t:
+            t[name] = np.concatenate([t[name], 3.0 * t[name][np.arange(extra) % vocab]])
+
+
 def make_tiny_model(path: Path, variant: str = "llama", tie: bool = True, seed: int = 0,
                     layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
                     intermediate: int = 128, max_pos: int = 1024, thinking: bool = False,
-                    tokens: tuple[str, ...] = (), chat_template: str | None = None) -> Path:
+                    tokens: tuple[str, ...] = (), chat_template: str | None = None, padded_vocab: int = 0) -> Path:
     """thinking: a reasoning model's tokenizer (<think> and </think> tokens) and a template
     whose generation prompt opens the thinking, as DeepSeek-R1's does. tokens: more added
-    tokens (a tool-call format's markers); chat_template: in place of ChatML."""
+    tokens (a tool-call format's markers); chat_template: in place of ChatML. padded_vocab:
+    embedding (and LM head) rows past the tokenizer's tokens (pad_vocabulary)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer()
@@ -92,13 +102,14 @@ def make_tiny_model(path: Path, variant: str = "llama", tie: bool = True, seed: 
     vocab = tok.get_vocab_size()
     head_dim = hidden // heads
     t = random_weights(variant, tie, vocab, seed, layers, hidden, heads, kv_heads, intermediate)
+    pad_vocabulary(t, vocab, padded_vocab)
     save_file(t, str(path / "model.safetensors"))
 
     eos = tok.token_to_id("<|im_end|>")
     config = {
         "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                            "qwen3": "Qwen3ForCausalLM"}[variant]],
-        "model_type": variant, "vocab_size": vocab, "hidden_size": hidden,
+        "model_type": variant, "vocab_size": vocab + padded_vocab, "hidden_size": hidden,
         "intermediate_size": intermediate, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": max_pos,
