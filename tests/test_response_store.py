@@ -9,6 +9,7 @@ import re
 import httpx
 import openai
 import pytest
+from trio_websocket import HandshakeError, open_websocket_url
 
 from app.server import keys
 from app.server.errors import APIError
@@ -168,6 +169,16 @@ def test_either_key_is_taken_and_no_other(server, clients):
     assert httpx.get(server.url + "/v1/models", headers={"x-api-key": B_KEY}, timeout=30).status_code == 200
     with server.openai_client(api_key="key-for-c") as c, pytest.raises(openai.AuthenticationError):
         c.models.list()
+
+
+async def test_a_websocket_opens_with_either_key(server):
+    url = server.url.replace("http", "ws") + "/v1/ws"
+    for key in (A_KEY, B_KEY):
+        async with open_websocket_url(url, extra_headers=[("Authorization", f"Bearer {key}")]) as ws:
+            assert not ws.closed
+    with pytest.raises(HandshakeError):
+        async with open_websocket_url(url, extra_headers=[("Authorization", "Bearer key-for-c")]):
+            pass
 
 
 def test_a_stored_response_is_its_keys_alone(server, clients):
