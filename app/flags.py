@@ -110,8 +110,8 @@ def serve_arguments(parser) -> None:
     a("--max-queue", type=int, default=1024, help="most requests waiting; more get HTTP 429 (default: 1024)")
     a("--api-key", nargs="+", default=None, metavar="KEY",
       help="require one of these keys as 'Authorization: Bearer KEY' (or x-api-key) on every route but /health;"
-           " several are space-separated (in SPOOL_API_KEY, or commas), and what one key stores in the Responses"
-           " store only that key reads (default: none)")
+           " several are space-separated (in SPOOL_API_KEY, comma-separated too), and what one key stores in the"
+           " Responses store only that key reads (default: none)")
     a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
     a("--shutdown-timeout", type=float, default=30.0,
       help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")
@@ -121,7 +121,7 @@ def serve_arguments(parser) -> None:
     a("--responses-store-ttl", type=float, default=STORE_TTL, metavar="SECONDS",
       help="seconds a stored Response stays readable (previous_response_id, GET) after it is made: long enough"
            " for the next turns of a chat or an agent's loop, short enough that conversations do not sit in memory"
-           " all day; the store is memory and a restart empties it anyway (default: 3600)")
+           f" all day; the store is memory and a restart empties it anyway (default: {STORE_TTL:g})")
     a("--responses-store-bytes", type=int, default=STORE_BYTES, metavar="BYTES",
       help="most bytes of stored Responses (as JSON, with the conversation each continues) held in memory;"
            f" past it the least recently used go first (default: {STORE_BYTES}, {STORE_BYTES >> 20} MiB)")
