@@ -10,6 +10,7 @@ module imports nothing heavy: --threads must be read before NumPy starts its thr
 import argparse
 
 from app.server import limits, tools
+from app.server.response_store import STORE_BYTES, STORE_TTL
 from model.choices import BACKENDS, DTYPES
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -107,14 +108,23 @@ def serve_arguments(parser) -> None:
       help="host memory in GiB to spill preempted requests' KV to (pinned on a GPU, copied on a side stream);"
            " 0 re-prefills them instead (default: 0)")
     a("--max-queue", type=int, default=1024, help="most requests waiting; more get HTTP 429 (default: 1024)")
-    a("--api-key", default=None,
-      help="require 'Authorization: Bearer KEY' (or x-api-key) on every route but /health (default: none)")
+    a("--api-key", nargs="+", default=None, metavar="KEY",
+      help="require one of these keys as 'Authorization: Bearer KEY' (or x-api-key) on every route but /health;"
+           " several are space-separated (in SPOOL_API_KEY, comma-separated too), and what one key stores in the"
+           " Responses store only that key reads (default: none)")
     a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
     a("--shutdown-timeout", type=float, default=30.0,
       help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")
     a("--tool-call-parser", default=None, metavar="NAME",
       help=f"how the model writes tool calls, by vLLM's parser names: {', '.join(tools.FORMATS)}"
            " (default: read from the chat template's markers, else hermes)")
+    a("--responses-store-ttl", type=float, default=STORE_TTL, metavar="SECONDS",
+      help="seconds a stored Response stays readable (previous_response_id, GET) after it is made: long enough"
+           " for the next turns of a chat or an agent's loop, short enough that conversations do not sit in memory"
+           f" all day; the store is memory and a restart empties it anyway (default: {STORE_TTL:g})")
+    a("--responses-store-bytes", type=int, default=STORE_BYTES, metavar="BYTES",
+      help="most bytes of stored Responses (as JSON, with the conversation each continues) held in memory;"
+           f" past it the least recently used go first (default: {STORE_BYTES}, {STORE_BYTES >> 20} MiB)")
     a("--no-ui", action="store_true", help="do not serve the chat page at /")
     a("--log-level", default="info", choices=LOG_LEVELS, help="(default: info)")
     a("--log-format", default="text", choices=("text", "json"),

@@ -22,6 +22,7 @@ from app.flags import fetch_model, speculative_config
 from app.logs import configure_logging
 from app.server import limits, tools
 from app.server.app import create_app
+from app.server.response_store import ResponseStore
 from app.server.state import ServerState
 from app.server.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
@@ -48,6 +49,8 @@ def validate_flags(args) -> None:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")
     if args.request_timeout < 0 or args.shutdown_timeout < 0:
         raise ValueError("--request-timeout and --shutdown-timeout must not be negative")
+    if args.responses_store_ttl <= 0 or args.responses_store_bytes <= 0:
+        raise ValueError("--responses-store-ttl and --responses-store-bytes must be positive")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.tokenizer is not None and not Path(args.tokenizer, "tokenizer.json").is_file():
@@ -193,8 +196,9 @@ def run_serve(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     names = model_names(args)
-    state = ServerState(model_name=names[0], aliases=names[1:], api_key=args.api_key or None, ui=not args.no_ui,
-                        request_timeout=args.request_timeout or None, limits=limits.Limits.from_args(args))
+    state = ServerState(model_name=names[0], aliases=names[1:], api_keys=tuple(args.api_key or ()), ui=not args.no_ui,
+                        request_timeout=args.request_timeout or None, limits=limits.Limits.from_args(args),
+                        responses=ResponseStore(args.responses_store_bytes, args.responses_store_ttl))
     failure = trio.run(serve, state, args, functools.partial(load, args, state))
     if failure:
         print(f"error: {failure}", file=sys.stderr)

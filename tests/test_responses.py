@@ -2,8 +2,8 @@
 and event checked against OpenAI's published schemas:
 responses.create and responses.stream (the stream's final response is the one the store keeps),
 a function call round trip by previous_response_id and by the whole input, instructions,
-text.format, the store's retrieve, delete and eviction, and refusals. A tiny reasoning model
-shows reasoning items."""
+text.format, the store's retrieve and delete, and refusals (the store's keys, TTL and eviction:
+tests/test_response_store.py). A tiny reasoning model shows reasoning items."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +16,6 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from app.server.responses import ResponseStore
 from live_server import LiveServer
 from tiny_model import make_tiny_model
 
@@ -173,17 +172,6 @@ def test_the_store_retrieves_deletes_and_skips_store_false(client):
     client.responses.delete(kept.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(kept.id)
-
-
-def test_the_store_evicts_the_least_recently_used_past_its_bytes():
-    store = ResponseStore(max_bytes=1200)  # room for three of the first (354 bytes each)
-    for i in range(3):
-        store.put({"id": f"r{i}", "text": "x" * 200}, [{"content": "y" * 100}])
-    store.get("r0")  # now the most recent
-    store.put({"id": "r3", "text": "x" * 200}, [])
-    assert list(store.entries) == ["r2", "r0", "r3"] and store.nbytes <= 1200
-    store.put({"id": "big", "text": "x" * 2000}, [])
-    assert "big" not in store.entries and list(store.entries) == ["r2", "r0", "r3"]
 
 
 @pytest.mark.parametrize("body, words", [

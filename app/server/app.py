@@ -7,14 +7,13 @@ so tests build one per server).
 """
 
 import functools
-import hmac
 import logging
 
 from quart import request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from app.server import chat_page, routes, worker_routes
+from app.server import chat_page, keys, routes, worker_routes
 from app.server.access_log import AccessLog
 from app.server.errors import APIError
 from app.server.state import ServerState
@@ -51,24 +50,17 @@ PAGE_ROUTES = [("GET", "/", chat_page.chat_page), ("GET", "/ui/<name>", chat_pag
 log = logging.getLogger("spool.server")
 
 
-def same(given: str, expected: str) -> bool:
-    """A constant-time comparison of a credential (bytes, so any header text compares)."""
-    return hmac.compare_digest(given.encode(), expected.encode())
-
-
 async def admit(state: ServerState):
-    """503 while loading and 401 without the key (but for /health and the chat page), which
-    comes as a bearer token or, as Anthropic's clients send it, in x-api-key; then the whole
-    body, as an unread body would hang the keep-alive connection."""
+    """503 while loading and 401 without one of the keys (but for /health and the chat page),
+    which comes as a bearer token or in x-api-key (app/server/keys.py); then the whole body, as
+    an unread body would hang the keep-alive connection."""
     public = request.path == "/health" or (state.ui and chat_page.is_page(request.path))
     if state.engine is None and not public:
         raise APIError(503, "the model is still loading; retry shortly", code="loading",
                        headers={"Retry-After": "5"})
-    if state.api_key and not public:
-        if not (same(request.headers.get("Authorization", ""), f"Bearer {state.api_key}")
-                or same(request.headers.get("x-api-key", ""), state.api_key)):
-            raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>, or x-api-key)",
-                           code="invalid_api_key")
+    if state.api_keys and not public and keys.presented(request.headers, state.api_keys) is None:
+        raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>, or x-api-key)",
+                       code="invalid_api_key")
     if request.method in ("POST", "PUT", "PATCH"):
         await request.get_data()
 

@@ -1,4 +1,5 @@
-"""OpenAI's Responses API as a chat request, and the store that previous_response_id reads.
+"""OpenAI's Responses API as a chat request (the store that previous_response_id reads is
+app/server/response_store.py).
 
 A response's conversation is its input items after those of the response it continues, then its
 own output items (each output item is also a valid input item); the chat request is made from
@@ -12,11 +13,6 @@ carried over, as OpenAI's are not). The mapping, as vLLM makes it:
   max_tokens, held to what the context leaves.
 """
 
-import json
-import logging
-from collections import OrderedDict
-from dataclasses import dataclass
-
 from app.server.errors import APIError, validate
 from app.server.responses_schemas import (
     FunctionCallItem,
@@ -28,52 +24,7 @@ from app.server.responses_schemas import (
 )
 from app.server.schemas import ChatCompletionRequest
 
-log = logging.getLogger("spool.server")
-
 EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
-STORE_BYTES = 64 << 20
-
-
-@dataclass
-class Stored:
-    response: dict  # the Response object as it was sent
-    conversation: list[dict]  # every input item up to this response, then its output items
-    nbytes: int
-
-
-class ResponseStore:
-    """Stored responses, least recently used first out once they pass a byte budget."""
-
-    def __init__(self, max_bytes: int = STORE_BYTES):
-        self.max_bytes, self.nbytes = max_bytes, 0
-        self.entries: OrderedDict[str, Stored] = OrderedDict()
-
-    def put(self, response: dict, conversation: list[dict]) -> None:
-        nbytes = len(json.dumps(response)) + len(json.dumps(conversation))
-        if nbytes > self.max_bytes:
-            log.warning(f"response {response['id']} ({nbytes} bytes) is larger than the whole store; not stored")
-            return
-        self.delete(response["id"])
-        self.entries[response["id"]] = Stored(response, conversation, nbytes)
-        self.nbytes += nbytes
-        while self.nbytes > self.max_bytes:
-            _, oldest = self.entries.popitem(last=False)
-            self.nbytes -= oldest.nbytes
-
-    def get(self, response_id: str, param: str | None = None) -> Stored:
-        """The stored response (now the most recently used), or a 404."""
-        stored = self.entries.get(response_id)
-        if stored is None:
-            raise APIError(404, f"no stored response has the id {response_id!r} (it may have been evicted,"
-                                " or made with store false)", param=param, code="response_not_found")
-        self.entries.move_to_end(response_id)
-        return stored
-
-    def delete(self, response_id: str) -> bool:
-        stored = self.entries.pop(response_id, None)
-        if stored is not None:
-            self.nbytes -= stored.nbytes
-        return stored is not None
 
 
 def input_items(req: ResponsesRequest) -> list[dict]:

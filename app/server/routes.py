@@ -8,7 +8,7 @@ through one Generation, which owns submit, abort, the deadline and the access lo
 from quart import request
 
 from app.engine import GenerationParams
-from app.server import embeddings, messages, metrics, openapi, responses
+from app.server import embeddings, keys, messages, metrics, openapi, responses
 from app.server.errors import APIError, decode_json, validate
 from app.server.generation import RETRY_AFTER_SECONDS
 from app.server.generation import Generation
@@ -17,6 +17,7 @@ from app.server.responders.chat import ChatResponder
 from app.server.responders.completions import CompletionResponder
 from app.server.responders.messages import MessagesResponder
 from app.server.responders.responses import ResponsesResponder
+from app.server.response_store import new_id
 from app.server.responses_schemas import DeletedResponse, ResponsesRequest
 from app.server.messages_schemas import CountTokensRequest, CountTokensResponse, MessagesRequest
 from app.server.schemas import (
@@ -94,21 +95,28 @@ async def count_message_tokens(state: ServerState):
     return CountTokensResponse(input_tokens=len(tokens)).model_dump()
 
 
+def owner(state: ServerState) -> str:
+    """Whose stored responses this request may read: the key it presented (app/server/keys.py)."""
+    return keys.owner(keys.presented(request.headers, state.api_keys))
+
+
 async def create_response(state: ServerState):
     """OpenAI's /v1/responses, run as the chat request its conversation stands for
     (app/server/responses.py); kept for previous_response_id unless store is false."""
     req = await parse(ResponsesRequest)
     state.check_model(req.model)
-    earlier = state.responses.get(req.previous_response_id, "previous_response_id").conversation \
+    key_owner = owner(state)  # read now: a stream's keep runs after the request's context is gone
+    earlier = state.responses.get(key_owner, req.previous_response_id, "previous_response_id").conversation \
         if req.previous_response_id else []
     conversation = earlier + responses.input_items(req)
-    gen = start_generation(state, responses.chat_request(req, conversation), "resp", fit_context=True)
+    response_id = new_id()
+    gen = start_generation(state, responses.chat_request(req, conversation), response_id, fit_context=True)
 
     def keep(response: dict, output: list[dict]) -> None:
         if req.store:
-            state.responses.put(response, conversation + output)
+            state.responses.put(key_owner, response, conversation + output)
 
-    responder = ResponsesResponder(gen, req, state.model_name, keep)
+    responder = ResponsesResponder(gen, req, state.model_name, response_id, keep)
     if req.stream:
         return responder.events(), HEADERS
     await gen.collect()
@@ -116,12 +124,11 @@ async def create_response(state: ServerState):
 
 
 async def get_response(state: ServerState, response_id: str):
-    return state.responses.get(response_id).response
+    return state.responses.get(owner(state), response_id).response
 
 
 async def delete_response(state: ServerState, response_id: str):
-    state.responses.get(response_id)
-    state.responses.delete(response_id)
+    state.responses.delete(owner(state), response_id)
     return DeletedResponse(id=response_id).model_dump()
 
 

@@ -11,7 +11,7 @@ from app.server.errors import APIError
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
 from app.server.tools import HERMES
-from app.server.responses import ResponseStore
+from app.server.response_store import ResponseStore
 
 
 @dataclass
@@ -22,7 +22,7 @@ class ServerState:
     tokenizer: object = None
     tool_format: object = HERMES  # how the model writes tool calls (app/server/tools), once loaded
     max_model_len: int = 0
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # --api-key's; none: every route is open
     ui: bool = True  # serve the chat page at /
     backend: str = ""  # "cpu (q8_0)", once loaded
     model_path: str = ""  # the Hugging Face directory served, once loaded

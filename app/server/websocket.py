@@ -32,7 +32,7 @@ from app.server.state import ServerState
 
 
 async def websocket_route(state: ServerState) -> None:
-    if state.api_key and not chat_page.key_offered(websocket, state.api_key):
+    if state.api_keys and not any(chat_page.key_offered(websocket, key) for key in state.api_keys):
         await websocket.close(1008, "missing or invalid API key")  # 1008: policy violation
         return
     if state.engine is None:

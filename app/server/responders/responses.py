@@ -5,8 +5,9 @@ sequence_number.
 
 Output items are the output's parts (responders/parts.py): thinking → a reasoning item, text →
 an assistant message with one output_text part, each tool call → a function_call item. Item ids
-follow from the response's id and the item's place, so a reply and its stream name them alike;
-the stream's last event carries the same Response object that the store keeps.
+follow from the response's id (random: app/server/response_store.py) and the item's place, so a
+reply and its stream name them alike; the stream's last event carries the same Response object
+that the store keeps.
 """
 
 from collections.abc import Callable
@@ -22,11 +23,10 @@ PREFIX = {"thinking": "rs", "text": "msg", "call": "fc"}
 
 
 class ResponsesResponder:
-    def __init__(self, gen: Generation, req: ResponsesRequest, model_name: str,
+    def __init__(self, gen: Generation, req: ResponsesRequest, model_name: str, response_id: str,
                  keep: Callable[[dict, list[dict]], None]):
         """keep(response, output items): called with the finished response, for the store."""
-        self.gen, self.req, self.model_name, self.keep = gen, req, model_name, keep
-        self.id = gen.id.replace("-", "_")
+        self.gen, self.req, self.model_name, self.id, self.keep = gen, req, model_name, response_id, keep
 
     def item_id(self, parts: OutputParts, index: int) -> str:
         return f"{PREFIX[parts.parts[index].kind]}_{self.id.removeprefix('resp_')}_{index}"
