@@ -92,16 +92,23 @@ async def test_health_is_503_while_the_model_loads(tiny_dir):
         nursery.cancel_scope.cancel()
 
 
-async def test_a_connection_that_fails_inside_the_protocol_is_closed_alone(tiny_dir, monkeypatch, caplog):
-    """Whatever escapes the protocol code (here an injected bug) closes that connection, is
-    logged once with the peer's address and counted; the server and other connections go on."""
+class PanicException(BaseException):
+    """As pyo3 raises a Rust panic (tokenizers, llguidance): a BaseException, known by its name."""
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a protocol library bug"), PanicException("a native panic")],
+                         ids=["exception", "native-panic"])
+async def test_a_connection_that_fails_inside_the_protocol_is_closed_alone(tiny_dir, monkeypatch, caplog, error):
+    """Whatever escapes the protocol code (here an injected bug, or a native library's panic,
+    which is no Exception) closes that connection, is logged once with the peer's address and
+    counted; the server and other connections go on."""
     engine, state, args = tiny_setup(tiny_dir)
     url = f"http://127.0.0.1:{args.port}"
     handle = Http1Protocol.handle
 
     async def buggy_handle(self, event):
         if isinstance(event, RawData) and b"X-Boom" in event.data:
-            raise RuntimeError("a protocol library bug")
+            raise error
         await handle(self, event)
 
     monkeypatch.setattr(Http1Protocol, "handle", buggy_handle)
