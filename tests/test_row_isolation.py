@@ -223,3 +223,54 @@ def test_a_served_padded_model_answers_json_beside_plain_requests(padded):
             assert isinstance(json.loads(replies[0].choices[0].message.content), dict)
     finally:
         assert server.stop() == 0, server.output()
+
+
+HOSTILE_BODIES = {
+    "out-of-range": {"prompt": "hello", "top_k": 2**31, "max_tokens": 4},
+    "invalid-tool-schema": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 5}}}],
+        "tool_choice": "required"},
+    "padded-grammar": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12,
+                       "response_format": {"type": "json_object"}},
+    "uncompilable": {"prompt": "hello", "max_tokens": 4, "guided_regex": "(((("},
+    "oversized": {"prompt": [[5]] * 100_000, "n": 16, "max_tokens": 1},
+}
+
+
+def test_hostile_requests_beside_ordinary_ones_on_a_live_server(padded):
+    """Each hostile kind sent at once with seeded ordinary requests, through real sockets: the
+    ordinary ones write the same tokens as alone, and the hostile one gets a 4xx or its own
+    answer (a grammar on the padded vocabulary is served)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from live_server import LiveServer
+
+    path, _ = padded
+    server = LiveServer("--model", str(path), "--kv-cache-gib", "0.05")
+    ordinary = [{"prompt": f"The capital number {i} is", "max_tokens": 8, "temperature": 0.8, "seed": i,
+                 "ignore_eos": True} for i in range(4)]
+
+    def post(body: dict) -> httpx.Response:
+        route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            return c.post(route, json=body)
+
+    def texts(replies) -> list[str]:
+        assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+        return [r.json()["choices"][0]["text"] for r in replies]
+
+    try:
+        with ThreadPoolExecutor(len(ordinary) + 1) as pool:
+            alone = texts(pool.map(post, ordinary))
+            for kind, body in HOSTILE_BODIES.items():
+                bad = pool.submit(post, body)
+                assert texts(pool.map(post, ordinary)) == alone, kind
+                reply = bad.result()
+                if kind == "padded-grammar":
+                    assert reply.status_code == 200, reply.text
+                else:
+                    assert reply.status_code == 400 and reply.json()["error"]["message"], (kind, reply.text)
+    finally:
+        assert server.stop() == 0, server.output()
