@@ -13,9 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.engine.errors import EngineError
+from app.server.errors import APIError, validate
+from app.server.messages_schemas import MessagesRequest
 from app.engine.request import ThinkingBudget
 from app.server.formats import json_grammar
-from app.server.schemas import ChatCompletionRequest
+from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.tools import FORMATS, ToolUse
 from cuda_harness import CpuLauncher
 from engine_harness import Harness
@@ -274,3 +276,34 @@ def test_hostile_requests_beside_ordinary_ones_on_a_live_server(padded):
                     assert reply.status_code == 400 and reply.json()["error"]["message"], (kind, reply.text)
     finally:
         assert server.stop() == 0, server.output()
+
+
+@pytest.mark.parametrize("field,value", [
+    ("top_k", 2**31), ("top_k", -2), ("seed", 2**63), ("seed", -2**63 - 1), ("n", 17), ("n", 0),
+    ("logit_bias", {str(i): 1.0 for i in range(301)}), ("prompt_logprobs", 21), ("min_tokens", -1),
+])
+def test_fields_out_of_range_are_refused_at_the_door(field, value):
+    """Before any work, and naming the field: a 400 from the body's own schema."""
+    for schema, body in ((ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}]}),
+                         (CompletionRequest, {"prompt": "hi"})):
+        with pytest.raises(APIError) as refused:
+            validate(schema, {**body, field: value})
+        assert refused.value.status == 400 and refused.value.param.startswith(field), refused.value.message
+        validate(schema, body)  # the same body without it is fine
+
+
+def test_anthropic_top_k_is_held_to_int32_too():
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(APIError, match="top_k"):
+        validate(MessagesRequest, {**body, "top_k": 2**31})
+    assert validate(MessagesRequest, {**body, "top_k": 40}).top_k == 40
+
+
+def test_the_engine_refuses_what_no_sampler_can_hold(padded):
+    """The last line, for callers that skip the schemas (the WebSocket's, a library user's)."""
+    path, tok = padded
+    h = harness(path, tok, "numpy")
+    for sampling in (SamplingParams(top_k=2**31), SamplingParams(seed=2**64),
+                     SamplingParams(logit_bias={i: 1.0 for i in range(301)})):
+        with pytest.raises(EngineError):
+            h.submit([5, 6, 7], sampling=sampling)
