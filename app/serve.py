@@ -22,6 +22,7 @@ from app.flags import fetch_model, speculative_config
 from app.logs import configure_logging
 from app.server import limits, tools
 from app.server.app import create_app
+from app.server.origins import OriginPolicy
 from app.server.state import ServerState
 from app.server.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
@@ -57,6 +58,7 @@ def validate_flags(args) -> None:
     chat_template_text(args.chat_template)
     speculative_config(args)
     limits.Limits.from_args(args).validate()
+    OriginPolicy.from_args(args)
 
 
 def model_names(args) -> list[str]:
@@ -194,7 +196,11 @@ def run_serve(args) -> int:
         return 2
     names = model_names(args)
     state = ServerState(model_name=names[0], aliases=names[1:], api_key=args.api_key or None, ui=not args.no_ui,
-                        request_timeout=args.request_timeout or None, limits=limits.Limits.from_args(args))
+                        request_timeout=args.request_timeout or None, limits=limits.Limits.from_args(args),
+                        origins=OriginPolicy.from_args(args))
+    if "*" in state.origins.origins:
+        log.warning("--allowed-origins '*': any web page this machine's browsers open may call this server"
+                    + ("" if state.api_key else ", and it has no --api-key"))
     failure = trio.run(serve, state, args, functools.partial(load, args, state))
     if failure:
         print(f"error: {failure}", file=sys.stderr)
