@@ -1,7 +1,7 @@
 """The quart-trio application: every route module's routes bound to one ServerState, the
 access check before them (app/server/origins.py's policy for browsers included), CORS headers
-after them, errors in OpenAI's shape (in Anthropic's on its /v1/messages
-routes), and the request log around it all (app/server/access_log.py).
+after them, errors in OpenAI's shape (in Anthropic's on its /v1/messages routes), and the
+request log around it all (app/server/access_log.py).
 
 create_app() builds a fresh app around the state (Quart creates serving hooks once per app,
 so tests build one per server).
