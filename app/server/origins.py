@@ -75,13 +75,22 @@ class OriginPolicy:
         """A page of another origin that --allowed-origins lets in."""
         return "*" in self.origins or origin.lower() in self.origins
 
+    def answers_to(self, host: str | None) -> bool:
+        """No Host (HTTP/1.0: not a browser), or a name --allowed-hosts lets in."""
+        return self.hosts is None or host is None or hostname(host) in self.hosts
+
+    def admits(self, origin: str | None, host: str | None) -> bool:
+        """No Origin (not a browser), the server's own (as Host addressed it, scheme aside), or
+        a page --allowed-origins lets in."""
+        return origin is None or origin.lower().partition("://")[2] == (host or "").lower() or self.allows_page(origin)
+
     def refusal(self, headers, path: str) -> APIError | None:
         """Why a request (or a WebSocket upgrade) with these headers is refused, or None."""
         host, origin = headers.get("Host"), headers.get("Origin")
-        if self.hosts is not None and host is not None and hostname(host) not in self.hosts and path != "/health":
+        if not self.answers_to(host) and path != "/health":
             return APIError(400, f"this server does not answer to the host {host!r} (--allowed-hosts)",
                             code="host_not_allowed", headers=CLOSE)
-        if origin is not None and not self.allows_page(origin) and origin.lower().partition("://")[2] != (host or "").lower():
+        if not self.admits(origin, host):
             return APIError(403, f"pages from {origin!r} may not call this server (--allowed-origins)",
                             code="origin_not_allowed", headers=CLOSE)
         return None
