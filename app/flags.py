@@ -8,12 +8,24 @@ module imports nothing heavy: --threads must be read before NumPy starts its thr
 """
 
 import argparse
+import json
+import re
 
 from app.server import limits, tools
 from app.server.response_store import STORE_BYTES, STORE_TTL
 from model.choices import BACKENDS, DTYPES
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def name_list(text: str) -> list[str]:
+    """A list as vLLM's flags take it, JSON (["http://localhost:3000"]), or comma-separated."""
+    if not text.strip().startswith("["):
+        return [name for name in re.split(r"[,\s]+", text.strip()) if name]
+    names = json.loads(text)
+    if not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
+        raise ValueError("not a JSON list of strings")
+    return names
 
 
 def model_arguments(parser, *, positional: bool) -> None:
@@ -112,6 +124,13 @@ def serve_arguments(parser) -> None:
       help="require one of these keys as 'Authorization: Bearer KEY' (or x-api-key) on every route but /health;"
            " several are space-separated (in SPOOL_API_KEY, comma-separated too), and what one key stores in the"
            " Responses store only that key reads (default: none)")
+    a("--allowed-origins", type=name_list, default=None, metavar="JSON_LIST",
+      help='web pages besides the server\'s own that may call it from a browser, as origins in a JSON list'
+           ' (\'["http://localhost:3000"]\', as vLLM takes it) or comma-separated; they get CORS headers; "*" is'
+           ' any page (default: none)')
+    a("--allowed-hosts", type=name_list, default=None, metavar="JSON_LIST",
+      help="names the Host header may carry, ports aside, against DNS rebinding; \"*\" is any (default: localhost,"
+           " 127.0.0.1 and [::1] when --host is a loopback address, else any)")
     a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
     a("--shutdown-timeout", type=float, default=30.0,
       help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 30)")

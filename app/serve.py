@@ -23,6 +23,7 @@ from app.logs import configure_logging
 from app.server import limits, tools
 from app.server.app import create_app
 from app.server.response_store import ResponseStore
+from app.server.origins import OriginPolicy
 from app.server.state import ServerState
 from app.server.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
@@ -60,6 +61,7 @@ def validate_flags(args) -> None:
     chat_template_text(args.chat_template)
     speculative_config(args)
     limits.Limits.from_args(args).validate()
+    OriginPolicy.from_args(args)
 
 
 def model_names(args) -> list[str]:
@@ -198,7 +200,11 @@ def run_serve(args) -> int:
     names = model_names(args)
     state = ServerState(model_name=names[0], aliases=names[1:], api_keys=tuple(args.api_key or ()), ui=not args.no_ui,
                         request_timeout=args.request_timeout or None, limits=limits.Limits.from_args(args),
-                        responses=ResponseStore(args.responses_store_bytes, args.responses_store_ttl))
+                        responses=ResponseStore(args.responses_store_bytes, args.responses_store_ttl),
+                        origins=OriginPolicy.from_args(args))
+    if "*" in state.origins.origins:
+        log.warning("--allowed-origins '*': any web page this machine's browsers open may call this server"
+                    + ("" if state.api_keys else ", and it has no --api-key"))
     failure = trio.run(serve, state, args, functools.partial(load, args, state))
     if failure:
         print(f"error: {failure}", file=sys.stderr)

@@ -132,9 +132,12 @@ def _convert(action, raw, where: str):
             raise SettingsError(f"{where}: {raw!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
         return on if action.const is not False else not on
     many = action.nargs in ("+", "*")
+    if isinstance(raw, list) and not many:
+        try:  # one value that reads a JSON list (--allowed-origins) takes a YAML list whole
+            return action.type(json.dumps(raw))
+        except (TypeError, ValueError):
+            raise SettingsError(f"{where}: takes one value, not a list") from None
     if isinstance(raw, list):
-        if not many:
-            raise SettingsError(f"{where}: takes one value, not a list")
         items = raw
     else:
         items = [s for s in re.split(r"[,\s]+", str(raw).strip()) if s] if many else [raw]

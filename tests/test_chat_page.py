@@ -1,10 +1,14 @@
 """The chat page at GET /: served by Spool itself, driven in headless Chromium (Debian's
 chromium package, through Playwright pointed at it; nothing downloads a browser) against a live
-server on the default model."""
+server on the default model; and a page of another origin, which may drive the server only when
+--allowed-origins names it."""
 
 import base64
+import http.server
+import json
 import re
 import shutil
+import threading
 
 import httpx
 import pytest
@@ -194,5 +198,90 @@ def test_the_page_asks_for_the_key_and_keeps_it(browser):
         page.click("#send")
         expect(page.locator(".answer.done")).to_have_count(1, timeout=60_000)  # a new page since the reload
         assert errors == []
+    finally:
+        server.stop()
+
+
+# --- a page of another origin ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def other_origin():
+    """A real second server on another port: a page from it carries its own Origin."""
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<!doctype html><title>another site</title>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{site.server_port}"
+    site.shutdown()
+    site.server_close()
+
+
+# From the other page: a WebSocket that generates, a text/plain POST (a "simple" request: no
+# preflight) and a JSON one (preflighted). A status, or "blocked" where the browser refused.
+DRIVE = """async (spool) => {
+    const socket = await new Promise((done) => {
+        const ws = new WebSocket(spool.replace("http", "ws") + "/v1/ws");
+        ws.onopen = () => ws.send(JSON.stringify({type: "generate", id: "a", prompt: "Hi", max_tokens: 2}));
+        ws.onmessage = (e) => { if (JSON.parse(e.data).type === "done") { ws.close(); done("generated"); } };
+        ws.onerror = () => done("refused");
+    });
+    const body = JSON.stringify({prompt: "Hello", max_tokens: 2});
+    const post = (type) => fetch(spool + "/v1/completions", {method: "POST", headers: {"Content-Type": type}, body})
+        .then((r) => r.status, () => "blocked");
+    return {socket, simple: await post("text/plain"), json: await post("application/json")};
+}"""
+
+
+def prompt_tokens(server) -> float:
+    return sum(v for k, v in server.metrics().items() if k.startswith("spool:prompt_tokens_total"))
+
+
+def request_lines(server, since: int, method: str) -> list[str]:
+    return [line for line in server.output()[since:].splitlines() if f" {method} /v1/completions " in line]
+
+
+@pytest.mark.slow
+def test_a_page_of_another_origin_cannot_drive_the_server(browser, server, other_origin):
+    page, _ = open_page(browser, other_origin + "/")
+    tokens, since = prompt_tokens(server), len(server.output())
+    assert page.evaluate(DRIVE, server.url) == {"socket": "refused", "simple": "blocked", "json": "blocked"}
+    assert prompt_tokens(server) == tokens  # nothing reached the engine
+    (simple,) = request_lines(server, since, "POST")  # sent without asking, and refused
+    assert " 403 " in simple
+    (preflight,) = request_lines(server, since, "OPTIONS")  # the JSON one never left the browser
+    assert " 403 " in preflight
+
+    # the server's own page still drives it
+    own, errors = open_page(browser, server.url)
+    own.wait_for_selector("#status.ok", timeout=30_000)
+    assert errors == []
+
+
+@pytest.mark.slow
+def test_allowed_origins_let_that_page_drive_the_server(browser, other_origin):
+    server = LiveServer("--allowed-origins", json.dumps([other_origin]), "--kv-cache-gib", "0.05")
+    try:
+        page, errors = open_page(browser, other_origin + "/")
+        tokens = prompt_tokens(server)
+        # text/plain now reaches the server, which reads it as no JSON: the page sees why
+        assert page.evaluate(DRIVE, server.url) == {"socket": "generated", "simple": 415, "json": 200}
+        assert prompt_tokens(server) > tokens and errors == []
+
+        own, errors = open_page(browser, server.url)  # and the server's own page as before
+        own.wait_for_selector("#status.ok", timeout=30_000)
+        own.fill("#prompt", "Say hi.")
+        own.click("#send")
+        own.wait_for_selector(".answer.done", timeout=60_000)
+        assert last(own, ".answer .text").inner_text() and errors == []
     finally:
         server.stop()

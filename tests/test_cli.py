@@ -3,6 +3,7 @@
 walked from the parsers themselves, so a flag added later is covered without a line here."""
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from app import cli, settings
+from app.flags import name_list
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = {"generate": ["hello"]}  # positionals a command needs whatever the test sets
@@ -26,6 +28,9 @@ def other_value(action):
         value = (action.default or 0) + 3
     elif action.type is float:
         value = (action.default or 0.0) + 0.25
+    elif action.type is name_list:  # a list in one value, JSON on the command line as vLLM takes it
+        value = ["x-" + action.dest, "y-" + action.dest]
+        return value, [json.dumps(value)]
     else:
         value = "x-" + action.dest
     if action.nargs in ("+", "*"):

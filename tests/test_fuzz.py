@@ -14,12 +14,12 @@ from live_server import LiveServer
 
 CONNECTIONS = 3000
 WORKERS = 48
-WS_HEAD = (b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+WS_HEAD = (b"GET /v1/ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
 
 
 def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+    return (b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
             % (path.encode(), len(body), extra)) + body
 
 
@@ -27,7 +27,7 @@ def valid_request(rng: random.Random) -> bytes:
     max_tokens = rng.randint(1, 4)
     return rng.choice([
         lambda: b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
-        lambda: b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        lambda: b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n",
         lambda: post("/v1/completions", json.dumps({"prompt": "Hello there", "max_tokens": max_tokens,
                                                      "stream": rng.random() < 0.5}).encode()),
         lambda: post("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "Hi"}],
@@ -82,7 +82,7 @@ def case(rng: random.Random) -> tuple[str, bytes, bool]:
     if kind == "chunked":
         bad = rng.choice([b"zz\r\nhello\r\n0\r\n\r\n", b"5\r\nhelloXX0\r\n\r\n", b"ffffffffffffffffff\r\n",
                           b"3\r\n{\"p\r\n-1\r\n\r\n", b"5;" + b"e" * 20000 + b"\r\nhello\r\n0\r\n\r\n", b"2\r\n{}"])
-        return kind, (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        return kind, (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       b"Transfer-Encoding: chunked\r\n\r\n" + bad), False
     if kind == "websocket":
         frames = rng.choice([

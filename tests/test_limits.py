@@ -100,7 +100,7 @@ async def test_headers_that_trickle_in_get_408_after_the_header_timeout(strict):
 
 
 async def test_a_body_that_stalls_gets_408(strict):
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     reply, took = await exchange(strict.port, head + b'{"prompt": ')
     status, error = status_and_error(reply)
     assert status == 408 and "--body-timeout" in error["message"], reply
@@ -110,7 +110,7 @@ async def test_a_body_that_stalls_gets_408(strict):
 
 async def test_a_body_over_the_limit_gets_413(strict):
     body = b'{"prompt": "' + b"a" * 70000 + b'"}'
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     reply, _ = await exchange(strict.port, head % len(body) + body)
     status, error = status_and_error(reply)
     assert status == 413 and "--max-body-bytes" in error["message"]
@@ -147,7 +147,7 @@ async def test_by_default_a_connection_outlives_the_openai_clients_keep_alive():
 
 async def test_pipelined_requests_are_answered_in_order(strict):
     reply, _ = await exchange(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                                           b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                                           b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert reply.count(b"HTTP/1.1 200 ") == 2 and reply.index(b'"status"') < reply.index(b'"data"')
 
 
@@ -174,7 +174,7 @@ async def test_a_client_that_pipelines_and_leaves_still_aborts_its_generation(st
     sees the client leave and aborts at the next step instead of generating on."""
     body = json.dumps({"prompt": "Count", "max_tokens": 1000, "ignore_eos": True}).encode()
     stream = await trio.open_tcp_stream("127.0.0.1", strict.port)
-    await stream.send_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    await stream.send_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                           b"Content-Length: %d\r\n\r\n" % len(body) + body + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     with trio.fail_after(30):
         while not strict.gauge("num_requests_running"):
@@ -252,7 +252,7 @@ async def test_a_quiet_websocket_that_answers_pings_stays_open(strict):
 async def open_busy_stream(port: int) -> trio.SocketStream:
     body = json.dumps({"prompt": "Count", "max_tokens": 400, "ignore_eos": True, "stream": True}).encode()
     stream = await trio.open_tcp_stream("127.0.0.1", port)
-    await stream.send_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    await stream.send_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                           b"Content-Length: %d\r\n\r\n" % len(body) + body)
     with trio.fail_after(30):
         assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200 ")

@@ -18,6 +18,7 @@ from live_server import LiveServer
 
 KEY = "log-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+JSON = {"Content-Type": "application/json"}
 HELLO = [{"role": "user", "content": "Hello"}]
 TEXT_LINE = re.compile(r"spool\.http: (?P<remote>\S+) (?P<method>\S+) (?P<path>\S+) (?P<status>\d+)"
                        r" (?P<latency>\d+)ms(?P<rest>.*)")
@@ -99,7 +100,7 @@ def test_a_chat_completion_streamed_or_not_gives_one_line_with_its_tokens(server
 @pytest.mark.parametrize("headers,body,status", [(AUTH, b"{not json", 400), ({}, b'{"messages": []}', 401)])
 def test_refused_requests_get_their_line(server, headers, body, status):
     since = len(server.output())
-    r = httpx.post(server.url + "/v1/chat/completions", content=body, headers=headers)
+    r = httpx.post(server.url + "/v1/chat/completions", content=body, headers={**headers, **JSON})
     assert r.status_code == status
     wait_for(server, since, lambda lines: text_lines("\n".join(lines)))
     (line,) = text_lines(server.output()[since:])
@@ -162,7 +163,7 @@ def test_quieted_request_lines_leave_the_engine_lines(tiny_dir, flags):
     try:
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
         assert r.status_code == 200
-        assert httpx.post(s.url + "/v1/completions", content=b"{").status_code == 400
+        assert httpx.post(s.url + "/v1/completions", content=b"{", headers=JSON).status_code == 400
     finally:
         s.stop()
     output = s.log_path.read_text()

@@ -1,6 +1,7 @@
 """The quart-trio application: every route module's routes bound to one ServerState, the
-access check before them, errors in OpenAI's shape (in Anthropic's on its /v1/messages
-routes), and the request log around it all (app/server/access_log.py).
+access check before them (app/server/origins.py's policy for browsers included), CORS headers
+after them, errors in OpenAI's shape (in Anthropic's on its /v1/messages routes), and the
+request log around it all (app/server/access_log.py).
 
 create_app() builds a fresh app around the state (Quart creates serving hooks once per app,
 so tests build one per server).
@@ -9,11 +10,11 @@ so tests build one per server).
 import functools
 import logging
 
-from quart import request
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from app.server import chat_page, keys, routes, worker_routes
+from app.server import chat_page, keys, origins, routes, worker_routes
 from app.server.access_log import AccessLog
 from app.server.errors import APIError
 from app.server.state import ServerState
@@ -51,9 +52,15 @@ log = logging.getLogger("spool.server")
 
 
 async def admit(state: ServerState):
-    """503 while loading and 401 without one of the keys (but for /health and the chat page),
-    which comes as a bearer token or in x-api-key (app/server/keys.py); then the whole body, as
-    an unread body would hang the keep-alive connection."""
+    """A Host or an Origin the policy refuses (400, 403), a CORS preflight answered; then 503
+    while loading and 401 without one of the keys (but for /health and the chat page), which
+    comes as a bearer token or in x-api-key (app/server/keys.py); then the whole body, as an
+    unread body would hang the keep-alive connection, which must be JSON (415): a page can send
+    any other type without asking first."""
+    if refusal := state.origins.refusal(request.headers, request.path):
+        raise refusal
+    if origins.is_preflight(request.method, request.headers):
+        return Response(b"", status=204)  # cors() adds what the page may send, if it is allowed
     public = request.path == "/health" or (state.ui and chat_page.is_page(request.path))
     if state.engine is None and not public:
         raise APIError(503, "the model is still loading; retry shortly", code="loading",
@@ -61,8 +68,17 @@ async def admit(state: ServerState):
     if state.api_keys and not public and keys.presented(request.headers, state.api_keys) is None:
         raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>, or x-api-key)",
                        code="invalid_api_key")
-    if request.method in ("POST", "PUT", "PATCH"):
-        await request.get_data()
+    if request.method in ("POST", "PUT", "PATCH") and await request.get_data() and not request.is_json:
+        raise APIError(415, f"a request body must be JSON, sent with Content-Type: application/json"
+                            f" (got {request.content_type or 'none'})", code="unsupported_media_type")
+
+
+async def cors(state: ServerState, response):
+    """CORS headers for a page --allowed-origins lets in, on every answer, refusals included."""
+    response.headers.update(state.origins.cors_headers(request.method, request.headers))
+    if state.origins.origins:  # the answer depends on the Origin: caches must keep them apart
+        response.vary.add("Origin")
+    return response
 
 
 def anthropic_route() -> bool:
@@ -94,6 +110,7 @@ def create_app(state: ServerState) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None  # Spool enforces --request-timeout itself
     app.config["BODY_TIMEOUT"] = state.limits.body_timeout
     app.before_request(functools.partial(admit, state))
+    app.after_request(functools.partial(cors, state))
     app.register_error_handler(APIError, api_error)
     app.register_error_handler(HTTPException, functools.partial(http_error, state))
     app.register_error_handler(Exception, crash)

@@ -12,10 +12,12 @@ from app.server.schemas import ErrorInfo, ErrorResponse
 TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     431: "invalid_request_error",
     500: "internal_error",
@@ -28,6 +30,7 @@ ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
 }

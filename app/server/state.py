@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from app.server.errors import APIError
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
+from app.server.origins import OriginPolicy
 from app.server.tools import HERMES
 from app.server.response_store import ResponseStore
 
@@ -23,6 +24,7 @@ class ServerState:
     tool_format: object = HERMES  # how the model writes tool calls (app/server/tools), once loaded
     max_model_len: int = 0
     api_keys: tuple[str, ...] = ()  # --api-key's; none: every route is open
+    origins: OriginPolicy = field(default_factory=OriginPolicy)  # which web pages may call it
     ui: bool = True  # serve the chat page at /
     backend: str = ""  # "cpu (q8_0)", once loaded
     model_path: str = ""  # the Hugging Face directory served, once loaded

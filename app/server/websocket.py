@@ -11,6 +11,9 @@ Server frames:
 A malformed frame gets an error frame and the socket stays open, as does a generate frame over
 --ws-max-generations (an error frame with status 429). Closing the socket cancels every
 generation on it. With --api-key, the upgrade request needs the same Authorization header as HTTP.
+An upgrade from a web page of another origin, or naming a host the server does not answer to,
+gets the HTTP refusal (403, 400) in OpenAI's shape (app/server/origins.py): no CORS guards a
+WebSocket, so this check is the only one.
 
 Each generate frame gets a log line (method WS) with an HTTP-like status for how it ended: 200
 done, 499 cancelled (a cancel frame, or the socket closed), 504 past --request-timeout, 500 an
@@ -31,7 +34,9 @@ from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.state import ServerState
 
 
-async def websocket_route(state: ServerState) -> None:
+async def websocket_route(state: ServerState):
+    if refusal := state.origins.refusal(websocket.headers, websocket.path):
+        return refusal.response()  # before accepting: the upgrade's answer
     if state.api_keys and not any(chat_page.key_offered(websocket, key) for key in state.api_keys):
         await websocket.close(1008, "missing or invalid API key")  # 1008: policy violation
         return
