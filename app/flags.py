@@ -12,7 +12,6 @@ import json
 import re
 
 from app.server import limits, tools
-from app.server.response_store import STORE_BYTES, STORE_TTL
 from model.choices import BACKENDS, DTYPES
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -137,13 +136,13 @@ def serve_arguments(parser) -> None:
     a("--tool-call-parser", default=None, metavar="NAME",
       help=f"how the model writes tool calls, by vLLM's parser names: {', '.join(tools.FORMATS)}"
            " (default: read from the chat template's markers, else hermes)")
-    a("--responses-store-ttl", type=float, default=STORE_TTL, metavar="SECONDS",
+    a("--responses-store-ttl", type=float, default=limits.STORE_TTL, metavar="SECONDS",
       help="seconds a stored Response stays readable (previous_response_id, GET) after it is made: long enough"
            " for the next turns of a chat or an agent's loop, short enough that conversations do not sit in memory"
-           f" all day; the store is memory and a restart empties it anyway (default: {STORE_TTL:g})")
-    a("--responses-store-bytes", type=int, default=STORE_BYTES, metavar="BYTES",
+           f" all day; the store is memory and a restart empties it anyway (default: {limits.STORE_TTL:g})")
+    a("--responses-store-bytes", type=int, default=limits.STORE_BYTES, metavar="BYTES",
       help="most bytes of stored Responses (as JSON, with the conversation each continues) held in memory;"
-           f" past it the least recently used go first (default: {STORE_BYTES}, {STORE_BYTES >> 20} MiB)")
+           f" past it the least recently used go first (default: {limits.STORE_BYTES}, {limits.STORE_BYTES >> 20} MiB)")
     a("--no-ui", action="store_true", help="do not serve the chat page at /")
     a("--log-level", default="info", choices=LOG_LEVELS, help="(default: info)")
     a("--log-format", default="text", choices=("text", "json"),

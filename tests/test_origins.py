@@ -202,7 +202,7 @@ PREFLIGHT = {"Access-Control-Request-Method": "POST",
 
 
 async def test_a_preflight_from_an_allowed_page_is_answered_without_the_key():
-    http, engine = client(policy(origins=[PAGE]), api_key="k")
+    http, engine = client(policy(origins=[PAGE]), api_keys=("k",))
     reply = await http.options("/v1/chat/completions", headers={"Origin": PAGE, **PREFLIGHT})
     assert reply.status_code == 204 and reply.headers["Access-Control-Allow-Origin"] == PAGE
     assert {"POST", "GET", "DELETE"} <= {m.strip() for m in reply.headers["Access-Control-Allow-Methods"].split(",")}

@@ -14,6 +14,8 @@ at --max-connections a newcomer displaces the one idle longest.
 from dataclasses import dataclass, field, fields
 
 MIB = 1 << 20
+STORE_BYTES = 64 * MIB  # the Responses store's default budget (--responses-store-bytes)
+STORE_TTL = 3600.0  # and how long it keeps a response (--responses-store-ttl)
 
 
 def limit(default, help_text: str):

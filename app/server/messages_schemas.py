@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from model.sampling import INT32_MAX
+from app.server.schemas import INT32_MAX
 
 
 class Loose(BaseModel):

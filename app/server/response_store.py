@@ -15,11 +15,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from app.server.errors import APIError
+from app.server.limits import STORE_BYTES, STORE_TTL
 
 log = logging.getLogger("spool.server")
-
-STORE_BYTES = 64 << 20
-STORE_TTL = 3600.0
 
 
 def new_id() -> str:

@@ -14,9 +14,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from model.sampling import INT32_MAX, MAX_LOGIT_BIAS
-
-INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+# the door's ranges, as model.sampling's last check holds them (written out here: the schemas
+# load with the flags, before --threads is read, and must not import NumPy)
+INT32_MAX, INT64_MIN, INT64_MAX = 2**31 - 1, -2**63, 2**63 - 1  # top_k; seed, as vLLM takes it
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
 
 # Fields that would change the output, and what Spool does not do yet; a value that asks for
 # nothing (None, [], {}, false, "none", or "auto" but for tool_choice) passes.
