@@ -1,0 +1,19 @@
+"""A request's own work, off the event loop: decoding and validating its body, rendering the
+chat template, tokenizing and compiling grammars take time in proportion to what the client
+sent, so they run in worker threads, at most --request-threads at once (the rest wait their
+turn), and the event loop keeps answering /health and streaming tokens meanwhile.
+
+What runs here must be pure: the engine's state (its queue, submit, abort) is touched on the
+event loop only; engine.check and the grammar cache it fills are safe from any thread.
+"""
+
+import functools
+
+import trio
+
+from app.server.state import ServerState
+
+
+async def off_loop(state: ServerState, fn, *args, **kwargs):
+    """fn(*args, **kwargs) in a worker thread, once one is free."""
+    return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=state.workers)
