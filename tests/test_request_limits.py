@@ -96,36 +96,51 @@ def schema_of_bytes(size: int) -> dict:
 # -- the must-show: a huge body is refused at once, and /health answers all along ---------------
 
 
-def test_a_body_of_100000_prompts_at_n_16_is_refused_at_once_while_health_answers(roomy):
-    body = json.dumps({"prompt": ["hi"] * 100_000, "n": 16, "max_tokens": 1}).encode()
-    assert len(body) > 500_000
+def health_while(server, send) -> tuple[httpx.Response, float, list[float]]:
+    """send(client) on one connection while another polls /health: send's response, the seconds
+    it took, and every /health's latency (after a warm-up, so that first-request costs don't count)."""
     latencies, done = [], threading.Event()
 
     def poll():
-        with httpx.Client(base_url=roomy.url, timeout=10) as health:
+        with httpx.Client(base_url=server.url, timeout=10) as health:
             while not done.is_set():
                 start = time.perf_counter()
                 assert health.get("/health").status_code == 200
                 latencies.append(time.perf_counter() - start)
                 time.sleep(0.005)
 
-    with httpx.Client(base_url=roomy.url, timeout=60) as client:
-        for _ in range(3):  # warm: connections open, the route's code paths run once
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for _ in range(3):  # connections open, the route's code paths run once
             assert client.post("/v1/completions", json=completion()).status_code == 200
         poller = threading.Thread(target=poll)
         poller.start()
         time.sleep(0.2)
         start = time.perf_counter()
-        r = client.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        response = send(client)
         took = time.perf_counter() - start
         time.sleep(0.2)
         done.set()
         poller.join()
+    return response, took, latencies
+
+
+def test_a_body_of_100000_prompts_at_n_16_is_refused_at_once_while_health_answers(roomy):
+    body = json.dumps({"prompt": ["hi"] * 100_000, "n": 16, "max_tokens": 1}).encode()
+    assert len(body) > 500_000
+    r, took, latencies = health_while(roomy, lambda client: client.post(
+        "/v1/completions", content=body, headers={"Content-Type": "application/json"}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     assert "1600000 choices" in r.json()["error"]["message"]
     assert took < 1.0, took
     assert len(latencies) > 10 and max(latencies) < 0.1, sorted(latencies)[-5:]
     roomy.assert_serving()
+
+
+def test_health_answers_while_a_long_prompt_is_tokenized(roomy):
+    prompt = "Hello there. " * 80_000  # a megabyte: about a second of tokenizing
+    r, _, latencies = health_while(roomy, lambda client: client.post("/tokenize", json={"prompt": prompt}))
+    assert r.status_code == 200 and r.json()["count"] > 100_000, r.text
+    assert len(latencies) > 10 and max(latencies) < 0.1, sorted(latencies)[-5:]
 
 
 def test_more_choices_than_the_queue_holds_is_a_400_not_a_429(roomy):
@@ -240,18 +255,21 @@ def test_help_documents_the_request_limits():
 
 @pytest.mark.parametrize("variable,said", [("forever", "took longer than 1 s"), ("huge", "more than 100000 characters")])
 def test_a_runaway_chat_template_is_a_400_and_the_server_keeps_serving(roomy, variable, said):
-    health = []
+    answered = []  # (what, when), in the order they came back
 
-    def during():
+    def health_during_the_render():
         time.sleep(0.3)
-        health.append(httpx.get(roomy.url + "/health", timeout=5).status_code)
+        assert httpx.get(roomy.url + "/health", timeout=10).status_code == 200
+        answered.append("health")
 
-    watcher = threading.Thread(target=during)
+    watcher = threading.Thread(target=health_during_the_render)
     watcher.start()
     message = refused(roomy, "/v1/chat/completions", chat(chat_template_kwargs={variable: True}), "messages")
+    answered.append("chat")
     watcher.join()
     assert message.startswith("the chat template") and said in message
-    assert health == [200]
+    if variable == "forever":  # a second of rendering, in a worker thread: /health is not kept waiting
+        assert answered == ["health", "chat"]
     ok(roomy, "/v1/chat/completions", chat())
     roomy.assert_serving()
 

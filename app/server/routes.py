@@ -30,8 +30,7 @@ from app.server.schemas import (
 )
 from app.server.sse import HEADERS, stream
 from app.server.state import ServerState
-from app.server.tools import ToolUse
-from app.server.workers import off_loop
+from app.server.workers import json_reply, off_loop
 
 
 async def parse(state: ServerState, model):
@@ -172,7 +171,7 @@ async def tokenize(state: ServerState):
         tokens = await off_loop(state, chat_tokens, state, req)
     else:
         tokens = await off_loop(state, state.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+    return await json_reply(state, {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len})
 
 
 async def detokenize(state: ServerState):

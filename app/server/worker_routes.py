@@ -16,7 +16,7 @@ from app.server.prompts import chat_tokens, completion_prompts
 from app.server.routes import parse
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.state import ServerState
-from app.server.workers import off_loop
+from app.server.workers import json_reply, off_loop
 
 
 async def server_info(state: ServerState):
@@ -64,7 +64,7 @@ async def flush_cache(state: ServerState):
 async def render_chat(state: ServerState):
     req = await parse(state, ChatCompletionRequest)
     state.check_model(req.model)
-    return rendered(state, await off_loop(state, chat_tokens, state, req))
+    return await rendered(state, await off_loop(state, chat_tokens, state, req))
 
 
 async def render_completion(state: ServerState):
@@ -73,9 +73,9 @@ async def render_completion(state: ServerState):
     prompts = await off_loop(state, completion_prompts, req, state.tokenizer)
     if len(prompts) != 1:
         raise APIError(400, "render takes one prompt", param="prompt")
-    return rendered(state, prompts[0])
+    return await rendered(state, prompts[0])
 
 
-def rendered(state: ServerState, token_ids: list[int]) -> dict:
+async def rendered(state: ServerState, token_ids: list[int]):
     """vLLM's render shape: the prompt's ids, and no multimodal features."""
-    return {"model": state.model_name, "token_ids": token_ids, "features": None}
+    return await json_reply(state, {"model": state.model_name, "token_ids": token_ids, "features": None})

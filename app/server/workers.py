@@ -1,13 +1,15 @@
 """A request's own work, off the event loop: decoding and validating its body, rendering the
 chat template, tokenizing and compiling grammars take time in proportion to what the client
 sent, so they run in worker threads, at most --request-threads at once (the rest wait their
-turn), and the event loop keeps answering /health and streaming tokens meanwhile.
+turn), and the event loop keeps answering /health and streaming tokens meanwhile. A reply as
+long as its body (the token ids of /tokenize and the render routes) is written to JSON here too.
 
 What runs here must be pure: the engine's state (its queue, submit, abort) is touched on the
 event loop only; engine.check and the grammar cache it fills are safe from any thread.
 """
 
 import functools
+import json
 
 import trio
 
@@ -17,3 +19,9 @@ from app.server.state import ServerState
 async def off_loop(state: ServerState, fn, *args, **kwargs):
     """fn(*args, **kwargs) in a worker thread, once one is free."""
     return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=state.workers)
+
+
+async def json_reply(state: ServerState, payload: dict) -> tuple[str, int, dict]:
+    """payload as a JSON response, written in a worker thread."""
+    text = await off_loop(state, json.dumps, payload, separators=(",", ":"))
+    return text, 200, {"Content-Type": "application/json"}
