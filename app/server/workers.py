@@ -23,5 +23,18 @@ async def off_loop(state: ServerState, fn, *args, **kwargs):
 
 async def json_reply(state: ServerState, payload: dict) -> tuple[str, int, dict]:
     """payload as a JSON response, written in a worker thread."""
-    text = await off_loop(state, json.dumps, payload, separators=(",", ":"))
-    return text, 200, {"Content-Type": "application/json"}
+    return await off_loop(state, to_json, payload), 200, {"Content-Type": "application/json"}
+
+
+SLICE = 8192  # list items per json.dumps call: about a millisecond holding the GIL
+
+
+def to_json(payload: dict) -> str:
+    """payload as compact JSON, its long lists (token ids) a slice at a time: one json.dumps
+    call holds the GIL throughout, and a million ids would hold up the event loop ~100 ms."""
+    def dumps(value) -> str:
+        if isinstance(value, list) and len(value) > SLICE:
+            return "[" + ",".join(dumps(value[i:i + SLICE])[1:-1] for i in range(0, len(value), SLICE)) + "]"
+        return json.dumps(value, separators=(",", ":"))
+
+    return "{" + ",".join(f"{json.dumps(key)}:{dumps(value)}" for key, value in payload.items()) + "}"
