@@ -93,8 +93,9 @@ class Engine:
 
     def validate(self, prompt_ids: list[int], params: GenerationParams) -> int:
         """What submit would refuse, without submitting; returns the resolved max_tokens."""
+        max_tokens = self.check(prompt_ids, params)
         self.admits()
-        return self.check(prompt_ids, params)
+        return max_tokens
 
     def submit(self, prompt_ids: list[int], params: GenerationParams, request_id: str | None = None,
                channel=None, max_tokens: int | None = None):
