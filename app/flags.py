@@ -106,7 +106,9 @@ def serve_arguments(parser) -> None:
     a("--swap-space", type=float, default=0.0,
       help="host memory in GiB to spill preempted requests' KV to (pinned on a GPU, copied on a side stream);"
            " 0 re-prefills them instead (default: 0)")
-    a("--max-queue", type=int, default=1024, help="most requests waiting; more get HTTP 429 (default: 1024)")
+    a("--max-queue", type=int, default=1024,
+      help="most requests waiting; more get HTTP 429, and one request with more choices (prompts x n) than this"
+           " gets 400 (default: 1024)")
     a("--api-key", default=None,
       help="require 'Authorization: Bearer KEY' (or x-api-key) on every route but /health (default: none)")
     a("--request-timeout", type=float, default=600.0, help="seconds a request may take; 0: no limit (default: 600)")
