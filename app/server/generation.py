@@ -1,7 +1,7 @@
 """One API request's generation: its choices checked in a worker thread (check_choices), then
 submitted, their frames collected, and aborted however it ends; SSE, JSON and the WebSocket all
-run a request through it. The request's log
-line (app/server/access_log.py) reads its tokens, TTFT and finish reasons.
+run a request through it. The request's log line (app/server/access_log.py) reads its tokens,
+TTFT and finish reasons.
 
 Each wait for frames runs in its own cancel scope under the request's deadline
 (--request-timeout, counted from submit). Whatever ends it (every choice done, the client
@@ -133,10 +133,10 @@ class Generation:
         self.send, self.recv = trio.open_memory_channel(math.inf)
         self.choices: dict[str, Choice] = {}
         self.submissions = []
-        for index, s in enumerate(checked.submissions):
+        for index, submission in enumerate(checked.submissions):
             rid = f"{self.id}-{index}"
-            self.submissions.append((rid, s))
-            self.choices[rid] = Choice(index, rid, s.prompt_index, s.prompt_ids)
+            self.submissions.append((rid, submission))
+            self.choices[rid] = Choice(index, rid, submission.prompt_index, submission.prompt_ids)
         access_log.attach(self)
 
     @contextmanager
@@ -156,8 +156,9 @@ class Generation:
     def _submit(self) -> None:
         submitted = []
         try:
-            for rid, s in self.submissions:
-                self.engine.submit(s.prompt_ids, s.params, request_id=rid, channel=self.send, max_tokens=s.max_tokens)
+            for rid, submission in self.submissions:
+                self.engine.submit(submission.prompt_ids, submission.params, request_id=rid, channel=self.send,
+                                   max_tokens=submission.max_tokens)
                 submitted.append(rid)
         except EngineError as e:
             for rid in submitted:

@@ -102,13 +102,13 @@ async def create_response(state: ServerState):
     earlier = state.responses.get(req.previous_response_id, "previous_response_id").conversation \
         if req.previous_response_id else []
 
-    def chat_request() -> tuple[list[dict], ChatCompletionRequest]:
+    def conversation_and_chat() -> tuple[list[dict], ChatCompletionRequest]:
         conversation = earlier + responses.input_items(req)
         request_limits.at_most("input", "items with the conversation it continues", len(conversation),
                                state.limits.max_messages, "--max-messages")
         return conversation, responses.chat_request(req, conversation)
 
-    conversation, chat = await off_loop(state, chat_request)
+    conversation, chat = await off_loop(state, conversation_and_chat)
     gen = await start_generation(state, chat, "resp", fit_context=True)
 
     def keep(response: dict, output: list[dict]) -> None:
