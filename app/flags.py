@@ -118,7 +118,9 @@ def serve_arguments(parser) -> None:
     a("--swap-space", type=float, default=0.0,
       help="host memory in GiB to spill preempted requests' KV to (pinned on a GPU, copied on a side stream);"
            " 0 re-prefills them instead (default: 0)")
-    a("--max-queue", type=int, default=1024, help="most requests waiting; more get HTTP 429 (default: 1024)")
+    a("--max-queue", type=int, default=1024,
+      help="most requests waiting; more get HTTP 429, and one request with more choices (prompts x n) than this"
+           " gets 400 (default: 1024)")
     a("--api-key", nargs="+", default=None, metavar="KEY",
       help="require one of these keys as 'Authorization: Bearer KEY' (or x-api-key) on every route but /health;"
            " several are space-separated (in SPOOL_API_KEY, comma-separated too), and what one key stores in the"

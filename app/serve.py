@@ -82,7 +82,9 @@ def load(args, state: ServerState) -> Engine:
     already answers /health with 503."""
     backend = resolve(args.backend, args.dtype)
     model_dir = fetch_model(args)
-    state.tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template))
+    state.tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template),
+                                render_seconds=state.limits.chat_template_timeout,
+                                render_chars=state.limits.max_chat_template_chars)
     found = tools.detect(state.tokenizer.chat_template_source)
     state.tool_format = tools.FORMATS[args.tool_call_parser or found or "hermes"](state.tokenizer)
     state.tokenizer.keep_in_text(state.tool_format.marker_ids())

@@ -3,9 +3,16 @@
 The chat template is rendered the way transformers renders it (a sandboxed Jinja2 environment
 with trim_blocks, lstrip_blocks, loop controls, `raise_exception` and a `tojson` that keeps
 non-ASCII text), so prompts match what the model was trained on.
+
+A render is bounded in time and size, since a client's messages and template variables drive the
+template's loops: it is read part by part (Template.generate), counting characters and watching
+a deadline, and every call the template makes (range, a macro) checks the deadline too, so a loop
+that writes nothing cannot run on unseen; a string or list repeated with * is held to the size.
 """
 
 import json
+import time
+from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
 
@@ -43,6 +50,42 @@ class ChatTemplateError(ValueError):
     """A template that rejects the messages (its raise_exception), or fails to render."""
 
 
+class RenderBounds:
+    """How long and how much one render may take; None: no bound."""
+
+    def __init__(self, seconds: float | None = None, chars: int | None = None):
+        self.seconds, self.chars = seconds, chars
+        self.deadline = time.monotonic() + seconds if seconds is not None else None
+
+    def check_time(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise ChatTemplateError(f"the chat template took longer than {self.seconds:g} s to render these messages")
+
+    def check_size(self, chars: int) -> None:
+        if self.chars is not None and chars > self.chars:
+            raise ChatTemplateError(f"the chat template rendered more than {self.chars} characters for these messages")
+
+
+_bounds: ContextVar[RenderBounds] = ContextVar("render_bounds", default=RenderBounds())  # per thread
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with the render's bounds checked at every call and every *."""
+
+    intercepted_binops = frozenset({"*"})
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
+        _bounds.get().check_time()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            sized, times = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(sized, (str, list, tuple)) and isinstance(times, int):
+                _bounds.get().check_size(len(sized) * times)
+        return super().call_binop(context, operator, left, right)
+
+
 def _raise_exception(message):
     raise ChatTemplateError(message)
 
@@ -65,8 +108,10 @@ def chat_template_text(value: str | None) -> str | None:
 
 
 class Tokenizer:
-    def __init__(self, model_dir: Path, chat_template: str | None = None):
-        """chat_template: Jinja text in place of the model's own (--chat-template)."""
+    def __init__(self, model_dir: Path, chat_template: str | None = None, render_seconds: float | None = None,
+                 render_chars: int | None = None):
+        """chat_template: Jinja text in place of the model's own (--chat-template).
+        render_seconds, render_chars: the most one chat render may take (None: no bound)."""
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
@@ -108,8 +153,9 @@ class Tokenizer:
         self.chat_template = None
         self.chat_template_source = template or ""  # read for the tool-call format it writes
         self.template_takes_tools = bool(template) and "tools" in template
+        self.render_seconds, self.render_chars = render_seconds, render_chars
         if template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+            env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
             env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise_exception
@@ -124,7 +170,9 @@ class Tokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, not encode: it lets go of the GIL while it works, where encode holds it
+        # throughout, so a long prompt tokenized in a server's worker thread would stall its event loop
+        ids = self.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if (add_special_tokens and self.add_bos_token and self.bos_token_id is not None
                 and (not ids or ids[0] != self.bos_token_id)):
             ids = [self.bos_token_id] + ids
@@ -147,13 +195,25 @@ class Tokenizer:
         template rejects."""
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template; use the completions API instead")
+        bounds = RenderBounds(self.render_seconds, self.render_chars)
+        token = _bounds.set(bounds)
+        parts, chars = [], 0
         try:
-            return self.chat_template.render({**self.special_tokens, **extra}, messages=messages,
-                                             add_generation_prompt=add_generation_prompt)
+            for part in self.chat_template.generate({**self.special_tokens, **extra}, messages=messages,
+                                                    add_generation_prompt=add_generation_prompt):
+                chars += len(part)
+                bounds.check_size(chars)
+                bounds.check_time()
+                parts.append(part)
         except ChatTemplateError:
             raise
+        except RecursionError:
+            raise ChatTemplateError("the chat template recursed too deeply rendering these messages") from None
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
             raise ChatTemplateError(f"the chat template could not render these messages: {e}") from None
+        finally:
+            _bounds.reset(token)
+        return "".join(parts)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> list[int]:
         # The template writes any BOS itself, as transformers' apply_chat_template assumes.

@@ -83,23 +83,37 @@ class Engine:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def validate(self, prompt_ids: list[int], params: GenerationParams) -> int:
-        """What submit would refuse, without submitting; returns the resolved max_tokens."""
+    def check(self, prompt_ids: list[int], params: GenerationParams) -> int:
+        """What could never run (EngineError), whatever the load; returns the resolved max_tokens.
+        It reads only what never changes and the grammar cache (locked), so the server runs it
+        in a worker thread, off the event loop."""
+        return validate(prompt_ids, params, max_model_len=self.config.max_model_len, pool=self.pool,
+                        vocab_size=self.vocab_size, grammars=self.outputs.grammars)
+
+    def admits(self, count: int = 1) -> None:
+        """Raises Draining, or Overloaded when count more requests would pass --max-queue."""
         if self.draining:
             raise Draining("the server is shutting down")
-        max_tokens = validate(prompt_ids, params, max_model_len=self.config.max_model_len, pool=self.pool,
-                              vocab_size=self.vocab_size, grammars=self.outputs.grammars)
-        if len(self.planner.waiting) >= self.config.max_queue:
+        if len(self.planner.waiting) + count > self.config.max_queue:
             raise Overloaded(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
+
+    def validate(self, prompt_ids: list[int], params: GenerationParams) -> int:
+        """What submit would refuse, without submitting; returns the resolved max_tokens."""
+        max_tokens = self.check(prompt_ids, params)
+        self.admits()
         return max_tokens
 
     def submit(self, prompt_ids: list[int], params: GenerationParams, request_id: str | None = None,
-               channel=None):
+               channel=None, max_tokens: int | None = None):
         """Queue a request; returns (request_id, receive channel of Frames). With channel (a
         send channel shared by several requests, told apart by Frame.request_id), frames go
-        there and no receive channel is returned. Raises EngineError (invalid or could never
-        fit), Overloaded or Draining."""
-        max_tokens = self.validate(prompt_ids, params)
+        there and no receive channel is returned. max_tokens: what check() resolved for these
+        prompt and params, when the caller checked them already; else they are checked here.
+        Raises EngineError (invalid or could never fit), Overloaded or Draining."""
+        if max_tokens is None:
+            max_tokens = self.validate(prompt_ids, params)
+        else:
+            self.admits()
         request_id = request_id or f"req-{self.next_id()}"
         if request_id in self.planner.requests:
             raise EngineError(f"request id {request_id!r} is already in use")

@@ -6,8 +6,13 @@ its tokens. Before a row samples, its matcher gives a bitmask of the tokens allo
 bit per token id, in int32 words), which the sampler applies before its own filters. Masks
 are computed on one thread of their own (llguidance releases the GIL), while the forward pass
 runs on the engine's.
+
+The server checks a request's grammar in its own worker threads (off the event loop) while the
+engine takes matchers on the Trio thread, so the LRU is locked; compiling happens outside the
+lock, so a slow grammar never holds up the event loop's cache hits.
 """
 
+import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -28,6 +33,8 @@ class Grammars:
         self.capacity = capacity
         self.compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._llt = None
+        self._llt_lock = threading.Lock()
+        self._lock = threading.Lock()  # around compiled, read and written from several threads
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="spool-masks")
 
     def later(self, fn, *args) -> Future:
@@ -37,23 +44,27 @@ class Grammars:
     @property
     def llt(self) -> llguidance.LLTokenizer:
         """Built on the first grammar (a fraction of a second), from the tokenizer's own JSON."""
-        if self._llt is None:
-            tok = self.tokenizer
-            self._llt = llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=self.mask_size,
-                                               eos_token=sorted(tok.eos_token_ids))
-        return self._llt
+        with self._llt_lock:
+            if self._llt is None:
+                tok = self.tokenizer
+                self._llt = llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=self.mask_size,
+                                                   eos_token=sorted(tok.eos_token_ids))
+            return self._llt
 
     def pristine(self, grammar: str) -> llguidance.LLMatcher:
         """The compiled grammar; ValueError with llguidance's message when it cannot compile."""
-        matcher = self.compiled.get(grammar)
-        if matcher is None:
-            matcher = llguidance.LLMatcher(self.llt, grammar, log_level=0)
-            if matcher.is_error():
-                raise ValueError(matcher.get_error())
+        with self._lock:
+            matcher = self.compiled.get(grammar)
+            if matcher is not None:
+                self.compiled.move_to_end(grammar)
+                return matcher
+        matcher = llguidance.LLMatcher(self.llt, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error())
+        with self._lock:
             self.compiled[grammar] = matcher
             while len(self.compiled) > self.capacity:
                 self.compiled.popitem(last=False)
-        self.compiled.move_to_end(grammar)
         return matcher
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:

@@ -1,6 +1,7 @@
-"""One API request's generation: its n choices submitted, their frames collected, and aborted
-however it ends; SSE, JSON and the WebSocket all run a request through it. The request's log
-line (app/server/access_log.py) reads its tokens, TTFT and finish reasons.
+"""One API request's generation: its choices checked in a worker thread (check_choices), then
+submitted, their frames collected, and aborted however it ends; SSE, JSON and the WebSocket all
+run a request through it. The request's log line (app/server/access_log.py) reads its tokens,
+TTFT and finish reasons.
 
 Each wait for frames runs in its own cancel scope under the request's deadline
 (--request-timeout, counted from submit). Whatever ends it (every choice done, the client
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from app.engine import Draining, EngineError, Frame, Overloaded
+from app.engine import Draining, EngineError, Frame, GenerationParams, Overloaded
 from app.server import access_log
 from app.server.errors import APIError
 from app.server.schemas import UsageInfo
@@ -69,21 +70,61 @@ class Piece:
     final: Frame | None
 
 
-class Generation:
-    """The n choices of one API request: checked when made, submitted by submitted()."""
+@dataclass
+class Submission:
+    """One choice as the engine checked it: what engine.submit takes."""
 
-    def __init__(self, engine, prompts: list[list[int]], n: int, params_for, id_prefix: str,
-                 timeout: float | None, format_field: str | None = None, tools: ToolUse | None = None,
-                 thinks_from: bool | None = None):
-        """n choices per prompt; params_for(choice index) gives each its GenerationParams.
-        timeout: seconds from submit to the deadline, None for none.
-        format_field: the request field its output format came from, named when it does not compile.
-        tools: what a chat request asked of tools, for reading calls out of the text.
-        thinks_from: for a reasoning model's chat, whether the prompt opened the thinking."""
+    prompt_index: int  # which prompt of the request it continues
+    prompt_ids: list[int]
+    params: GenerationParams
+    max_tokens: int  # resolved against the context by engine.check
+
+
+@dataclass
+class Checked:
+    """An API request's choices, checked in a worker thread, ready to become a Generation on
+    the event loop. tools: what a chat request asked of tools, for reading calls out of the
+    text; thinks_from: for a reasoning model's chat, whether the prompt opened the thinking."""
+
+    submissions: list[Submission]
+    tools: ToolUse | None = None
+    thinks_from: bool | None = None
+
+
+def check_choices(engine, prompts: list[list[int]], n: int, params_for, format_field: str | None = None,
+                  tools: ToolUse | None = None, thinks_from: bool | None = None) -> Checked:
+    """n choices per prompt, each checked by engine.check; params_for(choice index) gives each
+    its GenerationParams. format_field: the request field its output format came from, named
+    when it does not compile. Pure, so it runs off the event loop; the queue is asked later."""
+    submissions = []
+    for prompt_index, prompt in enumerate(prompts):
+        for i in range(n):
+            params = params_for(prompt_index * n + i)
+            try:
+                max_tokens = engine.check(prompt, params)
+            except EngineError as e:
+                if e.param == "grammar" and format_field:
+                    raise APIError(400, f"{format_field}: {e}", param=format_field) from None
+                raise engine_error(e) from None
+            submissions.append(Submission(prompt_index, prompt, params, max_tokens))
+    return Checked(submissions, tools, thinks_from)
+
+
+class Generation:
+    """The n choices of one API request: made on the event loop from its checked choices (a
+    draining server or a queue without room for them all refuses it here), submitted by
+    submitted()."""
+
+    def __init__(self, engine, checked: Checked, id_prefix: str, timeout: float | None):
+        """timeout: seconds from submit to the deadline, None for none."""
+        try:
+            engine.admits(len(checked.submissions))
+        except EngineError as e:
+            raise engine_error(e) from None
         self.engine = engine
         self.timeout = timeout
-        self.tools = tools
-        self.thinks_from = thinks_from
+        self.tools = checked.tools
+        self.thinks_from = checked.thinks_from
         self.id = f"{id_prefix}-{engine.next_id()}"
         self.started = time.monotonic()
         self.first_token_at: float | None = None
@@ -92,19 +133,10 @@ class Generation:
         self.send, self.recv = trio.open_memory_channel(math.inf)
         self.choices: dict[str, Choice] = {}
         self.submissions = []
-        for prompt_index, prompt in enumerate(prompts):
-            for i in range(n):
-                index = prompt_index * n + i
-                params = params_for(index)
-                try:
-                    engine.validate(prompt, params)
-                except EngineError as e:
-                    if e.param == "grammar" and format_field:
-                        raise APIError(400, f"{format_field}: {e}", param=format_field) from None
-                    raise engine_error(e) from None
-                rid = f"{self.id}-{index}"
-                self.submissions.append((rid, prompt, params))
-                self.choices[rid] = Choice(index, rid, prompt_index, prompt)
+        for index, submission in enumerate(checked.submissions):
+            rid = f"{self.id}-{index}"
+            self.submissions.append((rid, submission))
+            self.choices[rid] = Choice(index, rid, submission.prompt_index, submission.prompt_ids)
         access_log.attach(self)
 
     @contextmanager
@@ -124,8 +156,9 @@ class Generation:
     def _submit(self) -> None:
         submitted = []
         try:
-            for rid, prompt, params in self.submissions:
-                self.engine.submit(prompt, params, request_id=rid, channel=self.send)
+            for rid, submission in self.submissions:
+                self.engine.submit(submission.prompt_ids, submission.params, request_id=rid, channel=self.send,
+                                   max_tokens=submission.max_tokens)
                 submitted.append(rid)
         except EngineError as e:
             for rid in submitted:

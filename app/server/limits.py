@@ -1,5 +1,8 @@
 """What one client may hold of the server: every connection, header, body and WebSocket limit,
-with defaults that protect a laptop, and the `serve` flags that change them.
+what one request may ask for (app/server/request_limits.py checks those on its parsed body,
+before any tokenizing), how long and how much its chat template may render, and the threads
+that do a request's work off the event loop; with defaults that protect a laptop, and the
+`serve` flags that change them.
 
 The defaults follow what nginx and Hypercorn's deployment notes settle on: a deadline for
 request headers (slowloris), bounded request heads and bodies, and pings that find dead
@@ -42,6 +45,26 @@ class Limits:
                                          " closed (1001)")
     ws_max_generations: int = limit(32, "most generations in flight on one WebSocket (an error frame, status 429,"
                                         " over it)")
+    max_choices_per_request: int = limit(1024, "most choices one request may ask for: a completions request's prompts"
+                                               " times its n (each choice is one request in the queue); 400 over it, or"
+                                               " over --max-queue, which such a request could never fit in. vLLM has"
+                                               " no such limit; its queue is unbounded")
+    max_embedding_inputs: int = limit(2048, "most inputs in one /v1/embeddings request, as OpenAI takes (400 over"
+                                            " it; --max-queue bounds them too)")
+    max_messages: int = limit(4096, "most messages in one chat request (a Messages request's messages, a Responses"
+                                    " conversation's items) (400 over it)")
+    max_tools: int = limit(128, "most tools one request offers, as OpenAI takes (400 over it)")
+    max_schema_bytes: int = limit(64 * 1024, "most bytes of one JSON schema (a tool's parameters, a response format's"
+                                             " schema), written as compact JSON (400 over it)")
+    max_stop_strings: int = limit(64, "most stop strings in one request; OpenAI takes 4, vLLM any number (400 over"
+                                      " it)")
+    max_stop_chars: int = limit(256, "most characters in one stop string (400 over it)")
+    chat_template_timeout: float = limit(10.0, "seconds the chat template may take to render one request's prompt"
+                                               " (400 past it)")
+    max_chat_template_chars: int = limit(16 * MIB, "most characters the chat template may render for one request"
+                                                   " (400 over it)")
+    request_threads: int = limit(2, "worker threads that parse request bodies, render chat templates, tokenize and"
+                                    " compile grammars at once, off the event loop; more requests wait their turn")
 
     @classmethod
     def from_args(cls, args) -> "Limits":

@@ -132,7 +132,7 @@ class CountTokensRequest(Loose):
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
-    stop_sequences: list[str] | None = Field(None, max_length=16)
+    stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = None

@@ -1,5 +1,6 @@
 """From an API request to what the engine takes: prompt token ids, and GenerationParams for
-each of its choices; start_generation puts them together as one checked Generation.
+each of its choices; start_generation checks them in a worker thread (app/server/workers.py)
+and puts them together as one Generation on the event loop.
 
 The HTTP routes, the render routes and the WebSocket all build prompts here, so a router that
 hashes a rendered prompt sees the ids the generation runs on.
@@ -8,11 +9,12 @@ hashes a rendered prompt sees the ids the generation runs on.
 from app.engine import GenerationParams
 from app.server.errors import APIError
 from app.server.formats import grammar
-from app.server.generation import Generation
+from app.server.generation import Checked, Generation, check_choices
 from app.server.reasoning import after_thinking, budget, opens_thinking
 from app.server.schemas import ChatCompletionRequest
 from app.server.state import ServerState
 from app.server.tools import ToolFormat, ToolUse, prompt_messages
+from app.server.workers import off_loop
 from model.sampling import SamplingParams
 from model.tokenizer import ChatTemplateError
 
@@ -54,10 +56,18 @@ def generation_params(req, index: int, grammar_text: str | None = None, thinking
                             prompt_logprobs=prompt_logprobs)
 
 
-def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool = False) -> Generation:
-    """Every choice of a chat or completion request, checked and ready to submit.
-    fit_context: a chat's max_tokens is held to what the context leaves after its prompt."""
-    engine, tokenizer, timeout = state.engine, state.tokenizer, state.request_timeout
+async def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool = False) -> Generation:
+    """Every choice of a chat or completion request, checked off the event loop, as one
+    Generation ready to submit. fit_context: a chat's max_tokens is held to what the context
+    leaves after its prompt."""
+    checked = await off_loop(state, check_request, state, req, fit_context)
+    return Generation(state.engine, checked, id_prefix, state.request_timeout)
+
+
+def check_request(state: ServerState, req, fit_context: bool = False) -> Checked:
+    """A chat or completion request's prompts rendered and tokenized, its output format
+    compiled, and every choice checked by the engine: the pure part, run in a worker thread."""
+    engine, tokenizer = state.engine, state.tokenizer
     grammar_text, field = grammar(req)
     tools = ToolUse.of(req, state.tool_format) if isinstance(req, ChatCompletionRequest) else None
     if tools is not None:
@@ -65,8 +75,8 @@ def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool 
             raise APIError(400, f"give one output format, not tools and {field}", param=field)
         grammar_text, field = tools.grammar(), "tools"
     if not isinstance(req, ChatCompletionRequest):
-        return Generation(engine, completion_prompts(req, tokenizer), req.n,
-                          lambda index: generation_params(req, index, grammar_text), id_prefix, timeout, field)
+        return check_choices(engine, completion_prompts(req, tokenizer), req.n,
+                             lambda index: generation_params(req, index, grammar_text), field)
     prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables(),
                          state.tool_format)
     if fit_context and req.max_tokens is not None:
@@ -75,8 +85,21 @@ def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool 
     inside = opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None
     if grammar_text is not None and inside is not None:
         grammar_text = after_thinking(tokenizer, grammar_text, inside)
-    return Generation(engine, [prompt], req.n, lambda index: generation_params(req, index, grammar_text, thinking),
-                      id_prefix, timeout, field, tools, inside)
+    return check_choices(engine, [prompt], req.n, lambda index: generation_params(req, index, grammar_text, thinking),
+                         field, tools, inside)
+
+
+def check_embeddings(state: ServerState, req) -> Checked:
+    """An embeddings request's inputs tokenized and checked, one choice each (in a worker thread)."""
+    return check_choices(state.engine, completion_prompts(req, state.tokenizer, "input"), 1,
+                         lambda index: GenerationParams(max_tokens=1, embed=True))
+
+
+def chat_tokens(state: ServerState, req) -> list[int]:
+    """The prompt ids a chat-shaped request (a chat, /tokenize's messages, a render) renders to,
+    with the tools it offers."""
+    return chat_prompt(state.tokenizer, req.messages, ToolUse.of(req, state.tool_format), req.add_generation_prompt,
+                       req.template_variables(), state.tool_format)
 
 
 def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_prompt: bool,

@@ -1,5 +1,7 @@
 """The HTTP routes, each a module function over the ServerState that create_app binds to it:
-read and check the request, then hand it to a responder, the tokenizer or the engine.
+read and check the request, then hand it to a responder, the tokenizer or the engine. What
+takes time in proportion to the body (decoding it, validating it, rendering and tokenizing its
+prompts) runs in a worker thread (app/server/workers.py), after the request limits are checked.
 
 A generation route answers JSON, or server-sent events with stream=true; both run the request
 through one Generation, which owns submit, abort, the deadline and the access log.
@@ -7,12 +9,10 @@ through one Generation, which owns submit, abort, the deadline and the access lo
 
 from quart import request
 
-from app.engine import GenerationParams
-from app.server import embeddings, keys, messages, metrics, openapi, responses
-from app.server.errors import APIError, decode_json, validate
-from app.server.generation import RETRY_AFTER_SECONDS
-from app.server.generation import Generation
-from app.server.prompts import chat_prompt, completion_prompts, start_generation
+from app.server import embeddings, keys, messages, metrics, openapi, request_limits, responses
+from app.server.errors import APIError
+from app.server.generation import RETRY_AFTER_SECONDS, Generation
+from app.server.prompts import chat_tokens, check_embeddings, start_generation
 from app.server.responders.chat import ChatResponder
 from app.server.responders.completions import CompletionResponder
 from app.server.responders.messages import MessagesResponder
@@ -31,16 +31,18 @@ from app.server.schemas import (
 )
 from app.server.sse import HEADERS, stream
 from app.server.state import ServerState
-from app.server.tools import ToolUse
+from app.server.workers import json_reply, off_loop
 
 
-async def parse(model):
-    """The request body as model, or a 400; no body reads as null."""
-    return validate(model, decode_json(await request.get_data() or b"null"))
+async def parse(state: ServerState, model):
+    """The request body as model, within the request limits (app/server/request_limits.py), or
+    a 400; no body reads as null."""
+    raw = await request.get_data() or b"null"
+    return await off_loop(state, request_limits.parse, model, raw, state.limits, state.max_queue)
 
 
 async def generate(state: ServerState, req, id_prefix: str, responder_class):
-    gen = start_generation(state, req, id_prefix)
+    gen = await start_generation(state, req, id_prefix)
     responder = responder_class(gen, req, state.tokenizer, state.model_name)
     if req.stream:
         return stream(gen, responder, req)
@@ -49,13 +51,13 @@ async def generate(state: ServerState, req, id_prefix: str, responder_class):
 
 
 async def chat_completions(state: ServerState):
-    req = await parse(ChatCompletionRequest)
+    req = await parse(state, ChatCompletionRequest)
     state.check_model(req.model)
     return await generate(state, req, "chatcmpl", ChatResponder)
 
 
 async def completions(state: ServerState):
-    req = await parse(CompletionRequest)
+    req = await parse(state, CompletionRequest)
     state.check_model(req.model)
     return await generate(state, req, "cmpl", CompletionResponder)
 
@@ -63,20 +65,20 @@ async def completions(state: ServerState):
 async def create_embeddings(state: ServerState):
     """OpenAI's /v1/embeddings: each input's last hidden state, unit length, batched by the
     engine with everything else."""
-    req = await parse(EmbeddingRequest)
+    req = await parse(state, EmbeddingRequest)
     state.check_model(req.model)
     embeddings.check_dimensions(req, state.engine.runner.config.hidden_size)
-    gen = Generation(state.engine, completion_prompts(req, state.tokenizer, "input"), 1,
-                     lambda index: GenerationParams(max_tokens=1, embed=True), "embd", state.request_timeout)
+    gen = Generation(state.engine, await off_loop(state, check_embeddings, state, req), "embd", state.request_timeout)
     await gen.collect()
     return embeddings.reply(gen, req, state.model_name)
 
 
 async def create_message(state: ServerState):
     """Anthropic's /v1/messages, run as the chat request it stands for (app/server/messages.py)."""
-    req = await parse(MessagesRequest)
+    req = await parse(state, MessagesRequest)
     state.check_model(req.model)
-    gen = start_generation(state, messages.chat_request(req), "msg", fit_context=True)
+    chat = await off_loop(state, messages.chat_request, req)
+    gen = await start_generation(state, chat, "msg", fit_context=True)
     responder = MessagesResponder(gen, state.model_name)
     if req.stream:
         return responder.events(), HEADERS
@@ -87,11 +89,9 @@ async def create_message(state: ServerState):
 async def count_message_tokens(state: ServerState):
     """Anthropic's /v1/messages/count_tokens: the prompt's length with its tools, as
     /v1/messages would run it."""
-    req = await parse(CountTokensRequest)
+    req = await parse(state, CountTokensRequest)
     state.check_model(req.model)
-    chat = messages.chat_request(req)
-    tokens = chat_prompt(state.tokenizer, chat.messages, ToolUse.of(chat, state.tool_format),
-                         chat.add_generation_prompt, chat.template_variables(), state.tool_format)
+    tokens = await off_loop(state, lambda: chat_tokens(state, messages.chat_request(req)))
     return CountTokensResponse(input_tokens=len(tokens)).model_dump()
 
 
@@ -103,14 +103,21 @@ def owner(state: ServerState) -> str:
 async def create_response(state: ServerState):
     """OpenAI's /v1/responses, run as the chat request its conversation stands for
     (app/server/responses.py); kept for previous_response_id unless store is false."""
-    req = await parse(ResponsesRequest)
+    req = await parse(state, ResponsesRequest)
     state.check_model(req.model)
     key_owner = owner(state)  # read now: a stream's keep runs after the request's context is gone
     earlier = state.responses.get(key_owner, req.previous_response_id, "previous_response_id").conversation \
         if req.previous_response_id else []
-    conversation = earlier + responses.input_items(req)
+
+    def conversation_and_chat() -> tuple[list[dict], ChatCompletionRequest]:
+        conversation = earlier + responses.input_items(req)
+        request_limits.at_most("input", "items with the conversation it continues", len(conversation),
+                               state.limits.max_messages, "--max-messages")
+        return conversation, responses.chat_request(req, conversation)
+
+    conversation, chat = await off_loop(state, conversation_and_chat)
     response_id = new_id()
-    gen = start_generation(state, responses.chat_request(req, conversation), response_id, fit_context=True)
+    gen = await start_generation(state, chat, response_id, fit_context=True)
 
     def keep(response: dict, output: list[dict]) -> None:
         if req.store:
@@ -163,26 +170,29 @@ async def prometheus(state: ServerState):
 
 
 async def tokenize(state: ServerState):
-    req = await parse(TokenizeRequest)
+    req = await parse(state, TokenizeRequest)
     state.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt")
     if req.messages is not None:
-        tokens = chat_prompt(state.tokenizer, req.messages, ToolUse.of(req, state.tool_format),
-                             req.add_generation_prompt, req.template_variables(), state.tool_format)
+        tokens = await off_loop(state, chat_tokens, state, req)
     else:
-        tokens = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+        tokens = await off_loop(state, state.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens)
+    return await json_reply(state, {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len})
 
 
 async def detokenize(state: ServerState):
-    req = await parse(DetokenizeRequest)
+    req = await parse(state, DetokenizeRequest)
     state.check_model(req.model)
-    vocab = state.tokenizer.vocab_size
-    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+    return {"prompt": await off_loop(state, detokenized, state.tokenizer, req.tokens)}
+
+
+def detokenized(tokenizer, tokens: list[int]) -> str:
+    vocab = tokenizer.vocab_size
+    bad = next((t for t in tokens if not 0 <= t < vocab), None)
     if bad is not None:
         raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
-    return {"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+    return tokenizer.decode(tokens, skip_special_tokens=False)
 
 
 async def openapi_spec(state: ServerState):

@@ -101,13 +101,6 @@ class SamplingFields(BaseModel):
                                       " (echo with logprobs, or prompt_logprobs)", {"field": "max_tokens"})
         return self
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_list(cls, value):
-        if isinstance(value, list) and len(value) > 16:
-            raise ValueError("at most 16 stop strings")
-        return value
-
 
 class JsonSchemaFormat(BaseModel):
     name: str = "response"

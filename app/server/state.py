@@ -7,6 +7,8 @@ page answers 503) and fills in the rest once the engine runs.
 
 from dataclasses import dataclass, field
 
+import trio
+
 from app.server.errors import APIError
 from app.server.limits import Limits
 from app.server.listener import ConnectionStats
@@ -34,6 +36,14 @@ class ServerState:
     limits: Limits = field(default_factory=Limits)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
     responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id reads
+    workers: trio.CapacityLimiter = field(init=False)  # the threads of app/server/workers.py, --request-threads
+
+    def __post_init__(self):
+        self.workers = trio.CapacityLimiter(self.limits.request_threads)
+
+    @property
+    def max_queue(self) -> int:
+        return self.engine.config.max_queue
 
     @property
     def model_names(self) -> list[str]:

@@ -9,7 +9,9 @@ Server frames:
     (with tools, each choice also has "tool_calls", read out of the text its deltas carried)
   {"type": "error", "id": "g1" or null, "error": {"message", "type", "param", "code"}}
 A malformed frame gets an error frame and the socket stays open, as does a generate frame over
---ws-max-generations (an error frame with status 429). Closing the socket cancels every
+--ws-max-generations (an error frame with status 429) or over a request limit (400, as over
+HTTP). Frames are read in order: a generate frame is decoded, checked and tokenized in a worker
+thread (app/server/workers.py) before the next frame is read. Closing the socket cancels every
 generation on it. With --api-key, the upgrade request needs the same Authorization header as HTTP.
 An upgrade from a web page of another origin, or naming a host the server does not answer to,
 gets the HTTP refusal (403, 400) in OpenAI's shape (app/server/origins.py): no CORS guards a
@@ -26,12 +28,13 @@ import time
 import trio
 from quart import websocket
 
-from app.server import access_log, chat_page
-from app.server.errors import APIError, decode_json, validate
+from app.server import access_log, chat_page, request_limits
+from app.server.errors import APIError, decode_json
 from app.server.prompts import start_generation
 from app.server.responders.chat import ChatText
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.state import ServerState
+from app.server.workers import off_loop
 
 
 async def websocket_route(state: ServerState):
@@ -115,28 +118,29 @@ async def serve_websocket(state: ServerState) -> None:
             raise APIError(400, "a frame needs a string id", param="id")
         return kind, gid, frame
 
-    def start(gid: str, body: dict):
+    async def start(gid: str, body: dict):
         if gid in generations:
             raise APIError(400, f"generation {gid!r} is already running on this socket", param="id")
         if len(generations) >= state.limits.ws_max_generations:
             raise APIError(429, f"{len(generations)} generations are already running on this socket"
                                 f" (--ws-max-generations)", code="too_many_generations")
-        req = validate(ChatCompletionRequest if "messages" in body else CompletionRequest, body)
+        model = ChatCompletionRequest if "messages" in body else CompletionRequest
+        req = await off_loop(state, request_limits.validated, model, body, state.limits, state.max_queue)
         state.check_model(req.model)
-        return start_generation(state, req, "ws")
+        return await start_generation(state, req, "ws")
 
     async with trio.open_nursery() as nursery:
         while True:
             message = await websocket.receive()
             received, gid = time.monotonic(), None
             try:
-                kind, gid, body = parse(message)
+                kind, gid, body = await off_loop(state, parse, message)
                 if kind == "cancel":
                     if gid not in generations:
                         raise APIError(400, f"no generation {gid!r} is running on this socket", param="id")
                     generations[gid].abort()
                 else:
-                    generations[gid] = start(gid, body)
+                    generations[gid] = await start(gid, body)
                     nursery.start_soon(run, gid, generations[gid])
             except APIError as e:
                 access_log.websocket_line(remote, path, e.status, received)

@@ -10,14 +10,13 @@ replicas behind one address, with prefix-aware routing, health checks and retrie
     POST /v1/completions/render           them (cache-aware routing hashes these)
 """
 
-from quart import request
-
 from app import version
-from app.server.errors import APIError, decode_json, validate
-from app.server.prompts import chat_prompt, completion_prompts
+from app.server.errors import APIError
+from app.server.prompts import chat_tokens, completion_prompts
+from app.server.routes import parse
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.state import ServerState
-from app.server.tools import ToolUse
+from app.server.workers import json_reply, off_loop
 
 
 async def server_info(state: ServerState):
@@ -63,21 +62,20 @@ async def flush_cache(state: ServerState):
 
 
 async def render_chat(state: ServerState):
-    req = validate(ChatCompletionRequest, decode_json(await request.get_data()))
+    req = await parse(state, ChatCompletionRequest)
     state.check_model(req.model)
-    return rendered(state, chat_prompt(state.tokenizer, req.messages, ToolUse.of(req, state.tool_format),
-                                       req.add_generation_prompt, req.template_variables(), state.tool_format))
+    return await rendered(state, await off_loop(state, chat_tokens, state, req))
 
 
 async def render_completion(state: ServerState):
-    req = validate(CompletionRequest, decode_json(await request.get_data()))
+    req = await parse(state, CompletionRequest)
     state.check_model(req.model)
-    prompts = completion_prompts(req, state.tokenizer)
+    prompts = await off_loop(state, completion_prompts, req, state.tokenizer)
     if len(prompts) != 1:
         raise APIError(400, "render takes one prompt", param="prompt")
-    return rendered(state, prompts[0])
+    return await rendered(state, prompts[0])
 
 
-def rendered(state: ServerState, token_ids: list[int]) -> dict:
+async def rendered(state: ServerState, token_ids: list[int]):
     """vLLM's render shape: the prompt's ids, and no multimodal features."""
-    return {"model": state.model_name, "token_ids": token_ids, "features": None}
+    return await json_reply(state, {"model": state.model_name, "token_ids": token_ids, "features": None})
