@@ -25,6 +25,7 @@ class CountingEngine:
     def __init__(self):
         self.flushes = 0
         self.pool = self
+        self.config = argparse.Namespace(max_queue=1024)  # what the request limits read
 
     def flush(self) -> int:
         self.flushes += 1
