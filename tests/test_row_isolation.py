@@ -19,7 +19,7 @@ from app.engine.request import ThinkingBudget
 from app.server.formats import json_grammar
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.tools import FORMATS, ToolUse
-from cuda_harness import CpuLauncher
+from cuda_harness import CpuLauncher, gpu_available
 from engine_harness import Harness
 from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
@@ -30,7 +30,19 @@ from model.tokenizer import Tokenizer
 from tiny_model import make_tiny_model
 
 PADDING = 128
-BACKENDS = {"numpy": NumpyOps, "numba": lambda: NumbaOps("q8_0"), "cuda-harness": lambda: CudaOps(np, CpuLauncher())}
+
+
+def device_ops():
+    """The CUDA kernels on a device (a GPU run; the harness runs the same kernels in CI)."""
+    if not gpu_available():
+        pytest.skip("no GPU: CuPy is not installed or sees no device")
+    from model.ops import cupy_ops
+
+    return cupy_ops.create("float32")
+
+
+BACKENDS = {"numpy": NumpyOps, "numba": lambda: NumbaOps("q8_0"), "cuda-harness": lambda: CudaOps(np, CpuLauncher()),
+            "cuda": device_ops}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
@@ -73,7 +85,7 @@ def test_unmasked_rows_do_pick_the_padding(padded):
     assert any(t >= tok.vocab_size for r in rids for t in h.tokens(r))
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("backend", ["numpy", "numba", "cuda-harness", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_structured_output_tools_and_thinking_on_a_padded_vocabulary(padded, backend):
     path, tok = padded
     alone = harness(path, tok, backend)
