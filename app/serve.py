@@ -25,7 +25,7 @@ from app.server.app import create_app
 from app.server.response_store import ResponseStore
 from app.server.origins import OriginPolicy
 from app.server.state import ServerState
-from app.server.listener import serve_http
+from app.server.http.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
 from model.draft import DraftModel
 from model.backend import resolve

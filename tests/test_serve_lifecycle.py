@@ -14,8 +14,8 @@ import trio
 from app.engine import Engine, EngineConfig, GenerationParams
 from app.serve import serve
 from app.server.state import ServerState
-from app.server.connection import Connection
-from app.server.http1 import Http1Protocol
+from app.server.http.connection import Connection
+from app.server.http.http1 import Http1Protocol
 from app.server.limits import Limits
 from fake_runner import FakeRunner
 from live_server import free_port

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from app.server.listener import CLOSE_REASONS
+from app.server.http.listener import CLOSE_REASONS
 
 HISTOGRAMS = {
     "time_to_first_token_seconds": ("time_to_first_token", "Time to first token."),

@@ -11,7 +11,7 @@ import trio
 
 from app.server.errors import APIError
 from app.server.limits import Limits
-from app.server.listener import ConnectionStats
+from app.server.http.listener import ConnectionStats
 from app.server.origins import OriginPolicy
 from app.server.tools import HERMES
 from app.server.response_store import ResponseStore

@@ -24,7 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.worker_context import WorkerContext
 
-from app.server.connection import LINGER, MAX_RECV, Connection, canned_response
+from app.server.http.connection import LINGER, MAX_RECV, Connection, canned_response
 from app.server.limits import Limits
 
 log = logging.getLogger("spool.listener")

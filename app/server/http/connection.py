@@ -30,7 +30,7 @@ from wsproto.events import CloseConnection
 from wsproto.utilities import LocalProtocolError
 
 from app.server.errors import APIError
-from app.server.http1 import HTTP2_REFUSAL, Http1Protocol, Http2Preface, Paused
+from app.server.http.http1 import HTTP2_REFUSAL, Http1Protocol, Http2Preface, Paused
 from model.errors import is_failure
 
 log = logging.getLogger("spool.connection")
