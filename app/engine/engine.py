@@ -63,13 +63,13 @@ class Engine:
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
         self.stats = Stats()
+        model = getattr(runner, "config", None)
         # a checkpoint's embedding often has more rows than its tokenizer has tokens (Qwen's
-        # 151,936 for about 151,670): a request may name only ids both know, and a grammar's
-        # mask covers every row of the logits (those past the tokenizer never allowed)
-        rows = getattr(getattr(runner, "config", None), "vocab_size", tokenizer.vocab_size)
-        self.vocab_size = min(tokenizer.vocab_size, rows)
-        self.outputs = OutputProcessor(tokenizer, self.stats, max(tokenizer.vocab_size, rows))
-        window = getattr(getattr(runner, "config", None), "kv_window", 0)
+        # 151,936 for about 151,670): a request may name only ids both know (a grammar's mask
+        # never allows the others: model.sampling.allowed_tokens)
+        self.vocab_size = min(tokenizer.vocab_size, getattr(model, "vocab_size", tokenizer.vocab_size))
+        self.outputs = OutputProcessor(tokenizer, self.stats)
+        window = getattr(model, "kv_window", 0)
         self.planner = Planner(config, self.pool, self.outputs, self.stats, window)
         self.reporter = StatusReporter(config.decode_log_interval)
         self._wake = trio.Event()

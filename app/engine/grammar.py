@@ -25,11 +25,8 @@ CACHE_SIZE = 64  # compiled grammars kept
 
 
 class Grammars:
-    def __init__(self, tokenizer, mask_size: int | None = None, capacity: int = CACHE_SIZE):
-        """mask_size: the ids a mask covers, the logits' width (the model's rows, which may
-        pass the tokenizer's tokens: those bits are never set); the tokenizer's size when None."""
+    def __init__(self, tokenizer, capacity: int = CACHE_SIZE):
         self.tokenizer = tokenizer
-        self.mask_size = max(mask_size or 0, tokenizer.vocab_size)
         self.capacity = capacity
         self.compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._llt = None
@@ -47,7 +44,7 @@ class Grammars:
         with self._llt_lock:
             if self._llt is None:
                 tok = self.tokenizer
-                self._llt = llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=self.mask_size,
+                self._llt = llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=tok.vocab_size,
                                                    eos_token=sorted(tok.eos_token_ids))
             return self._llt
 
@@ -72,12 +69,12 @@ class Grammars:
 
     def only(self, token: int) -> np.ndarray:
         """A mask that allows one token."""
-        words = np.zeros(-(-self.mask_size // 32), dtype=np.uint32)
+        words = np.zeros(-(-self.tokenizer.vocab_size // 32), dtype=np.uint32)
         words[token // 32] = np.uint32(1 << (token % 32))
         return words.view(np.int32)
 
     def mask(self, matcher: llguidance.LLMatcher) -> np.ndarray:
         """The tokens allowed next, as int32 words of bits (token t: bit t % 32 of word t // 32)."""
-        words = llg_numpy.allocate_token_bitmask(1, self.mask_size)
+        words = llg_numpy.allocate_token_bitmask(1, self.tokenizer.vocab_size)
         llg_numpy.fill_next_token_bitmask(matcher, words)
         return words[0]

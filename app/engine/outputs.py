@@ -25,12 +25,11 @@ class Ending:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, stats: Stats, mask_size: int | None = None):
-        """mask_size: how many token ids a grammar's mask covers (the logits' width)."""
+    def __init__(self, tokenizer, stats: Stats):
         self.tokenizer = tokenizer
         self.stats = stats
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
-        self.grammars = Grammars(tokenizer, mask_size)
+        self.grammars = Grammars(tokenizer)
 
     def open(self, request: Request) -> None:
         """A request's detokenizer, stop-string buffer and grammar matcher, at submission."""
