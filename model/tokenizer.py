@@ -156,7 +156,7 @@ class Tokenizer:
         self.render_seconds, self.render_chars = render_seconds, render_chars
         if template:
             env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
+                                 extensions=["jinja2.ext.loopcontrols"])
             env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

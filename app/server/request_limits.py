@@ -33,7 +33,7 @@ def check(req, limits: Limits, max_queue: int) -> None:
     """Raises a 400 for the first field over its limit."""
     if isinstance(req, SamplingFields):
         prompts = count_prompts(req.prompt) if hasattr(req, "prompt") else 1
-        check_choices(prompts, req.n, limits, max_queue)
+        check_choice_count(prompts, req.n, limits, max_queue)
         check_stops(req.stop, "stop", limits)
         check_format_schemas(req, limits)
     if isinstance(req, EmbeddingRequest):
@@ -73,7 +73,7 @@ def count_prompts(prompt) -> int:
     return len(prompt)
 
 
-def check_choices(prompts: int, n: int, limits: Limits, max_queue: int) -> None:
+def check_choice_count(prompts: int, n: int, limits: Limits, max_queue: int) -> None:
     """prompts x n choices, each a request in the queue."""
     choices = prompts * n
     param = "prompt" if prompts > 1 else "n"
