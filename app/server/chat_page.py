@@ -11,12 +11,12 @@ key: they hold nothing but code, and the page asks for the key when /v1/models s
 """
 
 import base64
-import hmac
 from functools import cache
 from importlib.resources import files
 
 from quart import Response
 
+from app.server import keys
 from app.server.errors import APIError
 from app.server.state import ServerState
 
@@ -38,10 +38,10 @@ def is_page(path: str) -> bool:
 
 def key_offered(websocket, key: str) -> bool:
     """The key in the Authorization header or in a spool.bearer.<base64url> subprotocol."""
-    if hmac.compare_digest(websocket.headers.get("Authorization", ""), f"Bearer {key}"):
+    if keys.same(websocket.headers.get("Authorization", ""), f"Bearer {key}"):
         return True
     want = KEY_PREFIX + base64.urlsafe_b64encode(key.encode()).rstrip(b"=").decode()
-    return any(hmac.compare_digest(offered, want) for offered in websocket.requested_subprotocols)
+    return any(keys.same(offered, want) for offered in websocket.requested_subprotocols)
 
 
 @cache
