@@ -17,7 +17,7 @@ FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
 
 def serve_help() -> str:
     done = subprocess.run([sys.executable, "-m", "app", "serve", "--help"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHON_COLORS": "0"})
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -10,6 +10,7 @@ outside the import path of `spool serve`, so it costs the server's start-up noth
 """
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def _cell(text: str) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # argparse's colours, where a Python adds them
     return text.replace("|", "\\|").replace("\n", " ").strip()
 
 
@@ -68,7 +70,7 @@ def _invocation(formatter, action) -> str:
     names = ", ".join(f"`{name}`" for name in action.option_strings)
     if action.nargs == 0:
         return names
-    value = formatter._format_args(action, action.dest.upper())
+    value = re.sub(r"\x1b\[[0-9;]*m", "", formatter._format_args(action, action.dest.upper()))
     return f"{names} `{value}`" if names else f"`{value}`"
 
 
