@@ -41,9 +41,8 @@ async def parse(state: ServerState, model):
     return await off_loop(state, request_limits.parse, model, raw, state.limits, state.max_queue)
 
 
-async def generate(state: ServerState, req, id_prefix: str, responder_class):
-    gen = await start_generation(state, req, id_prefix)
-    responder = responder_class(gen, req, state.tokenizer, state.model_name)
+async def answer(gen: Generation, req, responder):
+    """The events with stream=true, else the JSON reply once every choice has ended."""
     if req.stream:
         return stream(gen, responder, req)
     await gen.collect()
@@ -53,13 +52,15 @@ async def generate(state: ServerState, req, id_prefix: str, responder_class):
 async def chat_completions(state: ServerState):
     req = await parse(state, ChatCompletionRequest)
     state.check_model(req.model)
-    return await generate(state, req, "chatcmpl", ChatResponder)
+    gen, reading = await start_generation(state, req, "chatcmpl")
+    return await answer(gen, req, ChatResponder(gen, reading, req, state.tokenizer, state.model_name))
 
 
 async def completions(state: ServerState):
     req = await parse(state, CompletionRequest)
     state.check_model(req.model)
-    return await generate(state, req, "cmpl", CompletionResponder)
+    gen, _ = await start_generation(state, req, "cmpl")
+    return await answer(gen, req, CompletionResponder(gen, req, state.tokenizer, state.model_name))
 
 
 async def create_embeddings(state: ServerState):
@@ -68,7 +69,8 @@ async def create_embeddings(state: ServerState):
     req = await parse(state, EmbeddingRequest)
     state.check_model(req.model)
     embeddings.check_dimensions(req, state.engine.runner.config.hidden_size)
-    gen = Generation(state.engine, await off_loop(state, check_embeddings, state, req), "embd", state.request_timeout)
+    submissions = await off_loop(state, check_embeddings, state, req)
+    gen = Generation(state.engine, submissions, "embd", state.request_timeout)
     await gen.collect()
     return embeddings.reply(gen, req, state.model_name)
 
@@ -78,8 +80,8 @@ async def create_message(state: ServerState):
     req = await parse(state, MessagesRequest)
     state.check_model(req.model)
     chat = await off_loop(state, messages.chat_request, req)
-    gen = await start_generation(state, chat, "msg", fit_context=True)
-    responder = MessagesResponder(gen, state.model_name)
+    gen, reading = await start_generation(state, chat, "msg", fit_context=True)
+    responder = MessagesResponder(gen, reading, state.model_name)
     if req.stream:
         return responder.events(), HEADERS
     await gen.collect()
@@ -117,13 +119,13 @@ async def create_response(state: ServerState):
 
     conversation, chat = await off_loop(state, conversation_and_chat)
     response_id = new_id()
-    gen = await start_generation(state, chat, response_id, fit_context=True)
+    gen, reading = await start_generation(state, chat, response_id, fit_context=True)
 
     def keep(response: dict, output: list[dict]) -> None:
         if req.store:
             state.responses.put(key_owner, response, conversation + output)
 
-    responder = ResponsesResponder(gen, req, state.model_name, response_id, keep)
+    responder = ResponsesResponder(gen, reading, req, state.model_name, response_id, keep)
     if req.stream:
         return responder.events(), HEADERS
     await gen.collect()

@@ -6,10 +6,11 @@ event of its own, in OpenAI's error shape.
 """
 
 import json
+from contextlib import aclosing
 
 from pydantic import BaseModel
 
-from app.server.generation import Generation
+from app.server.generation import Generation, Outcome
 from app.server.responders.base import Responder
 
 HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -28,26 +29,20 @@ def named_event(name: str, payload: dict) -> str:
 
 
 async def events(gen: Generation, responder: Responder, include_usage: bool):
-    """Every event until every choice ends; leaving early (the client gone) aborts them."""
-    with gen.submitted() as refusal:
-        if refusal:
-            yield event(refusal.body())
+    """Every event of gen.run(), until every choice ends; leaving early (the client gone)
+    aborts them."""
+    async with aclosing(gen.run()) as items:
+        async for item in items:
+            if not isinstance(item, Outcome):
+                for chunk in responder.chunks(item):
+                    yield event(chunk)
+                continue
+            for error in (item.refusal, item.timeout, item.failure):
+                if error:
+                    yield event(error.body())
+            if include_usage and not (item.refusal or item.failure):
+                yield event(responder.usage_chunk())
             yield DONE
-            return
-        first = responder.opening()
-        if first is not None:
-            yield event(first)
-        async for pieces in gen.batches():
-            for chunk in responder.chunks(pieces):
-                yield event(chunk)
-        if gen.timed_out:
-            yield event(gen.timeout_error().body())
-        failure = gen.failure()
-        if failure:
-            yield event(failure.body())
-        elif include_usage:
-            yield event(responder.usage_chunk())
-        yield DONE
 
 
 def stream(gen: Generation, responder: Responder, req) -> tuple:
