@@ -2,17 +2,17 @@
 (message_start, then per content block content_block_start, its deltas and content_block_stop,
 then message_delta with the stop reason and usage, and message_stop).
 
-Content blocks are the output's parts (responders/parts.py: thinking, text, tool calls), so a
-streamed message accumulates to the JSON reply's blocks by construction.
+Content blocks are the output's parts (app/server/output_parts.py: thinking, text, tool
+calls), so a streamed message accumulates to the JSON reply's blocks by construction.
 """
 
 import json
 from contextlib import aclosing
 
+from app.server.anthropic.schemas import MessageResponse, MessageUsage, error_body
 from app.server.chat_text import ChatText, Reading
 from app.server.generation import Choice, Generation, Outcome, Piece
-from app.server.messages_schemas import MessageResponse, MessageUsage
-from app.server.responders.parts import OutputParts, Part
+from app.server.output_parts import OutputParts, Part
 from app.server.sse import named_event
 
 
@@ -107,7 +107,7 @@ class MessagesResponder:
         choice = self.choice
         if isinstance(item, Outcome):
             if item.error:
-                return [("error", item.error.anthropic_body())]
+                return [("error", error_body(item.error))]
             reason, sequence = stop_reason(choice, bool(self.split.tool_calls))
             return [("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason,
                                                                           "stop_sequence": sequence},

@@ -3,9 +3,9 @@
 deltas and .done events, then response.completed or response.incomplete), each numbered by
 sequence_number.
 
-Output items are the output's parts (responders/parts.py): thinking → a reasoning item, text →
+Output items are the output's parts (app/server/output_parts.py): thinking → a reasoning item, text →
 an assistant message with one output_text part, each tool call → a function_call item. Item ids
-follow from the response's id (random: app/server/response_store.py) and the item's place, so a
+follow from the response's id (random: app/server/responses/store.py) and the item's place, so a
 reply and its stream name them alike; the stream's last event carries the same Response object
 that the store keeps.
 """
@@ -15,8 +15,8 @@ from contextlib import aclosing
 
 from app.server.chat_text import ChatText, Reading
 from app.server.generation import Choice, Generation, Outcome, Piece
-from app.server.responders.parts import OutputParts, Part
-from app.server.responses_schemas import ResponseObject, ResponsesRequest
+from app.server.output_parts import OutputParts, Part
+from app.server.responses.schemas import ResponseObject, ResponsesRequest
 from app.server.sse import named_event
 
 PREFIX = {"thinking": "rs", "text": "msg", "call": "fc"}

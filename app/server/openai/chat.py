@@ -7,8 +7,8 @@ it streams, so a tool call's arguments stream as they are written.
 
 from app.server.chat_text import ChatText, Reading
 from app.server.generation import Generation, Piece
-from app.server.responders.base import Responder
-from app.server.schemas import (
+from app.server.openai.responder import Responder
+from app.server.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -17,10 +17,10 @@ from app.server.schemas import (
     DeltaMessage,
     ResponseMessage,
     TokenLogprob,
-    ToolCall,
     ToolCallChunk,
     TopLogprob,
 )
+from app.server.schemas import ToolCall
 
 
 class ChatResponder(Responder):

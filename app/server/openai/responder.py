@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from pydantic import BaseModel
 
 from app.server.generation import Choice, Generation, Piece
-from app.server.schemas import PromptLogprob, PromptLogprobs
+from app.server.openai.schemas import PromptLogprob, PromptLogprobs
 
 
 class Responder(ABC):
