@@ -97,10 +97,10 @@ class MessagesResponder:
         """The whole event stream; an error after the 200 is an error event, as Anthropic's."""
         async with aclosing(self.gen.run()) as items:
             async for item in items:
-                for name, payload in self.item_events(item):
+                for name, payload in self.run_events(item):
                     yield named_event(name, payload)
 
-    def item_events(self, item: list[Piece] | Outcome) -> list[tuple[str, dict]]:
+    def run_events(self, item: list[Piece] | Outcome) -> list[tuple[str, dict]]:
         """The events one of run()'s items makes: the opening for the first, empty batch, the
         content blocks' events for a batch, and for the outcome an error or the stop reason,
         the usage and the end."""

@@ -23,6 +23,8 @@ PREFIX = {"thinking": "rs", "text": "msg", "call": "fc"}
 
 
 class ResponsesResponder:
+    """One Responses request's reply, or its stream: gen.run()'s items as the API's events."""
+
     def __init__(self, gen: Generation, reading: Reading, req: ResponsesRequest, model_name: str, response_id: str,
                  keep: Callable[[dict, list[dict]], None]):
         """keep(response, output items): called with the finished response, for the store."""
@@ -77,10 +79,9 @@ class ResponsesResponder:
         return response
 
     def reply(self) -> dict:
-        (choice,) = self.gen.ordered()
         split, parts = ChatText(self.reading), OutputParts()
-        parts.feed(*split.feed(choice.text, final=True), final=True)
-        return self.finished(choice, parts)
+        parts.feed(*split.feed(self.choice.text, final=True), final=True)
+        return self.finished(self.choice, parts)
 
     async def events(self):
         """The whole event stream, each event numbered; an error after the 200 is an error event."""
@@ -107,11 +108,12 @@ class ResponsesResponder:
         for piece in item:
             final = piece.final is not None
             for part_event in self.parts.feed(*self.split.feed(piece.text, final=final), final=final):
-                out += self.item_events(self.parts, part_event, self.choice)
+                out += self.part_events(part_event)
         return out
 
-    def item_events(self, parts: OutputParts, out: tuple, choice: Choice) -> list[tuple[str, dict]]:
-        """The Responses events for one of the parts' events."""
+    def part_events(self, out: tuple) -> list[tuple[str, dict]]:
+        """The Responses events for one of the stream's parts' events."""
+        parts, choice = self.parts, self.choice
         kind, index, *piece = out
         part = parts.parts[index]
         at = {"item_id": self.item_id(parts, index), "output_index": index}
