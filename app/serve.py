@@ -22,7 +22,7 @@ from app.flags import fetch_model, speculative_config
 from app.logs import configure_logging
 from app.server import limits, tools
 from app.server.app import create_app
-from app.server.response_store import ResponseStore
+from app.server.responses.store import ResponseStore
 from app.server.origins import OriginPolicy
 from app.server.state import ServerState
 from app.server.http.listener import serve_http

@@ -16,8 +16,8 @@ import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from app.server.responders.messages import block
-from app.server.responders.parts import OutputParts
+from app.server.anthropic.responder import block
+from app.server.output_parts import OutputParts
 from live_server import LiveServer
 from tiny_model import THINKING_CHATML, make_tiny_model
 

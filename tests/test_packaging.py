@@ -1,9 +1,11 @@
 """What a non-editable install carries: the kernels' sources, where model/ops/kernels.py looks,
-and the chat page's files."""
+the chat page's files, and every package of app/ and model/ (pyproject.toml lists them one by
+one)."""
 
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from model.ops.kernels import CUDA_DIR, KERNELS, sources
@@ -29,3 +31,13 @@ def test_an_installed_copy_carries_every_kernel_source(tmp_path):
     found = subprocess.run([sys.executable, "-c", "from model.ops.kernels import CUDA_DIR; print(CUDA_DIR)"],
                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(lib)}, capture_output=True, text=True)
     assert found.stdout.strip() == str(installed), found.stderr
+
+
+def test_pyproject_lists_every_package():
+    """A package left out of the list installs only as data (setuptools warns, and a later one
+    drops it), so the list must name every folder with an __init__.py."""
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts)
+             for top in ("app", "model") for p in (root / top).rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

@@ -13,7 +13,7 @@ from trio_websocket import HandshakeError, open_websocket_url
 
 from app.server import keys
 from app.server.errors import APIError
-from app.server.response_store import ResponseStore, new_id
+from app.server.responses.store import ResponseStore, new_id
 from live_server import LiveServer
 
 ID = re.compile(r"resp_[0-9a-f]{48}")

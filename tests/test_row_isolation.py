@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from app.engine.errors import EngineError
 from app.server.errors import APIError, validate
-from app.server.messages_schemas import MessagesRequest
+from app.server.anthropic.schemas import MessagesRequest
 from app.engine.request import ThinkingBudget
 from app.server.formats import json_grammar
 from app.server.schemas import ChatCompletionRequest, CompletionRequest

@@ -1,7 +1,8 @@
-"""The quart-trio application: every route module's routes bound to one ServerState, the
-access check before them (app/server/origins.py's policy for browsers included), CORS headers
-after them, errors in OpenAI's shape (in Anthropic's on its /v1/messages routes), and the
-request log around it all (app/server/access_log.py).
+"""The quart-trio application: every route table's routes (each API folder's, the server's own,
+the routers') bound to one ServerState, the access check before them (app/server/origins.py's
+policy for browsers included), CORS headers after them, errors in OpenAI's shape (in
+Anthropic's on its /v1/messages routes), and the request log around it all
+(app/server/access_log.py). The one module that imports every API folder.
 
 create_app() builds a fresh app around the state (Quart creates serving hooks once per app,
 so tests build one per server).
@@ -14,38 +15,29 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from app.server import chat_page, keys, origins, routes, worker_routes
+from app.server import chat_page, keys, openapi, origins, routes, worker_routes
 from app.server.access_log import AccessLog
+from app.server.anthropic import routes as anthropic
+from app.server.anthropic.schemas import error_body
+from app.server.embeddings import routes as embeddings
 from app.server.errors import APIError
+from app.server.openai import routes as openai
+from app.server.responses import routes as responses
 from app.server.state import ServerState
 from app.server.websocket import websocket_route
 
+# what /openapi.json shows: each API's routes, then the server's own
+DOCUMENTED = tuple(openai.DOCUMENTED + embeddings.DOCUMENTED + anthropic.DOCUMENTED + responses.DOCUMENTED
+                   + routes.DOCUMENTED)
+
+
+async def openapi_spec(state: ServerState):
+    return openapi.spec(state.model_name, DOCUMENTED)
+
+
 # method, path, route: every HTTP route, each a function of the ServerState (and the path's parts)
-ROUTES = [
-    ("POST", "/v1/chat/completions", routes.chat_completions),
-    ("POST", "/v1/completions", routes.completions),
-    ("POST", "/v1/embeddings", routes.create_embeddings),
-    ("POST", "/v1/messages", routes.create_message),
-    ("POST", "/v1/messages/count_tokens", routes.count_message_tokens),
-    ("POST", "/v1/responses", routes.create_response),
-    ("GET", "/v1/responses/<response_id>", routes.get_response),
-    ("DELETE", "/v1/responses/<response_id>", routes.delete_response),
-    ("GET", "/v1/models", routes.models),
-    ("GET", "/v1/models/<path:model_id>", routes.model),
-    ("GET", "/health", routes.health),
-    ("GET", "/metrics", routes.prometheus),
-    ("POST", "/tokenize", routes.tokenize),
-    ("POST", "/detokenize", routes.detokenize),
-    ("GET", "/openapi.json", routes.openapi_spec),
-    ("GET", "/server_info", worker_routes.server_info),
-    ("GET", "/get_server_info", worker_routes.server_info),
-    ("GET", "/model_info", worker_routes.model_info),
-    ("GET", "/get_model_info", worker_routes.model_info),
-    ("GET", "/get_load", worker_routes.get_load),
-    ("POST", "/flush_cache", worker_routes.flush_cache),
-    ("POST", "/v1/chat/completions/render", worker_routes.render_chat),
-    ("POST", "/v1/completions/render", worker_routes.render_completion),
-]
+ROUTES = (openai.ROUTES + embeddings.ROUTES + anthropic.ROUTES + responses.ROUTES + routes.ROUTES
+          + [("GET", "/openapi.json", openapi_spec)] + worker_routes.ROUTES)
 PAGE_ROUTES = [("GET", "/", chat_page.chat_page), ("GET", "/ui/<name>", chat_page.chat_page_file)]  # unless --no-ui
 
 log = logging.getLogger("spool.server")
@@ -81,12 +73,13 @@ async def cors(state: ServerState, response):
     return response
 
 
-def anthropic_route() -> bool:
-    return request.path.startswith("/v1/messages")
+def error_response(e: APIError):
+    """e in OpenAI's shape, or in Anthropic's on its routes."""
+    return e.response(error_body(e) if request.path.startswith(anthropic.PREFIX) else None)
 
 
 async def api_error(e: APIError):
-    response = e.response(anthropic=anthropic_route())
+    response = error_response(e)
     if e.status in (408, 413):  # the rest of the body is never read
         response.headers["Connection"] = "close"
     return response
@@ -101,7 +94,7 @@ async def http_error(state: ServerState, e: HTTPException):
 
 async def crash(e: Exception):
     log.exception("unhandled error")
-    return APIError(500, f"internal error: {type(e).__name__}").response(anthropic=anthropic_route())
+    return error_response(APIError(500, f"internal error: {type(e).__name__}"))
 
 
 def create_app(state: ServerState) -> QuartTrio:

@@ -1,13 +1,11 @@
-"""Every error on the wire in OpenAI's shape: {"error": {message, type, param, code}}; on
-Anthropic's routes (/v1/messages) in its shape: {"type": "error", "error": {type, message}}."""
+"""Every error on the wire in OpenAI's shape: {"error": {message, type, param, code}}; an API
+with a shape of its own (Anthropic's, app/server/anthropic/schemas.py) gives its body instead."""
 
 import json
 
 from pydantic import BaseModel, ValidationError
 from quart import Response
 
-from app.server.messages_schemas import AnthropicErrorInfo, AnthropicErrorResponse
-from app.server.schemas import ErrorInfo, ErrorResponse
 
 TYPES = {
     400: "invalid_request_error",
@@ -24,16 +22,16 @@ TYPES = {
     503: "service_unavailable",
 }
 
-ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
 
 
 class APIError(Exception):
@@ -50,15 +48,9 @@ class APIError(Exception):
         info = ErrorInfo(message=self.message, type=TYPES.get(self.status, "error"), param=self.param, code=self.code)
         return ErrorResponse(error=info).model_dump()
 
-    def anthropic_body(self) -> dict:
-        """Anthropic's shape: the field a 400 is about is named in the message."""
-        message = self.message if self.param is None or self.param in self.message else f"{self.param}: {self.message}"
-        info = AnthropicErrorInfo(type=ANTHROPIC_TYPES.get(self.status, "api_error"), message=message)
-        return AnthropicErrorResponse(error=info).model_dump()
-
-    def response(self, anthropic: bool = False) -> Response:
-        body = self.anthropic_body() if anthropic else self.body()
-        response = Response(json.dumps(body), status=self.status, content_type="application/json")
+    def response(self, body: dict | None = None) -> Response:
+        """The error as an HTTP response: its body in OpenAI's shape, unless given another."""
+        response = Response(json.dumps(body or self.body()), status=self.status, content_type="application/json")
         response.headers.update(self.headers)
         return response
 

@@ -1,20 +1,21 @@
 """One API request's generation: its choices checked in a worker thread (check_choices), then
-submitted, their frames collected, and aborted however it ends; SSE, JSON and the WebSocket all
-run a request through it. The request's log line (app/server/access_log.py) reads its tokens,
-TTFT and finish reasons.
+submitted, their frames collected, and aborted however it ends. run() is the one stream loop:
+it yields batches of pieces, then one Outcome, and each transport (the APIs' SSE, the
+WebSocket, collect() for JSON) maps those to its wire format and does nothing else. The
+request's log line (app/server/access_log.py) reads its tokens, TTFT and finish reasons.
 
 Each wait for frames runs in its own cancel scope under the request's deadline
 (--request-timeout, counted from submit). Whatever ends it (every choice done, the client
-gone, a WebSocket cancel frame, the deadline, shutdown), leaving submitted() calls
-engine.abort for every choice still running, so the engine sends each its one final frame.
-All n choices share one channel; a reader takes every frame already waiting before it writes,
-so a client that falls behind gets fewer, larger chunks instead of a backlog.
+gone, a WebSocket cancel frame, the deadline, shutdown), leaving run() calls engine.abort
+for every choice still running, so the engine sends each its one final frame. All n
+choices share one channel; a reader takes every frame already waiting before it writes, so a
+client that falls behind gets fewer, larger chunks instead of a backlog.
 """
 
 import math
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import trio
@@ -23,7 +24,6 @@ from app.engine import Draining, EngineError, Frame, GenerationParams, Overloade
 from app.server import access_log
 from app.server.errors import APIError
 from app.server.schemas import UsageInfo
-from app.server.tools import ToolUse
 
 RETRY_AFTER_SECONDS = 1
 
@@ -80,76 +80,87 @@ class Submission:
     max_tokens: int  # resolved against the context by engine.check
 
 
-@dataclass
-class Checked:
-    """An API request's choices, checked in a worker thread, ready to become a Generation on
-    the event loop. tools: what a chat request asked of tools, for reading calls out of the
-    text; thinks_from: for a reasoning model's chat, whether the prompt opened the thinking."""
-
-    submissions: list[Submission]
-    tools: ToolUse | None = None
-    thinks_from: bool | None = None
-
-
-def check_choices(engine, prompts: list[list[int]], n: int, params_for, format_field: str | None = None,
-                  tools: ToolUse | None = None, thinks_from: bool | None = None) -> Checked:
-    """n choices per prompt, each checked by engine.check; params_for(choice index) gives each
-    its GenerationParams. format_field: the request field its output format came from, named
+def check_choices(engine, prompts: list[list[int]], n: int, params: Iterable[GenerationParams],
+                  format_field: str | None = None) -> list[Submission]:
+    """n choices per prompt, each checked by engine.check with its GenerationParams, taken from
+    params in choice order. format_field: the request field its output format came from, named
     when it does not compile. Pure, so it runs off the event loop; the queue is asked later."""
     submissions = []
-    for prompt_index, prompt in enumerate(prompts):
-        for i in range(n):
-            params = params_for(prompt_index * n + i)
-            try:
-                max_tokens = engine.check(prompt, params)
-            except EngineError as e:
-                if e.param == "grammar" and format_field:
-                    raise APIError(400, f"{format_field}: {e}", param=format_field) from None
-                raise engine_error(e) from None
-            submissions.append(Submission(prompt_index, prompt, params, max_tokens))
-    return Checked(submissions, tools, thinks_from)
+    choices = ((prompt_index, prompt) for prompt_index, prompt in enumerate(prompts) for _ in range(n))
+    for (prompt_index, prompt), choice_params in zip(choices, params):
+        try:
+            max_tokens = engine.check(prompt, choice_params)
+        except EngineError as e:
+            if e.param == "grammar" and format_field:
+                raise APIError(400, f"{format_field}: {e}", param=format_field) from None
+            raise engine_error(e) from None
+        submissions.append(Submission(prompt_index, prompt, choice_params, max_tokens))
+    return submissions
+
+
+@dataclass
+class Outcome:
+    """How a generation ended: the last item run() yields. refusal: the engine refused it at
+    submit, so nothing ran; timeout: its deadline passed and every choice was aborted; failure:
+    the first choice that ended in an engine error, as a 500. All None: every choice ended."""
+
+    refusal: APIError | None = None
+    timeout: APIError | None = None
+    failure: APIError | None = None
+
+    @property
+    def error(self) -> APIError | None:
+        """The one error a reply that carries one reports: the first that happened."""
+        return self.refusal or self.timeout or self.failure
 
 
 class Generation:
     """The n choices of one API request: made on the event loop from its checked choices (a
-    draining server or a queue without room for them all refuses it here), submitted by
-    submitted()."""
+    draining server or a queue without room for them all refuses it here), run by run()."""
 
-    def __init__(self, engine, checked: Checked, id_prefix: str, timeout: float | None):
+    def __init__(self, engine, submissions: list[Submission], id_prefix: str, timeout: float | None):
         """timeout: seconds from submit to the deadline, None for none."""
         try:
-            engine.admits(len(checked.submissions))
+            engine.admits(len(submissions))
         except EngineError as e:
             raise engine_error(e) from None
         self.engine = engine
         self.timeout = timeout
-        self.tools = checked.tools
-        self.thinks_from = checked.thinks_from
         self.id = f"{id_prefix}-{engine.next_id()}"
         self.started = time.monotonic()
         self.first_token_at: float | None = None
         self.deadline = math.inf
-        self.timed_out = False
         self.send, self.recv = trio.open_memory_channel(math.inf)
         self.choices: dict[str, Choice] = {}
         self.submissions = []
-        for index, submission in enumerate(checked.submissions):
+        for index, submission in enumerate(submissions):
             rid = f"{self.id}-{index}"
             self.submissions.append((rid, submission))
             self.choices[rid] = Choice(index, rid, submission.prompt_index, submission.prompt_ids)
         access_log.attach(self)
 
-    @contextmanager
-    def submitted(self) -> Iterator[APIError | None]:
-        """Submits every choice and gives the engine's refusal, or None; however the block is
-        left, aborts every choice still running."""
+    async def run(self) -> AsyncIterator[list[Piece] | Outcome]:
+        """The one stream loop: submits every choice, then yields an empty batch (a stream opens
+        there, before the first token), then every frame waiting each time, joined per choice,
+        until every choice has ended or the deadline passed; last, one Outcome (alone, when the
+        engine refused it). However it is left (run to its end, the client gone, a cancel frame,
+        shutdown), aborts every choice still running; callers hold it in contextlib.aclosing,
+        so that happens as they leave, not when the generator is collected."""
         try:
-            refusal = None
             try:
                 self._submit()
-            except APIError as e:
-                refusal = e
-            yield refusal
+            except APIError as refusal:
+                yield Outcome(refusal=refusal)
+                return
+            yield []
+            while not self.done:
+                frames = await self._next_frames()
+                if frames is None:
+                    self.abort()
+                    yield Outcome(timeout=self.timeout_error(), failure=self.failure())
+                    return
+                yield self._pieces(frames)
+            yield Outcome(failure=self.failure())
         finally:
             self.abort()
 
@@ -178,22 +189,15 @@ class Generation:
     def done(self) -> bool:
         return all(c.finish_reason is not None for c in self.choices.values())
 
-    async def batches(self) -> AsyncIterator[list[Piece]]:
-        """Everything waiting each time (at least one frame), per choice, until every choice
-        has ended; at the deadline it aborts them, sets timed_out and stops."""
-        while not self.done:
-            frames = await self._next_frames()
-            if frames is None:
-                self.timed_out = True
-                self.abort()
-                return
-            pieces: dict[str, Piece] = {}
-            for frame in frames:
-                piece = pieces.setdefault(frame.request_id, Piece(self.choices[frame.request_id], "", [], None))
-                piece.text += frame.text
-                piece.logprobs += frame.logprobs or []
-                piece.final = frame if frame.finish_reason else None
-            yield list(pieces.values())
+    def _pieces(self, frames: list[Frame]) -> list[Piece]:
+        """A batch's frames, joined per choice."""
+        pieces: dict[str, Piece] = {}
+        for frame in frames:
+            piece = pieces.setdefault(frame.request_id, Piece(self.choices[frame.request_id], "", [], None))
+            piece.text += frame.text
+            piece.logprobs += frame.logprobs or []
+            piece.final = frame if frame.finish_reason else None
+        return list(pieces.values())
 
     async def _next_frames(self) -> list[Frame] | None:
         """Every frame waiting now (at least one), or None when the deadline passed first."""
@@ -226,16 +230,10 @@ class Generation:
     async def collect(self) -> None:
         """Every choice run to its end, for a JSON reply; raises what stopped it: the refusal,
         the deadline, or an engine error."""
-        with self.submitted() as refusal:
-            if refusal:
-                raise refusal
-            async for _ in self.batches():
-                pass
-        if self.timed_out:
-            raise self.timeout_error()
-        failure = self.failure()
-        if failure:
-            raise failure
+        async with aclosing(self.run()) as items:
+            async for item in items:
+                if isinstance(item, Outcome) and item.error:
+                    raise item.error
 
     def timeout_error(self) -> APIError:
         return APIError(504, f"the request took longer than --request-timeout ({self.timeout:g} s)", code="timeout")

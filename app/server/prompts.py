@@ -6,10 +6,13 @@ The HTTP routes, the render routes and the WebSocket all build prompts here, so 
 hashes a rendered prompt sees the ids the generation runs on.
 """
 
+from dataclasses import dataclass, field
+
 from app.engine import GenerationParams
+from app.server.chat_text import Reading
 from app.server.errors import APIError
 from app.server.formats import grammar
-from app.server.generation import Checked, Generation, check_choices
+from app.server.generation import Generation, Submission, check_choices
 from app.server.reasoning import after_thinking, budget, opens_thinking
 from app.server.schemas import ChatCompletionRequest
 from app.server.state import ServerState
@@ -56,12 +59,22 @@ def generation_params(req, index: int, grammar_text: str | None = None, thinking
                             prompt_logprobs=prompt_logprobs)
 
 
-async def start_generation(state: ServerState, req, id_prefix: str, fit_context: bool = False) -> Generation:
+@dataclass
+class Checked:
+    """An API request's choices, checked in a worker thread, ready to become a Generation on
+    the event loop, and how to read what they write."""
+
+    submissions: list[Submission]
+    reading: Reading = field(default_factory=Reading)
+
+
+async def start_generation(state: ServerState, req, id_prefix: str,
+                           fit_context: bool = False) -> tuple[Generation, Reading]:
     """Every choice of a chat or completion request, checked off the event loop, as one
-    Generation ready to submit. fit_context: a chat's max_tokens is held to what the context
-    leaves after its prompt."""
+    Generation ready to run, and how to read its text. fit_context: a chat's max_tokens is held
+    to what the context leaves after its prompt."""
     checked = await off_loop(state, check_request, state, req, fit_context)
-    return Generation(state.engine, checked, id_prefix, state.request_timeout)
+    return Generation(state.engine, checked.submissions, id_prefix, state.request_timeout), checked.reading
 
 
 def check_request(state: ServerState, req, fit_context: bool = False) -> Checked:
@@ -75,8 +88,9 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
             raise APIError(400, f"give one output format, not tools and {field}", param=field)
         grammar_text, field = tools.grammar(), "tools"
     if not isinstance(req, ChatCompletionRequest):
-        return check_choices(engine, completion_prompts(req, tokenizer), req.n,
-                             lambda index: generation_params(req, index, grammar_text), field)
+        prompts = completion_prompts(req, tokenizer)
+        params = (generation_params(req, index, grammar_text) for index in range(len(prompts) * req.n))
+        return Checked(check_choices(engine, prompts, req.n, params, field))
     prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables(),
                          state.tool_format)
     if fit_context and req.max_tokens is not None:
@@ -85,14 +99,14 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
     inside = opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None
     if grammar_text is not None and inside is not None:
         grammar_text = after_thinking(tokenizer, grammar_text, inside)
-    return check_choices(engine, [prompt], req.n, lambda index: generation_params(req, index, grammar_text, thinking),
-                         field, tools, inside)
+    params = (generation_params(req, index, grammar_text, thinking) for index in range(req.n))
+    return Checked(check_choices(engine, [prompt], req.n, params, field), Reading(tools, inside))
 
 
-def check_embeddings(state: ServerState, req) -> Checked:
+def check_embeddings(state: ServerState, req) -> list[Submission]:
     """An embeddings request's inputs tokenized and checked, one choice each (in a worker thread)."""
-    return check_choices(state.engine, completion_prompts(req, state.tokenizer, "input"), 1,
-                         lambda index: GenerationParams(max_tokens=1, embed=True))
+    inputs = completion_prompts(req, state.tokenizer, "input")
+    return check_choices(state.engine, inputs, 1, (GenerationParams(max_tokens=1, embed=True) for _ in inputs))
 
 
 def chat_tokens(state: ServerState, req) -> list[int]:

@@ -4,17 +4,15 @@ limit over is a 400 naming the field, so a body that would take seconds of work 
 a moment; a request with more choices than the queue ever holds (--max-queue) is a 400 too, not
 a 429: retrying it could never help.
 
-Every API's body is checked in its own field names (a Messages request's stop_sequences, a
-Responses request's input), since that is what its client sent.
+Each API's request model checks its own body (check_limits) with the helpers here, in its own
+field names (a Messages request's stop_sequences, a Responses request's input), since that is
+what its client sent; this module knows no API.
 """
 
 import json
 
 from app.server.errors import APIError, decode_json, validate
 from app.server.limits import Limits
-from app.server.messages_schemas import CountTokensRequest, MessagesRequest
-from app.server.responses_schemas import ResponsesRequest
-from app.server.schemas import ChatCompletionRequest, EmbeddingRequest, SamplingFields, TokenizeRequest
 
 
 def parse(model, raw: bytes, limits: Limits, max_queue: int):
@@ -23,41 +21,12 @@ def parse(model, raw: bytes, limits: Limits, max_queue: int):
 
 
 def validated(model, data, limits: Limits, max_queue: int):
-    """Decoded JSON as model, or a 400: not the model, or over a limit."""
+    """Decoded JSON as model, or a 400: not the model, or over a limit. A request with limits
+    checks them itself (its check_limits, with the helpers below), in its own field names."""
     req = validate(model, data)
-    check(req, limits, max_queue)
+    if hasattr(req, "check_limits"):
+        req.check_limits(limits, max_queue)
     return req
-
-
-def check(req, limits: Limits, max_queue: int) -> None:
-    """Raises a 400 for the first field over its limit."""
-    if isinstance(req, SamplingFields):
-        prompts = count_prompts(req.prompt) if hasattr(req, "prompt") else 1
-        check_choice_count(prompts, req.n, limits, max_queue)
-        check_stops(req.stop, "stop", limits)
-        check_format_schemas(req, limits)
-    if isinstance(req, EmbeddingRequest):
-        inputs = count_prompts(req.input)
-        at_most("input", "inputs", inputs, limits.max_embedding_inputs, "--max-embedding-inputs")
-        at_most("input", "inputs", inputs, max_queue, "--max-queue, the most requests the queue holds")
-    if isinstance(req, (ChatCompletionRequest, TokenizeRequest)):
-        at_most("messages", "messages", len(req.messages or ()), limits.max_messages, "--max-messages")
-        check_tools(req.tools, limits, lambda tool: tool.function.parameters, "function.parameters")
-    if isinstance(req, CountTokensRequest):
-        at_most("messages", "messages", len(req.messages), limits.max_messages, "--max-messages")
-        check_tools(req.tools, limits, lambda tool: tool.input_schema, "input_schema")
-        config = req.output_config
-        if config is not None and config.format is not None:
-            check_schema(config.format.schema_, "output_config.format.schema", limits)
-    if isinstance(req, MessagesRequest):
-        check_stops(req.stop_sequences, "stop_sequences", limits)
-    if isinstance(req, ResponsesRequest):
-        items = 1 if isinstance(req.input, str) else len(req.input)
-        at_most("input", "items", items, limits.max_messages, "--max-messages")
-        check_tools(req.tools, limits, lambda tool: tool.parameters, "parameters")
-        text_format = req.text.format if req.text else None
-        if text_format is not None:
-            check_schema(text_format.schema_, "text.format.schema", limits)
 
 
 def at_most(param: str, what: str, count: int, most: int, flag: str) -> None:
@@ -99,7 +68,7 @@ def check_tools(tools, limits: Limits, schema_of, schema_field: str) -> None:
         check_schema(schema_of(tool), f"tools.{i}.{schema_field}", limits)
 
 
-def check_format_schemas(req: SamplingFields, limits: Limits) -> None:
+def check_format_schemas(req, limits: Limits) -> None:
     """The JSON schemas a request's output format may carry, under any of its names."""
     fmt, so = req.response_format, req.structured_outputs
     for param, schema in (("response_format.json_schema.schema", fmt and fmt.json_schema and fmt.json_schema.schema_),

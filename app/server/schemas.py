@@ -1,18 +1,24 @@
-"""Request and response bodies of the OpenAI-compatible API, as pydantic models.
+"""The OpenAI request bodies every generation runs as, as pydantic models: chat and
+completions (the Messages and Responses APIs become a chat request), tokenize and detokenize;
+and what replies share: usage and model cards. Each API's own replies are in its folder.
 
 Requests accept OpenAI's fields plus the vLLM extensions users rely on (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids). Unknown fields are ignored, as
 vLLM and llama.cpp's server do, except the ones in UNSUPPORTED: those would change the output,
 so a request that sets them is refused (400 naming the field) rather than silently answered as
 if it had not. Fields that change nothing here (user, store, metadata, service_tier) pass.
-Chat requests take tools (app/server/tools.py); completions refuse them.
+Chat requests take tools (app/server/tools/); completions refuse them.
 """
 
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from app.server.limits import Limits
+from app.server.request_limits import at_most, check_choice_count, check_format_schemas, check_stops, check_tools, \
+    count_prompts
 
 # the door's ranges, as model.sampling's last check holds them (written out here: the schemas
 # load with the flags, before --threads is read, and must not import NumPy)
@@ -90,6 +96,15 @@ class SamplingFields(BaseModel):
     def shows_prompt(self) -> bool:
         """The reply carries the prompt itself (its logprobs): then max_tokens 0 asks for something."""
         return self.prompt_logprobs is not None
+
+    def prompt_count(self) -> int:
+        return 1
+
+    def check_limits(self, limits: Limits, max_queue: int) -> None:
+        """A 400 for the first field over its limit (app/server/request_limits.py)."""
+        check_choice_count(self.prompt_count(), self.n, limits, max_queue)
+        check_stops(self.stop, "stop", limits)
+        check_format_schemas(self, limits)
 
     @model_validator(mode="after")
     def _prompt_fields(self):
@@ -236,6 +251,11 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     add_generation_prompt: bool = True
     max_thinking_tokens: int | None = Field(None, ge=0)  # a reasoning model's thinking budget
 
+    def check_limits(self, limits: Limits, max_queue: int) -> None:
+        super().check_limits(limits, max_queue)
+        at_most("messages", "messages", len(self.messages), limits.max_messages, "--max-messages")
+        check_tools(self.tools, limits, lambda tool: tool.function.parameters, "function.parameters")
+
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -245,14 +265,8 @@ class CompletionRequest(SamplingFields):
     def shows_prompt(self) -> bool:
         return self.echo or super().shows_prompt()
 
-
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
-    user: str | None = None
+    def prompt_count(self) -> int:
+        return count_prompts(self.prompt)
 
 
 class TokenizeRequest(ChatTemplateFields):
@@ -265,13 +279,17 @@ class TokenizeRequest(ChatTemplateFields):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
+    def check_limits(self, limits: Limits, max_queue: int) -> None:
+        at_most("messages", "messages", len(self.messages or ()), limits.max_messages, "--max-messages")
+        check_tools(self.tools, limits, lambda tool: tool.function.parameters, "function.parameters")
+
 
 class DetokenizeRequest(BaseModel):
     model: str | None = None
     tokens: list[int]
 
 
-# -- responses ---------------------------------------------------------------------------
+# -- what replies share ------------------------------------------------------------------
 
 
 class PromptTokensDetails(BaseModel):
@@ -284,135 +302,6 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
-
-class Embedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str  # str: base64 of little-endian float32
-
-
-class EmbeddingUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Embedding]
-    model: str
-    usage: EmbeddingUsage
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChoiceLogprobs(BaseModel):
-    content: list[TokenLogprob] | None = None
-    refusal: list[TokenLogprob] | None = None  # OpenAI's shape; Spool never refuses
-
-
-class ResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = ""
-    refusal: str | None = None
-    tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda v: v is None)  # OpenAI's schema has no null
-    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)  # vLLM's field
-
-
-class FunctionCallChunk(BaseModel):
-    name: str | None = Field(None, exclude_if=lambda v: v is None)
-    arguments: str
-
-
-class ToolCallChunk(BaseModel):
-    """A piece of a streamed call: the first has id, type and name; later ones more arguments."""
-
-    index: int
-    id: str | None = Field(None, exclude_if=lambda v: v is None)
-    type: Literal["function"] | None = Field(None, exclude_if=lambda v: v is None)
-    function: FunctionCallChunk
-
-
-class PromptLogprob(BaseModel):
-    """vLLM's prompt_logprobs entry for one token at one prompt position."""
-
-    logprob: float
-    rank: int  # 1: the most likely token there
-    decoded_token: str
-
-
-# vLLM's prompt_logprobs: per prompt token, null for the first, then {token id: entry} for the
-# token itself and the most likely ones there
-PromptLogprobs = list[dict[str, PromptLogprob] | None]
-
-
-def choice_model(name: str, field: str, content: type, logprobs: type, **extra) -> type[BaseModel]:
-    """A choice in OpenAI's order: its index, its content under the shape's name for it
-    (message, delta or text), its logprobs, and how it ended (None while it runs); then any
-    extra fields."""
-    return create_model(name, __module__=__name__, index=(int, ...), **{field: (content, ...)},
-                        logprobs=(logprobs | None, None), finish_reason=(str | None, None),
-                        stop_reason=(str | int | None, None), **extra)
-
-
-class Envelope(BaseModel):
-    """The fields every reply and chunk of a generation starts with, in OpenAI's order; each
-    shape names its object type."""
-
-    id: str
-    object: str
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-
-
-class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)  # the first delta only
-    content: str | None = None
-    tool_calls: list[ToolCallChunk] | None = Field(None, exclude_if=lambda v: v is None)
-    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)
-
-
-ChatChoice = choice_model("ChatChoice", "message", ResponseMessage, ChoiceLogprobs)
-ChatChunkChoice = choice_model("ChatChunkChoice", "delta", DeltaMessage, ChoiceLogprobs)
-
-
-class ChatCompletionResponse(Envelope):
-    object: Literal["chat.completion"] = "chat.completion"
-    choices: list[ChatChoice]
-    usage: UsageInfo
-    prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=lambda v: v is None)  # vLLM's, when asked
-
-
-class ChatCompletionChunk(Envelope):
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)  # None: an echoed prompt's first token
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-CompletionChoice = choice_model("CompletionChoice", "text", str, CompletionLogprobs, prompt_logprobs=(
-    PromptLogprobs | None, Field(None, exclude_if=lambda v: v is None)))  # vLLM's, when asked
-
-
-class CompletionResponse(Envelope):
-    object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = Field(None, exclude_if=lambda v: v is None)  # OpenAI's schema has no null here
-
-
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -424,17 +313,6 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
 
 
 SamplingFields.model_rebuild()

@@ -1,16 +1,10 @@
-"""Server-sent events: a Generation's chunks, as a responder shapes them, one `data:` event
-each, then an error or the usage chunk, then `data: [DONE]`, as OpenAI streams.
-
-An error after the 200 has gone (a refusal at submit, the deadline, an engine error) is an
-event of its own, in OpenAI's error shape.
-"""
+"""Server-sent events, as the APIs' streams frame them: OpenAI's `data:` events (and its last
+`data: [DONE]`), and the typed events of Anthropic's and the Responses API's streams, whose
+name also goes on an `event:` line."""
 
 import json
 
 from pydantic import BaseModel
-
-from app.server.generation import Generation
-from app.server.responders.base import Responder
 
 HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DONE = "data: [DONE]\n\n"
@@ -25,33 +19,3 @@ def named_event(name: str, payload: dict) -> str:
     """An event with its type on an `event:` line, as Anthropic's and OpenAI's Responses
     streams carry them (their clients dispatch on it)."""
     return f"event: {name}\ndata: {json.dumps(payload)}\n\n"
-
-
-async def events(gen: Generation, responder: Responder, include_usage: bool):
-    """Every event until every choice ends; leaving early (the client gone) aborts them."""
-    with gen.submitted() as refusal:
-        if refusal:
-            yield event(refusal.body())
-            yield DONE
-            return
-        first = responder.opening()
-        if first is not None:
-            yield event(first)
-        async for pieces in gen.batches():
-            for chunk in responder.chunks(pieces):
-                yield event(chunk)
-        if gen.timed_out:
-            yield event(gen.timeout_error().body())
-        failure = gen.failure()
-        if failure:
-            yield event(failure.body())
-        elif include_usage:
-            yield event(responder.usage_chunk())
-        yield DONE
-
-
-def stream(gen: Generation, responder: Responder, req) -> tuple:
-    """The response: the events and their headers; with stream_options.include_usage, a last
-    chunk carries the usage."""
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return events(gen, responder, include_usage), HEADERS

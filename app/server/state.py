@@ -14,7 +14,6 @@ from app.server.limits import Limits
 from app.server.http.listener import ConnectionStats
 from app.server.origins import OriginPolicy
 from app.server.tools import HERMES
-from app.server.response_store import ResponseStore
 
 
 @dataclass
@@ -35,7 +34,7 @@ class ServerState:
     request_timeout: float | None = None  # seconds; None: no limit
     limits: Limits = field(default_factory=Limits)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
-    responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id reads
+    responses: object = None  # the Responses API's store (app/server/responses/store.py), once serve() makes it
     workers: trio.CapacityLimiter = field(init=False)  # the threads of app/server/workers.py, --request-threads
 
     def __post_init__(self):

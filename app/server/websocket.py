@@ -24,14 +24,16 @@ engine error, or the refusal's status (400, 429...); the socket gets its own whe
 
 import json
 import time
+from contextlib import aclosing
 
 import trio
 from quart import websocket
 
 from app.server import access_log, chat_page, request_limits
+from app.server.chat_text import ChatText, Reading
 from app.server.errors import APIError, decode_json
+from app.server.generation import Generation, Outcome
 from app.server.prompts import start_generation
-from app.server.responders.chat import ChatText
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.state import ServerState
 from app.server.workers import off_loop
@@ -51,22 +53,22 @@ async def websocket_route(state: ServerState):
     await serve_websocket(state)
 
 
-def done_frame(gid: str, gen) -> dict:
+def done_frame(gid: str, gen: Generation, reading: Reading) -> dict:
     """Each choice's end, with the tool calls read out of its text as the HTTP routes read them."""
     choices = []
     for c in gen.ordered():
         choice = {"index": c.index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "error": c.error}
-        if gen.tools:  # read out of the text, after any thinking
-            split = ChatText(gen)
+        if reading.tools:  # read out of the text, after any thinking
+            split = ChatText(reading)
             split.feed(c.text, final=True)
             choice.update(tool_calls=split.tool_calls, finish_reason=split.finish_reason(c.finish_reason))
         choices.append(choice)
     return {"type": "done", "id": gid, "choices": choices, "usage": gen.usage().model_dump()}
 
 
-def done_status(gen) -> int:
+def done_status(gen: Generation, outcome: Outcome) -> int:
     """The log line's status for a generation that sent its done frame."""
-    if gen.failure():
+    if outcome.failure:
         return 500
     if any(c.finish_reason == "cancelled" for c in gen.choices.values()):
         return access_log.CLIENT_GONE
@@ -85,24 +87,24 @@ async def serve_websocket(state: ServerState) -> None:
     async def send_error(gid, error: APIError) -> None:
         await send({"type": "error", "id": gid, "error": error.body()["error"]})
 
-    async def run(gid: str, gen) -> None:
+    async def run(gid: str, gen: Generation, reading: Reading) -> None:
+        """gen.run()'s items as frames: a delta per piece with text, then an error frame (its
+        refusal, its deadline) or the done frame."""
         status = access_log.CLIENT_GONE  # unless it gets further: the socket closed under it
         try:
-            with gen.submitted() as refusal:
-                if refusal:
-                    status = refusal.status
-                    await send_error(gid, refusal)
-                    return
-                async for pieces in gen.batches():
-                    for piece in pieces:
-                        if piece.text:
-                            await send({"type": "delta", "id": gid, "index": piece.choice.index, "text": piece.text})
-                if gen.timed_out:
-                    status = 504
-                    await send_error(gid, gen.timeout_error())
-                    return
-                status = done_status(gen)
-                await send(done_frame(gid, gen))
+            async with aclosing(gen.run()) as items:
+                async for item in items:
+                    if not isinstance(item, Outcome):
+                        for piece in item:
+                            if piece.text:
+                                await send({"type": "delta", "id": gid, "index": piece.choice.index,
+                                            "text": piece.text})
+                    elif stopped := item.refusal or item.timeout:
+                        status = stopped.status
+                        await send_error(gid, stopped)
+                    else:
+                        status = done_status(gen, item)
+                        await send(done_frame(gid, gen, reading))
         finally:
             del generations[gid]
             access_log.websocket_line(remote, path, status, gen.started, gen)
@@ -140,8 +142,8 @@ async def serve_websocket(state: ServerState) -> None:
                         raise APIError(400, f"no generation {gid!r} is running on this socket", param="id")
                     generations[gid].abort()
                 else:
-                    generations[gid] = await start(gid, body)
-                    nursery.start_soon(run, gid, generations[gid])
+                    generations[gid], reading = await start(gid, body)
+                    nursery.start_soon(run, gid, generations[gid], reading)
             except APIError as e:
                 access_log.websocket_line(remote, path, e.status, received)
                 await send_error(gid, e)

@@ -13,10 +13,9 @@ replicas behind one address, with prefix-aware routing, health checks and retrie
 from app import version
 from app.server.errors import APIError
 from app.server.prompts import chat_tokens, completion_prompts
-from app.server.routes import parse
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.state import ServerState
-from app.server.workers import json_reply, off_loop
+from app.server.workers import json_reply, off_loop, parse
 
 
 async def server_info(state: ServerState):
@@ -79,3 +78,15 @@ async def render_completion(state: ServerState):
 async def rendered(state: ServerState, token_ids: list[int]):
     """vLLM's render shape: the prompt's ids, and no multimodal features."""
     return await json_reply(state, {"model": state.model_name, "token_ids": token_ids, "features": None})
+
+
+ROUTES = [
+    ("GET", "/server_info", server_info),
+    ("GET", "/get_server_info", server_info),
+    ("GET", "/model_info", model_info),
+    ("GET", "/get_model_info", model_info),
+    ("GET", "/get_load", get_load),
+    ("POST", "/flush_cache", flush_cache),
+    ("POST", "/v1/chat/completions/render", render_chat),
+    ("POST", "/v1/completions/render", render_completion),
+]

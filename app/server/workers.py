@@ -12,13 +12,22 @@ import functools
 import json
 
 import trio
+from quart import request
 
+from app.server import request_limits
 from app.server.state import ServerState
 
 
 async def off_loop(state: ServerState, fn, *args, **kwargs):
     """fn(*args, **kwargs) in a worker thread, once one is free."""
     return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=state.workers)
+
+
+async def parse(state: ServerState, model):
+    """The request body as model, within the request limits (app/server/request_limits.py), or
+    a 400; no body reads as null."""
+    raw = await request.get_data() or b"null"
+    return await off_loop(state, request_limits.parse, model, raw, state.limits, state.max_queue)
 
 
 async def json_reply(state: ServerState, payload: dict) -> tuple[str, int, dict]:

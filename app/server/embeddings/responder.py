@@ -7,8 +7,8 @@ import base64
 
 import numpy as np
 
+from app.server.embeddings.schemas import Embedding, EmbeddingResponse, EmbeddingUsage
 from app.server.errors import APIError
-from app.server.schemas import Embedding, EmbeddingResponse, EmbeddingUsage
 
 
 def check_dimensions(req, hidden: int) -> None:

@@ -2,17 +2,17 @@
 (message_start, then per content block content_block_start, its deltas and content_block_stop,
 then message_delta with the stop reason and usage, and message_stop).
 
-Content blocks are the output's parts (responders/parts.py: thinking, text, tool calls), so a
-streamed message accumulates to the JSON reply's blocks by construction.
+Content blocks are the output's parts (app/server/output_parts.py: thinking, text, tool
+calls), so a streamed message accumulates to the JSON reply's blocks by construction.
 """
 
 import json
+from contextlib import aclosing
 
-from app.server.errors import APIError
-from app.server.generation import Choice, Generation
-from app.server.messages_schemas import MessageResponse, MessageUsage
-from app.server.responders.chat import ChatText
-from app.server.responders.parts import OutputParts, Part
+from app.server.anthropic.schemas import MessageResponse, MessageUsage, error_body
+from app.server.chat_text import ChatText, Reading
+from app.server.generation import Choice, Generation, Outcome, Piece
+from app.server.output_parts import OutputParts, Part
 from app.server.sse import named_event
 
 
@@ -76,8 +76,12 @@ def stream_events(parts: OutputParts, events: list) -> list[tuple[str, dict]]:
 
 
 class MessagesResponder:
-    def __init__(self, gen: Generation, model_name: str):
-        self.gen, self.model_name = gen, model_name
+    """One Messages request's reply, or its stream: gen.run()'s items as Anthropic's events."""
+
+    def __init__(self, gen: Generation, reading: Reading, model_name: str):
+        self.gen, self.reading, self.model_name = gen, reading, model_name
+        (self.choice,) = gen.ordered()
+        self.split, self.parts = ChatText(reading), OutputParts()  # what a stream has read so far
 
     def message(self, choice: Choice, content: list[dict], called: bool) -> MessageResponse:
         reason, sequence = stop_reason(choice, called)
@@ -85,40 +89,37 @@ class MessagesResponder:
                                stop_sequence=sequence, usage=usage(choice))
 
     def reply(self) -> dict:
-        (choice,) = self.gen.ordered()
-        split, parts = ChatText(self.gen), OutputParts()
-        parts.feed(*split.feed(choice.text, final=True), final=True)
-        return self.message(choice, [block(p) for p in parts.parts], bool(split.tool_calls)).model_dump()
+        split, parts = ChatText(self.reading), OutputParts()
+        parts.feed(*split.feed(self.choice.text, final=True), final=True)
+        return self.message(self.choice, [block(p) for p in parts.parts], bool(split.tool_calls)).model_dump()
 
     async def events(self):
         """The whole event stream; an error after the 200 is an error event, as Anthropic's."""
-        gen = self.gen
-        with gen.submitted() as refusal:
-            if refusal:
-                yield error_event(refusal)
-                return
-            (choice,) = gen.ordered()
-            split, parts = ChatText(gen), OutputParts()
-            start = MessageResponse(id=gen.id, model=self.model_name, content=[], stop_reason=None,
+        async with aclosing(self.gen.run()) as items:
+            async for item in items:
+                for name, payload in self.run_events(item):
+                    yield named_event(name, payload)
+
+    def run_events(self, item: list[Piece] | Outcome) -> list[tuple[str, dict]]:
+        """The events one of run()'s items makes: the opening for the first, empty batch, the
+        content blocks' events for a batch, and for the outcome an error or the stop reason,
+        the usage and the end."""
+        choice = self.choice
+        if isinstance(item, Outcome):
+            if item.error:
+                return [("error", error_body(item.error))]
+            reason, sequence = stop_reason(choice, bool(self.split.tool_calls))
+            return [("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason,
+                                                                          "stop_sequence": sequence},
+                                       "usage": usage(choice).model_dump()}),
+                    ("message_stop", {"type": "message_stop"})]
+        if not item:
+            start = MessageResponse(id=self.gen.id, model=self.model_name, content=[], stop_reason=None,
                                     usage=MessageUsage(input_tokens=choice.prompt_tokens, output_tokens=0))
-            yield named_event("message_start", {"type": "message_start", "message": start.model_dump()})
-            yield named_event("ping", {"type": "ping"})
-            async for pieces in gen.batches():
-                for piece in pieces:
-                    final = piece.final is not None
-                    events = parts.feed(*split.feed(piece.text, final=final), final=final)
-                    for name, payload in stream_events(parts, events):
-                        yield named_event(name, payload)
-            failure = gen.timeout_error() if gen.timed_out else gen.failure()
-            if failure:
-                yield error_event(failure)
-                return
-            reason, sequence = stop_reason(choice, bool(split.tool_calls))
-            yield named_event("message_delta", {"type": "message_delta",
-                                                "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                                "usage": usage(choice).model_dump()})
-            yield named_event("message_stop", {"type": "message_stop"})
-
-
-def error_event(error: APIError) -> str:
-    return named_event("error", error.anthropic_body())
+            return [("message_start", {"type": "message_start", "message": start.model_dump()}),
+                    ("ping", {"type": "ping"})]
+        out = []
+        for piece in item:
+            final = piece.final is not None
+            out += stream_events(self.parts, self.parts.feed(*self.split.feed(piece.text, final=final), final=final))
+        return out

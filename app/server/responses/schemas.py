@@ -12,6 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from app.server.limits import Limits
+from app.server.request_limits import at_most, check_schema, check_tools
+
 
 class Loose(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -135,11 +138,24 @@ class ResponsesRequest(Loose):
                                       {"field": "background"})
         return data
 
+    def check_limits(self, limits: Limits, max_queue: int) -> None:
+        """A 400 for the first field over its limit (app/server/request_limits.py)."""
+        items = 1 if isinstance(self.input, str) else len(self.input)
+        at_most("input", "items", items, limits.max_messages, "--max-messages")
+        check_tools(self.tools, limits, lambda tool: tool.parameters, "parameters")
+        text_format = self.text.format if self.text else None
+        if text_format is not None:
+            check_schema(text_format.schema_, "text.format.schema", limits)
+
 
 # -- responses ---------------------------------------------------------------------------
 
 
 class OutputText(BaseModel):
+    # /openapi.json names the two OutputText models by module; these are the names it published
+    # before app/server was grouped by API (tests/test_wire_bytes.py holds them)
+    __module__ = "app.server.responses_schemas"
+
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list = Field(default_factory=list)

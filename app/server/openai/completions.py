@@ -6,8 +6,8 @@ logprobs its tokens carry theirs, the first one's null as OpenAI's is.
 """
 
 from app.server.generation import Choice, Generation, Piece
-from app.server.responders.base import Responder
-from app.server.schemas import CompletionChoice, CompletionLogprobs, CompletionResponse
+from app.server.openai.responder import Responder
+from app.server.openai.schemas import CompletionChoice, CompletionLogprobs, CompletionResponse
 
 
 class CompletionResponder(Responder):

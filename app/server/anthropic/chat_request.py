@@ -19,7 +19,7 @@ The mapping, as vLLM's and llama.cpp's Messages endpoints make it:
 import json
 
 from app.server.errors import APIError, validate
-from app.server.messages_schemas import CountTokensRequest, ToolResultBlock, ToolUseBlock
+from app.server.anthropic.schemas import CountTokensRequest, ToolResultBlock, ToolUseBlock
 from app.server.schemas import ChatCompletionRequest
 
 TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}

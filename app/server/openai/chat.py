@@ -5,10 +5,10 @@ The role comes in an opening chunk of its own, as OpenAI's does; a choice's text
 it streams, so a tool call's arguments stream as they are written.
 """
 
+from app.server.chat_text import ChatText, Reading
 from app.server.generation import Generation, Piece
-from app.server.reasoning import ReasoningParser
-from app.server.responders.base import Responder
-from app.server.schemas import (
+from app.server.openai.responder import Responder
+from app.server.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -17,49 +17,19 @@ from app.server.schemas import (
     DeltaMessage,
     ResponseMessage,
     TokenLogprob,
-    ToolCall,
     ToolCallChunk,
     TopLogprob,
 )
-
-
-class ChatText:
-    """One chat choice's text, as it streams, split into reasoning, content and tool calls."""
-
-    def __init__(self, gen: Generation):
-        self.reasoning = ReasoningParser(gen.thinks_from) if gen.thinks_from is not None else None
-        self.calls = gen.tools.parser() if gen.tools else None
-        self.tools = gen.tools
-
-    def feed(self, text: str, final: bool = False) -> tuple[str, str, list[dict]]:
-        """(reasoning, content, tool call chunks) that text settles; final: all that is left."""
-        reasoning, content, chunks = "", text, []
-        if self.reasoning:
-            reasoning, content = self.reasoning.feed(text)
-            if final:
-                more_reasoning, more_content = self.reasoning.finish()
-                reasoning, content = reasoning + more_reasoning, content + more_content
-        if self.calls:
-            content, chunks = self.calls.feed(content)
-            if final:
-                content += self.calls.finish()
-        return reasoning, content, chunks
-
-    @property
-    def tool_calls(self) -> list[dict]:
-        """The calls read so far, each with all its arguments written so far."""
-        return self.calls.calls if self.calls else []
-
-    def finish_reason(self, reason: str) -> str:
-        return self.tools.finish_reason(reason, bool(self.tool_calls)) if self.tools else reason
+from app.server.schemas import ToolCall
 
 
 class ChatResponder(Responder):
     chunk_model = ChatCompletionChunk
 
-    def __init__(self, gen: Generation, req, tokenizer, model_name: str):
+    def __init__(self, gen: Generation, reading: Reading, req, tokenizer, model_name: str):
         super().__init__(gen, req, tokenizer, model_name)
-        self.splits = {rid: ChatText(gen) for rid in gen.choices}
+        self.reading = reading
+        self.splits = {rid: ChatText(reading) for rid in gen.choices}
 
     def logprobs(self, entries) -> ChoiceLogprobs:
         content = []
@@ -77,6 +47,8 @@ class ChatResponder(Responder):
             for c in self.gen.choices.values()])
 
     def chunks(self, pieces: list[Piece]) -> list[ChatCompletionChunk]:
+        if not pieces:
+            return [self.opening()]
         chunks = []
         for piece in pieces:
             split, final = self.splits[piece.choice.request_id], piece.final
@@ -95,7 +67,7 @@ class ChatResponder(Responder):
     def reply(self) -> dict:
         choices = []
         for c in self.gen.ordered():
-            split = ChatText(self.gen)
+            split = ChatText(self.reading)
             reasoning, content, _ = split.feed(c.text, final=True)
             calls = split.tool_calls
             message = ResponseMessage(content=content if content.strip() or not calls else None,

@@ -11,6 +11,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from app.server.errors import APIError
+from app.server.limits import Limits
+from app.server.request_limits import at_most, check_schema, check_stops, check_tools
 from app.server.schemas import INT32_MAX
 
 
@@ -129,6 +132,14 @@ class CountTokensRequest(Loose):
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
 
+    def check_limits(self, limits: Limits, max_queue: int) -> None:
+        """A 400 for the first field over its limit (app/server/request_limits.py)."""
+        at_most("messages", "messages", len(self.messages), limits.max_messages, "--max-messages")
+        check_tools(self.tools, limits, lambda tool: tool.input_schema, "input_schema")
+        config = self.output_config
+        if config is not None and config.format is not None:
+            check_schema(config.format.schema_, "output_config.format.schema", limits)
+
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
@@ -138,11 +149,19 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = None
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
 
+    def check_limits(self, limits: Limits, max_queue: int) -> None:
+        super().check_limits(limits, max_queue)
+        check_stops(self.stop_sequences, "stop_sequences", limits)
+
 
 # -- responses ---------------------------------------------------------------------------
 
 
 class OutputText(BaseModel):
+    # /openapi.json names the two OutputText models by module; these are the names it published
+    # before app/server was grouped by API (tests/test_wire_bytes.py holds them)
+    __module__ = "app.server.messages_schemas"
+
     type: Literal["text"] = "text"
     text: str
 
@@ -188,6 +207,18 @@ class CountTokensResponse(BaseModel):
     input_tokens: int
 
 
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
 class AnthropicErrorInfo(BaseModel):
     type: str
     message: str
@@ -196,3 +227,12 @@ class AnthropicErrorInfo(BaseModel):
 class AnthropicErrorResponse(BaseModel):
     type: Literal["error"] = "error"
     error: AnthropicErrorInfo
+
+
+def error_body(error: APIError) -> dict:
+    """An error in Anthropic's shape, {"type": "error", "error": {type, message}}: the field a
+    400 is about is named in the message."""
+    message = error.message if error.param is None or error.param in error.message \
+        else f"{error.param}: {error.message}"
+    info = AnthropicErrorInfo(type=ERROR_TYPES.get(error.status, "api_error"), message=message)
+    return AnthropicErrorResponse(error=info).model_dump()

@@ -2,11 +2,11 @@
 content blocks, the Responses API's output items): thinking, text and tool calls, each opened,
 written in pieces and closed as the text settles.
 
-OutputParts takes what ChatText (responders/chat.py) splits from the text and gives the events
-a stream sends; a JSON reply is the same machine fed the whole text at once, so a stream's parts
-accumulate to the reply's by construction. Text is trimmed at its ends (the whitespace a
-template writes around tool calls), and an output with no part at all gets one empty text part,
-as both APIs' replies always carry one.
+OutputParts takes what ChatText (app/server/chat_text.py) splits from the text and gives the
+events a stream sends; a JSON reply is the same machine fed the whole text at once, so a
+stream's parts accumulate to the reply's by construction. Text is trimmed at its ends (the
+whitespace a template writes around tool calls), and an output with no part at all gets one
+empty text part, as both APIs' replies always carry one.
 """
 
 from dataclasses import dataclass

@@ -3,30 +3,35 @@
 deltas and .done events, then response.completed or response.incomplete), each numbered by
 sequence_number.
 
-Output items are the output's parts (responders/parts.py): thinking → a reasoning item, text →
+Output items are the output's parts (app/server/output_parts.py): thinking → a reasoning item, text →
 an assistant message with one output_text part, each tool call → a function_call item. Item ids
-follow from the response's id (random: app/server/response_store.py) and the item's place, so a
+follow from the response's id (random: app/server/responses/store.py) and the item's place, so a
 reply and its stream name them alike; the stream's last event carries the same Response object
 that the store keeps.
 """
 
 from collections.abc import Callable
+from contextlib import aclosing
 
-from app.server.errors import APIError
-from app.server.generation import Choice, Generation
-from app.server.responders.chat import ChatText
-from app.server.responders.parts import OutputParts, Part
-from app.server.responses_schemas import ResponseObject, ResponsesRequest
+from app.server.chat_text import ChatText, Reading
+from app.server.generation import Choice, Generation, Outcome, Piece
+from app.server.output_parts import OutputParts, Part
+from app.server.responses.schemas import ResponseObject, ResponsesRequest
 from app.server.sse import named_event
 
 PREFIX = {"thinking": "rs", "text": "msg", "call": "fc"}
 
 
 class ResponsesResponder:
-    def __init__(self, gen: Generation, req: ResponsesRequest, model_name: str, response_id: str,
+    """One Responses request's reply, or its stream: gen.run()'s items as the API's events."""
+
+    def __init__(self, gen: Generation, reading: Reading, req: ResponsesRequest, model_name: str, response_id: str,
                  keep: Callable[[dict, list[dict]], None]):
         """keep(response, output items): called with the finished response, for the store."""
-        self.gen, self.req, self.model_name, self.id, self.keep = gen, req, model_name, response_id, keep
+        self.gen, self.reading, self.req, self.model_name, self.id, self.keep = \
+            gen, reading, req, model_name, response_id, keep
+        (self.choice,) = gen.ordered()
+        self.split, self.parts = ChatText(reading), OutputParts()  # what a stream has read so far
 
     def item_id(self, parts: OutputParts, index: int) -> str:
         return f"{PREFIX[parts.parts[index].kind]}_{self.id.removeprefix('resp_')}_{index}"
@@ -74,42 +79,41 @@ class ResponsesResponder:
         return response
 
     def reply(self) -> dict:
-        (choice,) = self.gen.ordered()
-        split, parts = ChatText(self.gen), OutputParts()
-        parts.feed(*split.feed(choice.text, final=True), final=True)
-        return self.finished(choice, parts)
+        split, parts = ChatText(self.reading), OutputParts()
+        parts.feed(*split.feed(self.choice.text, final=True), final=True)
+        return self.finished(self.choice, parts)
 
     async def events(self):
-        """The whole event stream; an error after the 200 is an error event."""
-        gen, sequence = self.gen, iter(range(1 << 62))
+        """The whole event stream, each event numbered; an error after the 200 is an error event."""
+        sequence = iter(range(1 << 62))
+        async with aclosing(self.gen.run()) as items:
+            async for item in items:
+                for kind, payload in self.run_events(item):
+                    yield named_event(kind, numbered(kind, payload, next(sequence)))
 
-        def event(kind: str, **payload) -> str:
-            return named_event(kind, {"type": kind, "sequence_number": next(sequence), **payload})
-
-        with gen.submitted() as refusal:
-            if refusal:
-                yield error_event(refusal, next(sequence))
-                return
-            (choice,) = gen.ordered()
-            split, parts = ChatText(gen), OutputParts()
+    def run_events(self, item: list[Piece] | Outcome) -> list[tuple[str, dict]]:
+        """The events one of run()'s items makes: the response created and in progress for the
+        first, empty batch, the output items' events for a batch, and for the outcome an error
+        or the finished response."""
+        if isinstance(item, Outcome):
+            if item.error:
+                body = item.error.body()["error"]
+                return [("error", {"code": body["code"], "message": body["message"], "param": body["param"]})]
+            response = self.finished(self.choice, self.parts)
+            return [(f"response.{response['status']}", {"response": response})]
+        if not item:
             opening = self.response("in_progress", [])
-            yield event("response.created", response=opening)
-            yield event("response.in_progress", response=opening)
-            async for pieces in gen.batches():
-                for piece in pieces:
-                    final = piece.final is not None
-                    for out in parts.feed(*split.feed(piece.text, final=final), final=final):
-                        for kind, payload in self.item_events(parts, out, choice):
-                            yield event(kind, **payload)
-            failure = gen.timeout_error() if gen.timed_out else gen.failure()
-            if failure:
-                yield error_event(failure, next(sequence))
-                return
-            response = self.finished(choice, parts)
-            yield event(f"response.{response['status']}", response=response)
+            return [("response.created", {"response": opening}), ("response.in_progress", {"response": opening})]
+        out = []
+        for piece in item:
+            final = piece.final is not None
+            for part_event in self.parts.feed(*self.split.feed(piece.text, final=final), final=final):
+                out += self.part_events(part_event)
+        return out
 
-    def item_events(self, parts: OutputParts, out: tuple, choice: Choice) -> list[tuple[str, dict]]:
-        """The Responses events for one of the parts' events."""
+    def part_events(self, out: tuple) -> list[tuple[str, dict]]:
+        """The Responses events for one of the stream's parts' events."""
+        parts, choice = self.parts, self.choice
         kind, index, *piece = out
         part = parts.parts[index]
         at = {"item_id": self.item_id(parts, index), "output_index": index}
@@ -139,7 +143,8 @@ def text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def error_event(error: APIError, sequence_number: int) -> str:
-    body = error.body()["error"]
-    return named_event("error", {"type": "error", "code": body["code"], "message": body["message"],
-                                 "param": body["param"], "sequence_number": sequence_number})
+def numbered(kind: str, payload: dict, number: int) -> dict:
+    """An event's body: its type, its sequence number, then its fields (an error's number last)."""
+    if kind == "error":
+        return {"type": kind, **payload, "sequence_number": number}
+    return {"type": kind, "sequence_number": number, **payload}

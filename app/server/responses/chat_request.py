@@ -1,5 +1,5 @@
 """OpenAI's Responses API as a chat request (the store that previous_response_id reads is
-app/server/response_store.py).
+app/server/responses/store.py).
 
 A response's conversation is its input items after those of the response it continues, then its
 own output items (each output item is also a valid input item); the chat request is made from
@@ -14,7 +14,7 @@ carried over, as OpenAI's are not). The mapping, as vLLM makes it:
 """
 
 from app.server.errors import APIError, validate
-from app.server.responses_schemas import (
+from app.server.responses.schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,

@@ -1,5 +1,6 @@
-"""What the transports ask of every responder: an opening chunk, the chunks of a batch, the
-usage chunk and the whole reply; the shapes differ only in how they fill these.
+"""What the transports ask of every responder: the chunks of a batch (the first batch, empty,
+opens the stream), the usage chunk and the whole reply; the shapes differ only in how they fill
+these.
 
 A responder is made per request, after its Generation, and keeps what a stream carries from
 one batch to the next (the text split so far, the logprob offsets).
@@ -10,7 +11,7 @@ from abc import ABC, abstractmethod
 from pydantic import BaseModel
 
 from app.server.generation import Choice, Generation, Piece
-from app.server.schemas import PromptLogprob, PromptLogprobs
+from app.server.openai.schemas import PromptLogprob, PromptLogprobs
 
 
 class Responder(ABC):
@@ -36,13 +37,10 @@ class Responder(ABC):
             out.append(entry)
         return out
 
-    def opening(self) -> BaseModel | None:
-        """The chunk a stream starts with, before any frame; None for none."""
-        return None
-
     @abstractmethod
     def chunks(self, pieces: list[Piece]) -> list[BaseModel]:
-        """The chunks one batch of frames makes (none when it settles nothing yet)."""
+        """The chunks one batch of frames makes (none when it settles nothing yet); the first
+        batch, empty, comes as the choices are submitted, before any frame."""
 
     def usage_chunk(self) -> BaseModel:
         """A last chunk with no choices that carries the usage, as OpenAI's does."""

@@ -1,0 +1,49 @@
+"""A chat's output text as it streams, split into reasoning, content and tool calls: what the
+chat completion, the Messages and Responses replies and the WebSocket's done frame all read out
+of a choice's text, so every API splits it alike."""
+
+from dataclasses import dataclass
+
+from app.server.reasoning import ReasoningParser
+from app.server.tools import ToolUse
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How to read a request's output, settled with its prompt: the tools it offered (whose
+    format writes the calls), and for a reasoning model's chat whether the prompt opened the
+    thinking (None: no thinking to split off). Nothing set: the text is all content."""
+
+    tools: ToolUse | None = None
+    thinks_from: bool | None = None
+
+
+class ChatText:
+    """One chat choice's text, as it streams, split into reasoning, content and tool calls."""
+
+    def __init__(self, reading: Reading):
+        self.reasoning = ReasoningParser(reading.thinks_from) if reading.thinks_from is not None else None
+        self.calls = reading.tools.parser() if reading.tools else None
+        self.tools = reading.tools
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str, list[dict]]:
+        """(reasoning, content, tool call chunks) that text settles; final: all that is left."""
+        reasoning, content, chunks = "", text, []
+        if self.reasoning:
+            reasoning, content = self.reasoning.feed(text)
+            if final:
+                more_reasoning, more_content = self.reasoning.finish()
+                reasoning, content = reasoning + more_reasoning, content + more_content
+        if self.calls:
+            content, chunks = self.calls.feed(content)
+            if final:
+                content += self.calls.finish()
+        return reasoning, content, chunks
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        """The calls read so far, each with all its arguments written so far."""
+        return self.calls.calls if self.calls else []
+
+    def finish_reason(self, reason: str) -> str:
+        return self.tools.finish_reason(reason, bool(self.tool_calls)) if self.tools else reason

@@ -1,0 +1,1 @@
+"""OpenAI's embeddings API: its schemas, its reply, its route."""
