@@ -78,7 +78,7 @@ class Limits:
 
 
 def add_arguments(parser) -> None:
-    group = parser.add_argument_group("limits", "what one client may hold (README: Limits and hardening)")
+    group = parser.add_argument_group("limits", "what one client may hold (docs/serving.md: Limits and hardening)")
     for f in fields(Limits):
         shown = f"{f.default:g}" if isinstance(f.default, float) else f"{f.default}"
         group.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
