@@ -1,5 +1,5 @@
-"""The map (DESIGN.md) as tests: modules small enough to read, imports that point down only, and
-no import circle. Imports are read from the source, every `import` and `from` at any depth but
+"""The map (DESIGN.md) as tests: modules small enough to read, imports that point down only, the
+server's APIs in folders side by side, and no import circle. Imports are read from the source, every `import` and `from` at any depth but
 those under `if TYPE_CHECKING:`, so a lazy import inside a function counts as an arrow too."""
 
 import ast
@@ -76,6 +76,25 @@ def test_arrows_point_down(graph, lower, upper, allowed):
     back = sorted(f"{a} -> {b}" for a, targets in graph.items() if inside(a, lower)
                   for b in targets if inside(b, upper) and not inside(b, lower) and b not in allowed)
     assert not back, "\n".join(back)
+
+
+API_FOLDERS = ("app.server.openai", "app.server.embeddings", "app.server.anthropic", "app.server.responses")
+
+
+def test_api_folders_stand_side_by_side(graph):
+    """The shared server modules (generation, prompts, errors, tools, sse ...) never import an
+    API's folder, nor one folder another; app.server.app alone gathers their routes."""
+    def folder(name):
+        return next((f for f in API_FOLDERS if inside(name, f)), None)
+
+    wrong = sorted(f"{a} -> {b}" for a, targets in graph.items() if inside(a, "app.server") and a != "app.server.app"
+                   for b in targets if folder(b) not in (None, folder(a)))
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("api", API_FOLDERS)
+def test_an_api_folder_holds_its_schemas_responder_and_routes(api):
+    assert {f"{api}.{part}" for part in ("schemas", "responder", "routes")} <= set(modules())
 
 
 def test_model_never_imports_trio():
