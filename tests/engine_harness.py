@@ -64,7 +64,7 @@ class Harness:
         except AssertionError:  # the fake runner caught a wrong block table: a test failure
             raise
         except Exception as e:
-            self.planner.fail(plan, str(e))
+            self.engine.fail_step(plan, str(e))
 
     def land(self, plan, launched) -> None:
         self.engine.apply(plan, self.runner.collect(launched))
@@ -99,7 +99,7 @@ class Harness:
 def held_blocks(planner) -> dict[int, int]:
     held = {}
     for request in planner.requests.values():
-        for block in request.block_table:
+        for block in request.schedule.block_table:
             held[block] = held.get(block, 0) + 1
     return held
 
@@ -111,9 +111,9 @@ def assert_planner_consistent(p) -> None:
     places = [*p.waiting, *p.prefilling, *p.decoding, *p.preempted]
     assert len(places) == len(set(id(r) for r in places)) == len(p.requests)
     for r in p.waiting:
-        assert r.state is State.WAITING and not r.block_table
+        assert r.schedule.state is State.WAITING and not r.schedule.block_table
     for r in p.preempted:
-        assert r.state is State.PREEMPTED and not r.block_table
+        assert r.schedule.state is State.PREEMPTED and not r.schedule.block_table
     for r in [*p.prefilling, *p.decoding]:
-        assert (r.dropped_blocks + len(r.block_table)) * p.pool.block_size >= r.target
+        assert (r.schedule.dropped_blocks + len(r.schedule.block_table)) * p.pool.block_size >= r.target
     assert p.num_running <= p.config.max_seqs

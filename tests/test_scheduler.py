@@ -46,7 +46,7 @@ def test_fifo_is_never_skipped(tok):
         h.tick()
         for rid in (first, big, small):
             request = h.planner.requests.get(rid)
-            if rid not in admitted and (request is None or request.state is not State.WAITING):
+            if rid not in admitted and (request is None or request.schedule.state is not State.WAITING):
                 admitted.append(rid)
     assert admitted == [first, big, small]
 
@@ -70,7 +70,7 @@ def test_abort_in_every_state_returns_blocks_and_sends_one_final(tok, state, spi
     target = {"waiting": waiting, "prefilling": victim, "decoding": older, "preempted": victim}[state]
     for _ in range(200):
         request = h.planner.requests.get(target)
-        if request is not None and request.state.value == state:
+        if request is not None and request.schedule.state.value == state:
             break
         h.tick()
     else:

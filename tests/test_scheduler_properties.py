@@ -78,22 +78,6 @@ def oracle(runner: FakeRunner, prompt, params: GenerationParams, max_tokens: int
             return (out, *end)
 
 
-class PlainRows:
-    """The planner's questions about a row, for requests no grammar or budget constrains."""
-
-    @staticmethod
-    def needs_mask(request):
-        return False
-
-    @staticmethod
-    def sampling_params(request, ahead=False):
-        return request.params.sampling
-
-    @staticmethod
-    def mask(request):
-        return None
-
-
 class Driver:
     """The engine's calls around the planner, with results applied by token ids; `ended` holds
     each retired request's (reason, stop_reason, error, tokens, usage), in retirement order."""
@@ -101,7 +85,7 @@ class Driver:
     def __init__(self, runner, prefix_caching: bool, **config):
         self.runner = runner
         self.pool = BlockPool(runner.num_blocks, runner.block_size, prefix_caching)
-        self.planner = Planner(PlannerConfig(**config), self.pool, PlainRows(), Stats())
+        self.planner = Planner(PlannerConfig(**config), self.pool, Stats())
         self.ended: dict[str, list] = {}
         self.in_flight = None  # (plan, launched)
 
@@ -123,6 +107,9 @@ class Driver:
         for spill in schedule.spills:
             p.spill_saved(spill, runner.save_blocks(spill.block_ids))
         plan = schedule.step
+        if plan is not None:  # what the output processor gives a row no grammar or budget constrains
+            for request, row in zip(schedule.requests, plan.rows):
+                row.params = request.params.sampling
         left = {r.id for r in p.waiting}
         admitted = [rid for rid in waiting if rid not in left]
         assert admitted == waiting[:len(admitted)], f"not FIFO: admitted {admitted} from {waiting}"
@@ -148,11 +135,12 @@ class Driver:
 
     def retire(self, retired):
         for request in retired:
-            if request.spilled is not None:
-                self.runner.drop_spill(request.spilled)
+            if request.schedule.spilled is not None:
+                self.runner.drop_spill(request.schedule.spilled)
             self.runner.release(request.id)
             self.ended.setdefault(request.id, []).append(
-                (request.finish_reason, request.stop_reason, request.error, list(request.output_ids),
+                (request.schedule.finish_reason, request.schedule.stop_reason, request.schedule.error,
+                 list(request.output_ids),
                  request.usage()))
 
     def tokens(self, rid):
