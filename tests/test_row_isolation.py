@@ -155,7 +155,7 @@ def hostile(h: Harness, tok, kind: str) -> str | None:
     if kind == "padded-grammar":
         return h.submit(prompt, max_tokens=8, grammar=json_grammar({"type": "object"}, "response_format"))
     rid = h.submit(prompt, max_tokens=8, grammar=llguidance.LLMatcher.grammar_from_regex("[a-z ]+"))
-    request = h.planner.requests[rid]
+    request = h.planner.queues.requests[rid]
     if kind == "panicking-mask":  # on the grammars' thread, while the step's forward pass runs
         real = h.outputs.grammars.mask
 

@@ -51,11 +51,11 @@ def test_a_request_four_windows_long_holds_a_window_of_blocks(mistral, backend):
     assert h.runner.overlaps == (backend == "cuda-harness")
     assert ModelConfig.load(mistral).kv_window == WINDOW and h.planner.tables.window == WINDOW
     rid = h.submit(prompt, max_tokens=3 * WINDOW, ignore_eos=True)
-    request = h.planner.requests[rid]
+    request = h.planner.queues.requests[rid]
     decoding_ticks = 0
     while h.planner.has_work or h.in_flight is not None:
         h.tick()
-        if rid in h.planner.requests and request.output_ids:
+        if rid in h.planner.queues.requests and request.output_ids:
             decoding_ticks += 1
             s = request.schedule
             assert len(s.block_table) <= WINDOW // BLOCK + 1, (s.num_computed, s.block_table)
@@ -102,4 +102,4 @@ def test_a_model_with_global_layers_frees_nothing(tmp_path):
     rid = h.submit(list(range(5, 5 + 4 * WINDOW)), max_tokens=4, ignore_eos=True)
     h.tick()
     h.tick()
-    assert h.planner.requests[rid].schedule.dropped_blocks == 0
+    assert h.planner.queues.requests[rid].schedule.dropped_blocks == 0

@@ -101,7 +101,7 @@ def run(model_dir, tokenizer, prompts, sampling, spec, num_blocks=1024, aborts=N
             if at == tick:
                 h.engine.abort(ids[index])
         h.tick()
-        for request in h.planner.decoding:  # no block held past the next row's position
+        for request in h.planner.queues.decoding:  # no block held past the next row's position
             held = request.schedule.dropped_blocks + len(request.schedule.block_table)
             assert held <= h.pool.blocks_for(request.num_tokens)
     return [h.tokens(i) for i in ids], [h.final(i).finish_reason for i in ids], h

@@ -1,5 +1,5 @@
-"""Each request's block table against the pool: grown to cover a position, offered to the prefix
-cache as blocks fill, freed behind a sliding window, trimmed after rejected guesses.
+"""Each request's block table against the pool: taken for a prefill, grown to cover a position,
+offered to the prefix cache as blocks fill, freed behind a sliding window, trimmed after rejected guesses.
 
 Where every layer slides (window: Mistral's, Phi-3's), a request's blocks wholly before the
 window of its next query are freed as its steps land (drop_outside_window), so a long request
@@ -10,7 +10,7 @@ a later step, which the device runs after it, is the first that can write it.
 """
 
 from app.engine.block_pool import BlockPool
-from app.engine.request import Request
+from app.engine.request import Request, State
 
 
 class BlockTables:
@@ -24,6 +24,23 @@ class BlockTables:
         """Positions its table reaches, the freed leading blocks included."""
         s = request.schedule
         return (s.dropped_blocks + len(s.block_table)) * self.pool.block_size
+
+    def take(self, request: Request, tokens: list[int], target: int) -> bool:
+        """Its table for a prefill: the cached prefix of tokens, and fresh blocks for the rest of
+        target tokens; False (and nothing held) when the pool cannot hold them. A waiting request
+        scoring its prompt takes no cached block: a scored position must be computed."""
+        s = request.schedule
+        scores = request.params.prompt_logprobs is not None and s.state is State.WAITING
+        hits = [] if scores else self.pool.match_prefix(tokens)
+        fresh = self.pool.allocate_many(self.pool.blocks_for(target) - len(hits))
+        if fresh is None:
+            self.pool.release(hits)
+            return False
+        s.block_table, s.dropped_blocks = hits + fresh, 0
+        s.num_computed = s.num_offered = len(hits) * self.pool.block_size
+        if s.state is State.WAITING:
+            s.cached_tokens = s.num_computed
+        return True
 
     def grow(self, request: Request, position: int) -> bool:
         """Allocate blocks until its table covers position; False when the pool ran out first

@@ -5,7 +5,8 @@ mask) is the output processor's, added by the engine; every call into the runner
 Per tick the engine calls `start_tick()` (aborts, retire, resume) and carries out its reloads,
 then `schedule()` (admit, plan) and carries out its spills before it launches the step; then
 `landed()` or `fail()`, then `retire()`. Every end goes through `finish()` and leaves through
-`retire()`, the one path that frees blocks. A failed reload re-prefills, a failed spill recomputes.
+`retire()`, the one path that frees blocks. Where requests are is Queues'; their blocks,
+BlockTables'; preemption and resume, Preemption's; guesses, Speculation's.
 
 The overlapped loop (a GPU runner) plans step N+1 while step N still runs, before N's tokens
 are applied. What such a plan sees one step late, and how it stays right:
@@ -23,11 +24,12 @@ are applied. What such a plan sees one step late, and how it stays right:
 """
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from app.engine.block_pool import BlockPool
 from app.engine.block_tables import BlockTables
+from app.engine.preemption import Preemption
+from app.engine.queues import Queues
 from app.engine.request import Request, State
 from app.engine.schedule import Admitted, PlannerView, Reload, Schedule, Spill, TickStart
 from app.engine.speculation import SpeculativeConfig, Speculation
@@ -56,54 +58,45 @@ class Planner:
         self.config = config
         self.pool = pool
         self.tables = BlockTables(pool, window)
-        self.stats = stats  # the planner counts prompt tokens, prefix-cache hits and preemptions
-        self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
-        self.prefilling: deque[Request] = deque()
-        self.decoding: list[Request] = []
-        self.preempted: list[Request] = []
-        self.finished: list[Request] = []
+        self.queues = Queues()
+        self.preemption = Preemption(self.queues, self.tables, stats, config.max_seqs, config.swap_blocks,
+                                     config.immunity_tokens)
+        self.stats = stats  # the planner counts prompt tokens and prefix-cache hits
         self.aborts: set[str] = set()  # pending, including ids not seen yet (carried)
-        self.swap_used = 0
         self.in_flight: list[StepPlan] = []  # planned and not yet landed (or failed), oldest first
         self.speculation = Speculation(config.speculative) if config.speculative else None
         self.admitted = Admitted()
-        self.reloads: list[Reload] = []  # decided by this tick's resume
-        self.spills: list[Spill] = []  # decided by this tick's plan
-        self._seq = 0
 
     def add(self, request: Request) -> None:
-        self._seq += 1
-        request.schedule.seq = self._seq
-        self.requests[request.id] = request
-        self.waiting.append(request)
+        self.queues.add(request)
 
     def abort(self, request_id: str) -> None:
         self.aborts.add(request_id)
 
     def abort_all(self) -> None:
-        self.aborts.update(self.requests)
+        self.aborts.update(self.queues.requests)
+
+    def finish(self, request: Request, reason: str, stop_reason=None, error: str | None = None) -> None:
+        """Mark a request done. It leaves, and frees its blocks, in retire()."""
+        self.queues.finish(request, reason, stop_reason, error)
 
     # -- what the engine reads --------------------------------------------------------------------
 
     def __contains__(self, request_id: str) -> bool:
         """A live request: added and not retired yet."""
-        return request_id in self.requests
+        return request_id in self.queues.requests
 
     @property
     def has_work(self) -> bool:
-        return bool(self.requests)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.prefilling) + len(self.decoding)
+        return bool(self.queues.requests)
 
     def view(self) -> PlannerView:
-        return PlannerView(self.num_running, len(self.waiting), len(self.preempted), tuple(self.decoding))
+        q = self.queues
+        return PlannerView(q.num_running, len(q.waiting), len(q.preempted), tuple(q.decoding))
 
     def held_tokens(self) -> int:
         """The tokens of every live request, prompt and output."""
-        return sum(r.num_tokens for r in self.requests.values())
+        return sum(r.num_tokens for r in self.queues.requests.values())
 
     def take_admitted(self) -> Admitted:
         """What was admitted since the last call."""
@@ -115,130 +108,62 @@ class Planner:
     def start_tick(self) -> TickStart:
         self.apply_aborts()
         retired = self.retire()
-        self.reloads = []
-        self.resume()
-        return TickStart(retired, self.reloads)
+        return TickStart(retired, self.preemption.resume())
 
     def schedule(self) -> Schedule:
         """Decode rows first (with their guesses, when speculating), then prefill chunks in the
         step's tokens left."""
-        self.spills = []
         self.admit()
         flying = {r.request_id: r for r in self.in_flight[-1].rows} if self.in_flight else {}
         planned = self.plan_decode(flying)
         if planned is None:
-            return Schedule(None, self.spills, [])
+            return Schedule(None, self.preemption.take_spills(), [])
         if self.speculation:
             self.speculation.add_guesses(planned, self.tables, self.config.max_batched_tokens - len(planned))
         planned += self.plan_prefill(sum(len(row.token_ids) for _, row in planned), flying)
         step = StepPlan([row for _, row in planned])
         if step.rows:
             self.in_flight.append(step)
-        return Schedule(step, self.spills, [request for request, _ in planned])
+        return Schedule(step, self.preemption.take_spills(), [request for request, _ in planned])
 
     def apply_aborts(self) -> None:
         """Cancel where each request lives; ids not seen yet stay pending."""
         for request_id in list(self.aborts):
-            request = self.requests.get(request_id)
+            request = self.queues.requests.get(request_id)
             if request is None:
                 continue
             self.aborts.discard(request_id)
             if request.schedule.state is not State.FINISHED:
                 self.finish(request, "cancelled")
 
-    def finish(self, request: Request, reason: str, stop_reason=None, error: str | None = None) -> None:
-        """Mark a request done. It leaves, and frees its blocks, in retire()."""
-        s = request.schedule
-        {State.WAITING: self.waiting, State.PREFILLING: self.prefilling,
-         State.DECODING: self.decoding, State.PREEMPTED: self.preempted}[s.state].remove(request)
-        s.state = State.FINISHED
-        s.finish_reason, s.stop_reason, s.error = reason, stop_reason, error
-        self.finished.append(request)
-
     def retire(self) -> list[Request]:
         """The finished requests, gone from the planner with their blocks freed; a host copy
         (schedule.spilled) is left for the engine to drop."""
-        retired, self.finished = self.finished, []
+        retired = self.queues.take_finished()
         for request in retired:
             self.tables.release(request)
-            self.swap_used -= request.schedule.spill_blocks
-            request.schedule.spill_blocks = 0
-            del self.requests[request.id]
+            self.preemption.forget(request)
             self.aborts.discard(request.id)  # one that came in while it finished has nothing to end
             if self.speculation:
                 self.speculation.release(request.id)
         return retired
 
-    # -- resume and admission ---------------------------------------------------------------------
-
-    def resume(self) -> None:
-        """Preempted requests come back first, fewest blocks first, with a block of headroom."""
-        for request in sorted(self.preempted, key=lambda r: r.num_tokens):
-            if self.outgrew_cache(request):
-                continue
-            # its next step feeds position num_tokens - 1; one block more of headroom
-            headroom = min(self.pool.blocks_for(request.num_tokens) + 1, self.pool.num_blocks)
-            if self.num_running >= self.config.max_seqs or headroom > self.pool.available:
-                break
-            if request.schedule.spilled is not None:
-                self.reload(request)
-            elif not self.start_prefill(request, request.all_ids, request.target):
-                break
-            self.preempted.remove(request)
-            request.schedule.immune_until = len(request.output_ids) + self.config.immunity_tokens
-
-    def outgrew_cache(self, request: Request) -> bool:
-        """Its tokens need more blocks than the whole pool has: it ends with an error."""
-        if self.pool.blocks_for(request.num_tokens) <= self.pool.num_blocks:
-            return False
-        self.finish(request, "error", error=f"the request grew to {request.num_tokens} tokens, more than"
-                    f" the whole KV cache holds ({self.pool.num_blocks} blocks)")
-        return True
-
-    def reload(self, request: Request) -> None:
-        """Its host copy goes back into fresh blocks (the engine copies it before the step)."""
-        s = request.schedule
-        s.block_table = self.pool.allocate_many(s.spill_blocks)
-        self.reloads.append(Reload(request, s.block_table, s.spilled))
-        self.swap_used -= s.spill_blocks
-        s.spilled, s.spill_blocks = None, 0
-        s.state = State.DECODING
-        self.decoding.append(request)
-
-    def start_prefill(self, request: Request, tokens: list[int], target: int) -> bool:
-        """Take cached prefix blocks and allocate the rest for target tokens; False (and
-        nothing held) when the pool cannot hold them."""
-        s = request.schedule
-        scores = request.params.prompt_logprobs is not None and s.state is State.WAITING
-        hits = [] if scores else self.pool.match_prefix(tokens)  # a scored position must be computed
-        fresh = self.pool.allocate_many(self.pool.blocks_for(target) - len(hits))
-        if fresh is None:
-            self.pool.release(hits)
-            return False
-        s.block_table, s.dropped_blocks = hits + fresh, 0
-        s.num_computed = s.num_offered = len(hits) * self.pool.block_size
-        if s.state is State.WAITING:
-            s.cached_tokens = s.num_computed
-        if s.num_computed == target:  # a recompute whose whole history was cached
-            s.state = State.DECODING
-            self.decoding.append(request)
-        else:
-            s.state = State.PREFILLING
-            self.prefilling.append(request)
-        return True
+    # -- admission and planning -------------------------------------------------------------------
 
     def admit(self) -> None:
         """Strict FIFO: a head that does not fit stops the line. Preempted requests are older
         than anything waiting, so nothing is admitted while one waits to resume."""
-        while self.waiting and not self.preempted:
-            if self.num_running >= self.config.max_seqs or self.prefill_budget(len(self.decoding)) <= 0:
+        q = self.queues
+        while q.waiting and not q.preempted:
+            if q.num_running >= self.config.max_seqs or self.prefill_budget(len(q.decoding)) <= 0:
                 break
-            request = self.waiting[0]
-            if not self.start_prefill(request, request.prompt_ids, len(request.prompt_ids)):
+            request = q.waiting[0]
+            prompt = len(request.prompt_ids)
+            if not self.tables.take(request, request.prompt_ids, prompt):
                 break
-            self.waiting.popleft()
+            q.started(request, prompt)
             request.schedule.scheduled_at = time.monotonic()
-            prompt, cached = len(request.prompt_ids), request.schedule.cached_tokens
+            cached = request.schedule.cached_tokens
             self.stats.prompt_tokens += prompt
             self.stats.prefix_cache_queries += prompt
             self.stats.prefix_cache_hits += cached
@@ -251,13 +176,11 @@ class Planner:
         positive; the admitted requests then share it round-robin."""
         return min(self.config.prefill_chunk, self.config.max_batched_tokens - decode_rows)
 
-    # -- planning and preemption --------------------------------------------------------------------
-
     def plan_decode(self, flying: dict) -> list[tuple[Request, Row]] | None:
         """flying: the rows of the step in flight, by request id. None when a row needs a block
         that only preemption could free while that step runs."""
         planned = []
-        for request in sorted(self.decoding, key=lambda r: r.schedule.seq):
+        for request in sorted(self.queues.decoding, key=lambda r: r.schedule.seq):
             if request.schedule.state is not State.DECODING:
                 continue  # preempted by an older row of this same step
             ahead = request.id in flying
@@ -266,39 +189,11 @@ class Planner:
             while not self.tables.grow(request, request.num_tokens - 1 + ahead):
                 if flying:
                     return None
-                if not self.make_room(request):
+                if not self.preemption.make_room(request):
                     break
             if request.schedule.state is State.DECODING:
                 planned.append((request, ahead))
         return [(r, self.decode_row(r, ahead)) for r, ahead in planned if r.schedule.state is State.DECODING]
-
-    def make_room(self, needy: Request) -> bool:
-        """Preempt one victim, newest first, never an immune one (unless only the needy one is
-        left). Returns False when the needy request itself had to go."""
-        if self.outgrew_cache(needy):
-            return False
-        candidates = [r for r in self.decoding if len(r.output_ids) >= r.schedule.immune_until]
-        victim = max(candidates, key=lambda r: r.schedule.seq) if candidates else needy
-        self.preempt(victim)
-        return victim is not needy
-
-    def preempt(self, request: Request) -> None:
-        """Spilled when the host pool has room (the engine copies the blocks out before the
-        step that may reuse them), else recomputed from its token history."""
-        s = request.schedule
-        self.decoding.remove(request)
-        s.state = State.PREEMPTED
-        self.stats.preemptions += 1
-        self.tables.offer_full_blocks(request)
-        spill_blocks = len(s.block_table)
-        if self.swap_used + spill_blocks <= self.config.swap_blocks:
-            self.spills.append(Spill(request, s.block_table))
-            s.spill_blocks = spill_blocks
-            self.swap_used += spill_blocks
-        else:
-            s.num_computed = s.num_offered = 0
-        self.tables.release(request)
-        self.preempted.append(request)
 
     def decode_row(self, request: Request, ahead: bool) -> Row:
         """ahead: fed the token the step in flight samples, at the position after it."""
@@ -312,7 +207,7 @@ class Planner:
         counts as computed."""
         budget = self.prefill_budget(decode_rows)
         planned = []
-        for request in list(self.prefilling):
+        for request in list(self.queues.prefilling):
             if budget <= 0:
                 break
             chunk = flying.get(request.id)
@@ -330,32 +225,19 @@ class Planner:
                 output_ids=request.output_ids, embed=last and p.embed,
                 prompt_logprobs=None if request.output_ids else p.prompt_logprobs)))
         for request, _ in planned:
-            self.prefilling.remove(request)
-            self.prefilling.append(request)
+            self.queues.move(request, State.PREFILLING)  # to the back of the line
         return planned
 
     # -- what the engine reports back ---------------------------------------------------------------
 
     def spill_saved(self, spill: Spill, host_copy) -> None:
-        spill.request.schedule.spilled = host_copy
+        self.preemption.spill_saved(spill, host_copy)
 
     def spill_failed(self, spill: Spill) -> None:
-        """No host copy: the request recomputes its K/V when it resumes."""
-        s = spill.request.schedule
-        self.swap_used -= s.spill_blocks
-        s.spill_blocks = 0
-        s.num_computed = s.num_offered = 0
+        self.preemption.spill_failed(spill)
 
     def reload_failed(self, reload: Reload) -> None:
-        """The host copy did not come back: the request re-prefills its history instead, or
-        waits among the preempted when the pool cannot hold it now."""
-        request = reload.request
-        self.tables.release(request)
-        request.schedule.num_computed = request.schedule.num_offered = 0
-        self.decoding.remove(request)
-        request.schedule.state = State.PREEMPTED
-        if not self.start_prefill(request, request.all_ids, request.target):
-            self.preempted.append(request)
+        self.preemption.reload_failed(reload)
 
     def landed(self, plan: StepPlan) -> list[tuple[Request, Row]]:
         """A step's rows are computed: their K/V counts, full blocks go to the prefix cache, and
@@ -365,7 +247,7 @@ class Planner:
         self.in_flight = [p for p in self.in_flight if p is not plan]
         sampling = []
         for row in plan.rows:
-            request = self.requests.get(row.request_id)
+            request = self.queues.requests.get(row.request_id)
             if request is None or request.schedule.state is State.FINISHED:
                 continue
             s = request.schedule
@@ -373,9 +255,7 @@ class Planner:
             self.tables.offer_full_blocks(request)
             self.tables.drop_outside_window(request)
             if s.state is State.PREFILLING and s.num_computed == request.target:
-                self.prefilling.remove(request)
-                s.state = State.DECODING
-                self.decoding.append(request)
+                self.queues.move(request, State.DECODING)
                 if request.max_tokens == 0:  # its prompt was all it asked to read
                     self.finish(request, "length")
             if row.sample or row.embed or row.prompt_logprobs is not None:
@@ -400,6 +280,6 @@ class Planner:
         the rows' masks first, so no matcher is in use when its request ends)."""
         self.in_flight = [p for p in self.in_flight if p is not plan]
         for row in plan.rows:
-            request = self.requests.get(row.request_id)
+            request = self.queues.requests.get(row.request_id)
             if request is not None and request.schedule.state is not State.FINISHED:
                 self.finish(request, "error", error=message)
