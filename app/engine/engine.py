@@ -167,20 +167,20 @@ class Engine:
     # -- one tick, synchronously: the planner's decisions carried out ----------------------------
 
     def next_step(self) -> StepPlan | None:
-        """Plan the next step and move the blocks it needs: retired requests closed, reloads
-        and spills copied through the runner, failures reported back to the planner; then each
-        row gets what it samples with from the output processor. None: only preemption would
-        make room while a step runs (wait for it, then plan again)."""
+        """Plan the next step, each row with what it samples with from the output processor,
+        and move the blocks it needs: retired requests closed, reloads and spills copied through
+        the runner, failures reported back to the planner. None: only preemption would make
+        room while a step runs (wait for it, then plan again)."""
         start = self.planner.start_tick()
         self._close(start.retired)
         for reload in start.reloads:
             self._reload(reload)
         schedule = self.planner.schedule()
-        for spill in schedule.spills:  # before the step, which may write its blocks
-            self._spill(spill)
-        if schedule.step is not None:
+        if schedule.step is not None:  # masks start now, on the grammars' thread
             for request, row in zip(schedule.requests, schedule.step.rows):
                 self.outputs.prepare(request, row)
+        for spill in schedule.spills:  # before the step, which may write its blocks
+            self._spill(spill)
         return schedule.step
 
     def _reload(self, reload: Reload) -> None:
