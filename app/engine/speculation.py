@@ -1,5 +1,6 @@
 """Speculative decoding's proposals: what a decoding row offers the model to check, and how many.
-The planner plans its decode rows, then hands them here (add_guesses) before it plans prefill.
+The planner plans its decode rows, then hands them here (add_guesses) before it plans prefill;
+the engine gives a grammar's row with guesses a mask for each position (outputs.guess_masks).
 
 A proposer guesses the next tokens of a request; its decode row then carries them after its
 last token, the step computes logits at every one of those positions, and the engine keeps the
