@@ -64,7 +64,7 @@ class Harness:
         except AssertionError:  # the fake runner caught a wrong block table: a test failure
             raise
         except Exception as e:
-            self.planner.fail(plan, str(e))
+            self.engine.fail_step(plan, str(e))
 
     def land(self, plan, launched) -> None:
         self.engine.apply(plan, self.runner.collect(launched))
@@ -98,8 +98,8 @@ class Harness:
 
 def held_blocks(planner) -> dict[int, int]:
     held = {}
-    for request in planner.requests.values():
-        for block in request.block_table:
+    for request in planner.queues.requests.values():
+        for block in request.schedule.block_table:
             held[block] = held.get(block, 0) + 1
     return held
 
@@ -108,12 +108,13 @@ def assert_planner_consistent(p) -> None:
     """Blocks held by live requests are exactly the blocks the pool counts as used, each request
     is in exactly one place, and at most max_seqs run."""
     p.pool.assert_consistent(held_blocks(p))
-    places = [*p.waiting, *p.prefilling, *p.decoding, *p.preempted]
-    assert len(places) == len(set(id(r) for r in places)) == len(p.requests)
-    for r in p.waiting:
-        assert r.state is State.WAITING and not r.block_table
-    for r in p.preempted:
-        assert r.state is State.PREEMPTED and not r.block_table
-    for r in [*p.prefilling, *p.decoding]:
-        assert (r.dropped_blocks + len(r.block_table)) * p.pool.block_size >= r.target
-    assert p.num_running <= p.config.max_seqs
+    q = p.queues
+    places = [*q.waiting, *q.prefilling, *q.decoding, *q.preempted]
+    assert len(places) == len(set(id(r) for r in places)) == len(q.requests)
+    for r in q.waiting:
+        assert r.schedule.state is State.WAITING and not r.schedule.block_table
+    for r in q.preempted:
+        assert r.schedule.state is State.PREEMPTED and not r.schedule.block_table
+    for r in [*q.prefilling, *q.decoding]:
+        assert (r.schedule.dropped_blocks + len(r.schedule.block_table)) * p.pool.block_size >= r.target
+    assert q.num_running <= p.config.max_seqs

@@ -113,7 +113,7 @@ async def test_an_abort_while_steps_are_in_flight_cancels_and_frees(tok):
             :len(tokens(frames))]
         rest = await collect(other_recv)
         assert tokens(rest) == runner.expected(prompt(6, 2), 30)
-        while engine.planner.requests or engine.planner.in_flight:
+        while engine.planner.has_work or engine.planner.in_flight:
             await trio.sleep(0.01)
         assert engine.status()["kv_blocks_used"] == 0
         nursery.cancel_scope.cancel()

@@ -155,23 +155,23 @@ def hostile(h: Harness, tok, kind: str) -> str | None:
     if kind == "padded-grammar":
         return h.submit(prompt, max_tokens=8, grammar=json_grammar({"type": "object"}, "response_format"))
     rid = h.submit(prompt, max_tokens=8, grammar=llguidance.LLMatcher.grammar_from_regex("[a-z ]+"))
-    request = h.planner.requests[rid]
+    request = h.planner.queues.requests[rid]
     if kind == "panicking-mask":  # on the grammars' thread, while the step's forward pass runs
         real = h.outputs.grammars.mask
 
         def mask(matcher):
-            if matcher is request.matcher and len(request.output_ids) >= 2:
+            if matcher is request.output.matcher and len(request.output_ids) >= 2:
                 raise PanicException("called `Option::unwrap()` on a `None` value")
             return real(matcher)
         h.outputs.grammars.mask = mask
     else:  # in the detokenizer, after its token was sampled
-        add = request.detok.add
+        add = request.output.detok.add
 
         def panicking_add(token):
             if len(request.output_ids) >= 3:
                 raise PanicException("index out of bounds: the len is 0 but the index is 0")
             return add(token)
-        request.detok.add = panicking_add
+        request.output.detok.add = panicking_add
     return rid
 
 

@@ -45,8 +45,8 @@ def test_fifo_is_never_skipped(tok):
     while h.planner.has_work:
         h.tick()
         for rid in (first, big, small):
-            request = h.planner.requests.get(rid)
-            if rid not in admitted and (request is None or request.state is not State.WAITING):
+            request = h.planner.queues.requests.get(rid)
+            if rid not in admitted and (request is None or request.schedule.state is not State.WAITING):
                 admitted.append(rid)
     assert admitted == [first, big, small]
 
@@ -69,8 +69,8 @@ def test_abort_in_every_state_returns_blocks_and_sends_one_final(tok, state, spi
     waiting = h.submit(prompt(4, 2), max_tokens=30)
     target = {"waiting": waiting, "prefilling": victim, "decoding": older, "preempted": victim}[state]
     for _ in range(200):
-        request = h.planner.requests.get(target)
-        if request is not None and request.state.value == state:
+        request = h.planner.queues.requests.get(target)
+        if request is not None and request.schedule.state.value == state:
             break
         h.tick()
     else:
@@ -78,7 +78,7 @@ def test_abort_in_every_state_returns_blocks_and_sends_one_final(tok, state, spi
     h.planner.abort(target)
     h.tick()
     assert h.final(target).finish_reason == "cancelled"
-    assert target not in h.planner.requests
+    assert target not in h.planner.queues.requests
     h.run()
     assert h.pool.used == 0
     for rid in (older, victim, waiting):
@@ -121,7 +121,7 @@ def test_preemption_neither_repeats_nor_skips_a_token(tok, swap_blocks):
     for rid, p in zip(rids, prompts):
         assert h.tokens(rid) == runner.expected(p, 14), rid
         assert h.final(rid).finish_reason == "length"
-    assert h.pool.used == 0 and h.planner.swap_used == 0
+    assert h.pool.used == 0 and h.planner.preemption.swap_used == 0
 
 
 @pytest.mark.parametrize("swap_blocks", [0, 64], ids=["recompute", "spill"])
@@ -321,4 +321,4 @@ def test_a_failed_copy_to_or_from_the_spill_pool_falls_back_to_recompute(tok, co
     assert failures and h.stats.preemptions > 0
     for rid, p in zip(rids, prompts):
         assert h.tokens(rid) == runner.expected(p, 14)
-    assert h.pool.used == 0 and h.planner.swap_used == 0
+    assert h.pool.used == 0 and h.planner.preemption.swap_used == 0

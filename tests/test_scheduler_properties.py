@@ -78,22 +78,6 @@ def oracle(runner: FakeRunner, prompt, params: GenerationParams, max_tokens: int
             return (out, *end)
 
 
-class PlainRows:
-    """The planner's questions about a row, for requests no grammar or budget constrains."""
-
-    @staticmethod
-    def needs_mask(request):
-        return False
-
-    @staticmethod
-    def sampling_params(request, ahead=False):
-        return request.params.sampling
-
-    @staticmethod
-    def mask(request):
-        return None
-
-
 class Driver:
     """The engine's calls around the planner, with results applied by token ids; `ended` holds
     each retired request's (reason, stop_reason, error, tokens, usage), in retirement order."""
@@ -101,7 +85,7 @@ class Driver:
     def __init__(self, runner, prefix_caching: bool, **config):
         self.runner = runner
         self.pool = BlockPool(runner.num_blocks, runner.block_size, prefix_caching)
-        self.planner = Planner(PlannerConfig(**config), self.pool, PlainRows(), Stats())
+        self.planner = Planner(PlannerConfig(**config), self.pool, Stats())
         self.ended: dict[str, list] = {}
         self.in_flight = None  # (plan, launched)
 
@@ -114,7 +98,7 @@ class Driver:
     def tick(self):
         p, runner = self.planner, self.runner
         start = p.start_tick()
-        waiting = [r.id for r in p.waiting]  # after the aborts: what may be admitted, in order
+        waiting = [r.id for r in p.queues.waiting]  # after the aborts: what may be admitted, in order
         self.retire(start.retired)
         for reload in start.reloads:
             runner.load_blocks(reload.block_ids, reload.host_copy)
@@ -123,7 +107,10 @@ class Driver:
         for spill in schedule.spills:
             p.spill_saved(spill, runner.save_blocks(spill.block_ids))
         plan = schedule.step
-        left = {r.id for r in p.waiting}
+        if plan is not None:  # what the output processor gives a row no grammar or budget constrains
+            for request, row in zip(schedule.requests, plan.rows):
+                row.params = request.params.sampling
+        left = {r.id for r in p.queues.waiting}
         admitted = [rid for rid in waiting if rid not in left]
         assert admitted == waiting[:len(admitted)], f"not FIFO: admitted {admitted} from {waiting}"
         self.in_flight = turn(plan, self.in_flight, self.launch, self.land, runner.overlaps)
@@ -148,15 +135,16 @@ class Driver:
 
     def retire(self, retired):
         for request in retired:
-            if request.spilled is not None:
-                self.runner.drop_spill(request.spilled)
+            if request.schedule.spilled is not None:
+                self.runner.drop_spill(request.schedule.spilled)
             self.runner.release(request.id)
             self.ended.setdefault(request.id, []).append(
-                (request.finish_reason, request.stop_reason, request.error, list(request.output_ids),
+                (request.schedule.finish_reason, request.schedule.stop_reason, request.schedule.error,
+                 list(request.output_ids),
                  request.usage()))
 
     def tokens(self, rid):
-        request = self.planner.requests.get(rid)
+        request = self.planner.queues.requests.get(rid)
         if request is not None:
             return request.output_ids
         return self.ended[rid][0][3] if rid in self.ended else []
@@ -344,8 +332,8 @@ class PlannerMachine(RuleBasedStateMachine):
     @guarded
     def abort(self, data, kind):
         s = self.h.planner
-        where = {"waiting": s.waiting, "prefilling": s.prefilling, "decoding": s.decoding,
-                 "preempted": s.preempted}
+        q = s.queues
+        where = {"waiting": q.waiting, "prefilling": q.prefilling, "decoding": q.decoding, "preempted": q.preempted}
         if kind in where:
             candidates = sorted(r.id for r in where[kind])
         elif kind == "finished":
@@ -353,7 +341,7 @@ class PlannerMachine(RuleBasedStateMachine):
         else:
             candidates = []
         rid = data.draw(st.sampled_from(candidates), label="abort") if candidates else self.fresh("ghost")
-        if rid in s.requests:
+        if rid in q.requests:
             self.must_cancel.add(rid)
             self.aborted.add(rid)
         else:
@@ -396,8 +384,9 @@ class PlannerMachine(RuleBasedStateMachine):
             raise AssertionError("the planner did not go idle")
         s, pool = self.h.planner, self.h.pool
         assert pool.used == 0 and pool.available == pool.num_blocks, pool.used
-        assert s.swap_used == 0, s.swap_used
-        assert not (s.waiting or s.prefilling or s.decoding or s.preempted or s.finished or s.in_flight)
+        q = s.queues
+        assert s.preemption.swap_used == 0, s.preemption.swap_used
+        assert not (q.waiting or q.prefilling or q.decoding or q.preempted or q.finished or s.in_flight)
         assert self.done == set(self.subs), set(self.subs) - self.done
         assert self.pre_submitted <= self.done
         # an abort stays pending only for an id the planner has not seen live: not for one that
@@ -464,7 +453,7 @@ class PlannerMachine(RuleBasedStateMachine):
             tokens = self.h.tokens(rid)
             assert tokens == want[:len(tokens)], f"{rid}: got {tokens}, expected a prefix of {want}"
             ends = self.h.ended.get(rid, [])
-            live = rid in s.requests
+            live = rid in s.queues.requests
             assert len(ends) <= 1 and live != bool(ends), f"{rid}: live={live}, retired {len(ends)} times"
             if not ends:
                 assert rid not in self.must_cancel, f"{rid}: aborted, still live a tick later"

@@ -38,7 +38,7 @@ def harness(path, free: bool, backend: str = "numpy", **config) -> Harness:
     runner = ModelRunner.from_dir(path, num_blocks=64, block_size=BLOCK, ops=BACKENDS[backend]())
     h = Harness(runner, Tokenizer(path), prefill_chunk=8, **config)
     if not free:
-        h.planner.window = 0
+        h.planner.tables.window = 0
     return h
 
 
@@ -49,16 +49,17 @@ def test_a_request_four_windows_long_holds_a_window_of_blocks(mistral, backend):
     prompt = list(range(5, 5 + 4 * WINDOW))
     h = harness(mistral, free=True, backend=backend)
     assert h.runner.overlaps == (backend == "cuda-harness")
-    assert ModelConfig.load(mistral).kv_window == WINDOW and h.planner.window == WINDOW
+    assert ModelConfig.load(mistral).kv_window == WINDOW and h.planner.tables.window == WINDOW
     rid = h.submit(prompt, max_tokens=3 * WINDOW, ignore_eos=True)
-    request = h.planner.requests[rid]
+    request = h.planner.queues.requests[rid]
     decoding_ticks = 0
     while h.planner.has_work or h.in_flight is not None:
         h.tick()
-        if rid in h.planner.requests and request.output_ids:
+        if rid in h.planner.queues.requests and request.output_ids:
             decoding_ticks += 1
-            assert len(request.block_table) <= WINDOW // BLOCK + 1, (request.num_computed, request.block_table)
-            assert request.dropped_blocks + len(request.block_table) >= -(-request.num_tokens // BLOCK) - 1
+            s = request.schedule
+            assert len(s.block_table) <= WINDOW // BLOCK + 1, (s.num_computed, s.block_table)
+            assert s.dropped_blocks + len(s.block_table) >= -(-request.num_tokens // BLOCK) - 1
     assert decoding_ticks >= 3 * WINDOW - 1 and h.pool.used == 0
     freed = h.tokens(rid)
 
@@ -77,7 +78,7 @@ def test_requests_sharing_a_prefix_and_preempted_keep_their_tokens(mistral):
         runner = ModelRunner.from_dir(mistral, num_blocks=24, block_size=BLOCK)
         h = Harness(runner, Tokenizer(mistral), prefill_chunk=8, max_seqs=4, max_batched_tokens=16)
         if not free:
-            h.planner.window = 0
+            h.planner.tables.window = 0
         rids = [h.submit(p, max_tokens=20, ignore_eos=True) for p in prompts]
         h.run()
         assert h.pool.used == 0
@@ -97,8 +98,8 @@ def test_a_model_with_global_layers_frees_nothing(tmp_path):
     (path / "config.json").write_text(json.dumps(config))
     assert ModelConfig.load(path).layer_windows == (0, WINDOW)
     h = harness(path, free=True)
-    assert h.planner.window == 0
+    assert h.planner.tables.window == 0
     rid = h.submit(list(range(5, 5 + 4 * WINDOW)), max_tokens=4, ignore_eos=True)
     h.tick()
     h.tick()
-    assert h.planner.requests[rid].dropped_blocks == 0
+    assert h.planner.queues.requests[rid].schedule.dropped_blocks == 0

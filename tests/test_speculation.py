@@ -101,8 +101,9 @@ def run(model_dir, tokenizer, prompts, sampling, spec, num_blocks=1024, aborts=N
             if at == tick:
                 h.engine.abort(ids[index])
         h.tick()
-        for request in h.planner.decoding:  # no block held past the next row's position
-            assert request.dropped_blocks + len(request.block_table) <= h.pool.blocks_for(request.num_tokens)
+        for request in h.planner.queues.decoding:  # no block held past the next row's position
+            held = request.schedule.dropped_blocks + len(request.schedule.block_table)
+            assert held <= h.pool.blocks_for(request.num_tokens)
     return [h.tokens(i) for i in ids], [h.final(i).finish_reason for i in ids], h
 
 
@@ -210,7 +211,7 @@ def test_the_status_line_reports_acceptance(model_dir, tokenizer):
     _, _, h = run(model_dir, tokenizer, copy_heavy_prompts(np.random.default_rng(4), 4), SamplingParams(temperature=0),
                   spec, max_tokens=16, ignore_eos=True)
     s = h.planner.speculation.stats
-    line = StatusReporter(decode_interval=1).decode_step(h.planner, h.pool)
+    line = StatusReporter(1, h.pool, h.stats, h.planner.speculation).decode_line(h.planner.view(), h.planner.held_tokens())
     assert f"accept rate: {s.accepted_tokens / s.draft_tokens:.2f}" in line
     assert f"accept len: {1 + s.accepted_tokens / s.drafts:.2f}" in line
 

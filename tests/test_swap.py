@@ -62,4 +62,4 @@ def test_the_engine_spilling_to_the_pool_generates_what_recompute_does(tiny_dir,
     (recomputed, h0, _), (spilled, h, runner) = results
     assert h0.stats.preemptions > 0 and h.stats.preemptions > 0
     assert spilled == recomputed
-    assert spills and len(runner.swap.free) == 12 and h.planner.swap_used == 0  # spilled, and every slot free again
+    assert spills and len(runner.swap.free) == 12 and h.planner.preemption.swap_used == 0  # spilled, and every slot free again

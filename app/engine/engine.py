@@ -69,9 +69,8 @@ class Engine:
         # never allows the others: model.sampling.allowed_tokens)
         self.vocab_size = min(tokenizer.vocab_size, getattr(model, "vocab_size", tokenizer.vocab_size))
         self.outputs = OutputProcessor(tokenizer, self.stats)
-        window = getattr(model, "kv_window", 0)
-        self.planner = Planner(config, self.pool, self.outputs, self.stats, window)
-        self.reporter = StatusReporter(config.decode_log_interval)
+        self.planner = Planner(config, self.pool, self.stats, getattr(model, "kv_window", 0))
+        self.reporter = StatusReporter(config.decode_log_interval, self.pool, self.stats, self.planner.speculation)
         self._wake = trio.Event()
         self._ids = itertools.count()
         self.draining = False
@@ -94,7 +93,7 @@ class Engine:
         """Raises Draining, or Overloaded when count more requests would pass --max-queue."""
         if self.draining:
             raise Draining("the server is shutting down")
-        if len(self.planner.waiting) + count > self.config.max_queue:
+        if self.planner.view().waiting + count > self.config.max_queue:
             raise Overloaded(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
 
     def validate(self, prompt_ids: list[int], params: GenerationParams) -> int:
@@ -115,7 +114,7 @@ class Engine:
         else:
             self.admits()
         request_id = request_id or f"req-{self.next_id()}"
-        if request_id in self.planner.requests:
+        if request_id in self.planner:
             raise EngineError(f"request id {request_id!r} is already in use")
         send, recv = channel, None
         if channel is None:
@@ -146,18 +145,18 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Cancel a request wherever it is; takes effect at the next step boundary. Safe from
         any task, and for ids already finished."""
-        if request_id in self.planner.requests:  # unknown or finished ids are ignored
+        if request_id in self.planner:  # unknown or finished ids are ignored
             self.planner.abort(request_id)
             self._wake.set()
 
     def status(self) -> dict:
-        p = self.planner
+        p = self.planner.view()
         return {
             "running": self.ticking and not self.draining,
             "draining": self.draining,
-            "num_requests_running": p.num_running,
-            "num_requests_waiting": len(p.waiting) + len(p.preempted),
-            "num_preempted": len(p.preempted),
+            "num_requests_running": p.running,
+            "num_requests_waiting": p.waiting + p.preempted,
+            "num_preempted": p.preempted,
             "kv_blocks_total": self.pool.num_blocks,
             "kv_blocks_used": self.pool.used,
             "kv_cache_usage_perc": self.pool.usage,
@@ -168,14 +167,18 @@ class Engine:
     # -- one tick, synchronously: the planner's decisions carried out ----------------------------
 
     def next_step(self) -> StepPlan | None:
-        """Plan the next step and move the blocks it needs: retired requests closed, reloads
-        and spills copied through the runner, failures reported back to the planner. None:
-        only preemption would make room while a step runs (wait for it, then plan again)."""
+        """Plan the next step, each row with what it samples with from the output processor,
+        and move the blocks it needs: retired requests closed, reloads and spills copied through
+        the runner, failures reported back to the planner. None: only preemption would make
+        room while a step runs (wait for it, then plan again)."""
         start = self.planner.start_tick()
         self._close(start.retired)
         for reload in start.reloads:
             self._reload(reload)
         schedule = self.planner.schedule()
+        if schedule.step is not None:  # masks start now, on the grammars' thread
+            for request, row in zip(schedule.requests, schedule.step.rows):
+                self.outputs.prepare(request, row)
         for spill in schedule.spills:  # before the step, which may write its blocks
             self._spill(spill)
         return schedule.step
@@ -212,7 +215,7 @@ class Engine:
                 end = self.accept(request, results[0] if results else None, now)
                 if end is not None:
                     self.planner.finish(request, end.reason, end.stop_reason, end.error)
-        for request in self.outputs.send_deltas(self.planner.decoding):
+        for request in self.outputs.send_deltas(self.planner.view().decoding):
             self.planner.finish(request, "cancelled")
 
     def verify(self, request: Request, row, results: list[Sampled], now: float) -> None:
@@ -249,9 +252,9 @@ class Engine:
     def _close(self, retired: list[Request]) -> None:
         now = time.monotonic()
         for request in retired:
-            if request.spilled is not None:
-                self.runner.drop_spill(request.spilled)
-                request.spilled = None
+            if request.schedule.spilled is not None:
+                self.runner.drop_spill(request.schedule.spilled)
+                request.schedule.spilled = None
             self.runner.release(request.id)
             self.outputs.close(request, now)
 
@@ -310,20 +313,23 @@ class Engine:
         else:
             self.apply(plan, sampled)
         self.steps += 1
-        line = self.reporter.decode_step(self.planner, self.pool)
-        if line:
-            log.info(line)
+        if self.reporter.decode_due():
+            log.info(self.reporter.decode_line(self.planner.view(), self.planner.held_tokens()))
 
     def _failed(self, plan, error: Exception) -> None:
         """The runner failed: those rows end, the engine serves on."""
         log.error("forward step failed", exc_info=error)
-        self.planner.fail(plan, f"the model step failed: {type(error).__name__}: {error}")
+        self.fail_step(plan, f"the model step failed: {type(error).__name__}: {error}")
+
+    def fail_step(self, plan: StepPlan, message: str) -> None:
+        """Every row of a failed step ends with message, once its mask is done with its matcher."""
+        self.outputs.settle(plan)
+        self.planner.fail(plan, message)
 
     def _report_admitted(self):
-        admitted = self.planner.admitted
+        admitted = self.planner.take_admitted()
         if admitted.seqs:
-            log.info(self.reporter.prefill_line(admitted, self.planner, self.pool))
-            self.planner.admitted = type(admitted)()
+            log.info(self.reporter.prefill_line(admitted, self.planner.view()))
 
     # -- shutdown -----------------------------------------------------------------------------
 
@@ -332,9 +338,10 @@ class Engine:
         the rest through the abort path and wait for their final frames."""
         self.draining = True
         with trio.move_on_after(grace):
-            while self.planner.requests:
+            while self.planner.has_work:
                 await trio.sleep(0.01)
-        for request_id in list(self.planner.requests):
-            self.abort(request_id)
-        while self.planner.requests and self.ticking:
+        if self.planner.has_work:
+            self.planner.abort_all()
+            self._wake.set()
+        while self.planner.has_work and self.ticking:
             await trio.sleep(0.01)

@@ -69,15 +69,12 @@ class Frame:
 
 
 @dataclass
-class Request:
-    id: str
-    prompt_ids: list[int]
-    params: GenerationParams
-    max_tokens: int  # resolved against the context
-    emit: object  # callable(Frame); raises when the client can no longer take frames
+class ScheduleState:
+    """Where a request is and what it holds: written by the planner alone (planner.py and the
+    block tables it drives), read by the engine and the output processor."""
+
     seq: int = 0  # arrival order: newest is the first preemption victim
     state: State = State.WAITING
-    output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)  # its blocks from logical block dropped_blocks on
     dropped_blocks: int = 0  # leading blocks freed: wholly before every layer's sliding window
     num_computed: int = 0  # tokens whose K/V is in the cache
@@ -85,11 +82,18 @@ class Request:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     spilled: object = None  # host copy of the K/V while preempted by spill (the runner's; the engine drops it)
     spill_blocks: int = 0  # how many blocks that copy holds
-    embedding: object = None  # what an embedding request produced, for its final frame
     immune_until: int = 0  # output length before which it is not preempted again
+    scheduled_at: float | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
+
+
+@dataclass
+class OutputState:
+    """What a request's tokens have meant so far and what is not sent yet: written by the
+    output processor alone (and its grammar mask thread, which reads the matcher)."""
+
     detok: object = None
     stops: object = None
     matcher: object = None  # the grammar's state after this request's tokens (app/engine/grammar.py)
@@ -98,10 +102,25 @@ class Request:
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list = field(default_factory=list)
     pending_prompt_logprobs: list = field(default_factory=list)
-    arrival: float = field(default_factory=time.monotonic)
-    scheduled_at: float | None = None
+    embedding: object = None  # what an embedding request produced, for its final frame
     first_token_at: float | None = None
     last_token_at: float | None = None
+
+
+@dataclass
+class Request:
+    """What was asked and the tokens produced (output_ids: appended by the output processor
+    only), with the planner's state and the output processor's, each written by its owner."""
+
+    id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    max_tokens: int  # resolved against the context
+    emit: object  # callable(Frame); raises when the client can no longer take frames
+    output_ids: list[int] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+    schedule: ScheduleState = field(default_factory=ScheduleState)
+    output: OutputState = field(default_factory=OutputState)
 
     @property
     def all_ids(self) -> list[int]:
@@ -117,5 +136,10 @@ class Request:
         during decode (and a recompute) everything but the last sampled token."""
         return len(self.prompt_ids) if not self.output_ids else self.num_tokens - 1
 
+    @property
+    def constrained(self) -> bool:
+        """A grammar or a thinking budget masks its rows; each mask depends on its last token."""
+        return self.params.grammar is not None or self.params.thinking is not None
+
     def usage(self) -> Usage:
-        return Usage(len(self.prompt_ids), len(self.output_ids), self.cached_tokens)
+        return Usage(len(self.prompt_ids), len(self.output_ids), self.schedule.cached_tokens)

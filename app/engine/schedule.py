@@ -1,5 +1,6 @@
-"""What the planner decides and the engine carries out: the step, and the K/V blocks to copy.
-Data only: the engine copies blocks through the runner and reports a failed copy back."""
+"""What the planner decides and the engine carries out (the step, the K/V blocks to copy), and
+what the engine reads of it. Data only: the engine copies blocks through the runner and reports
+a failed copy back."""
 
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ class Reload:
 class TickStart:
     """Planner.start_tick(): done before the step is planned."""
 
-    retired: list[Request]  # gone, blocks freed; each one's host copy (request.spilled) is the engine's to drop
+    retired: list[Request]  # gone, blocks freed; each one's host copy (schedule.spilled) is the engine's to drop
     reloads: list[Reload]  # their requests decode in the coming step
 
 
@@ -38,3 +39,24 @@ class Schedule:
 
     step: StepPlan | None  # None: only preemption would make room while a step runs
     spills: list[Spill]
+    requests: list[Request]  # of each of the step's rows, in order: the engine adds their masks
+
+
+@dataclass
+class Admitted:
+    """What ticks admitted since the last Prefill status line, counted at admission."""
+
+    seqs: int = 0
+    new_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PlannerView:
+    """The planner as the engine reads it: where its requests are, counted, for admission,
+    status() and the log lines, and the decoding ones, in the order their deltas go out."""
+
+    running: int  # prefilling or decoding
+    waiting: int  # queued, not admitted yet
+    preempted: int  # waiting to resume
+    decoding: tuple[Request, ...]

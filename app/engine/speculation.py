@@ -1,4 +1,6 @@
 """Speculative decoding's proposals: what a decoding row offers the model to check, and how many.
+The planner plans its decode rows, then hands them here (add_guesses) before it plans prefill;
+the engine gives a grammar's row with guesses a mask for each position (outputs.guess_masks).
 
 A proposer guesses the next tokens of a request; its decode row then carries them after its
 last token, the step computes logits at every one of those positions, and the engine keeps the
@@ -22,6 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from app.engine.block_tables import BlockTables
+from app.engine.request import Request
+from model.runner import AHEAD, Row
 
 METHODS = ("ngram", "draft_model")
 
@@ -124,6 +129,30 @@ class Speculation:
             if config.method == "ngram" else None
         self.paces: dict[str, Pace] = {}
         self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
+
+    def add_guesses(self, planned: list[tuple[Request, Row]], tables: BlockTables, spare: int) -> None:
+        """Each decode row may carry guesses: prompt lookup's, made here, or room for a draft
+        model's, which the runner makes (Row.draft_limit). They take blocks free now (a guess
+        never preempts) within spare, the step's tokens left. A grammar's row guesses by lookup
+        only (the engine masks each position). Not for a row fed ahead, one under a thinking
+        budget or penalties, or one whose stop tokens min_tokens still bans."""
+        for request, row in planned:
+            p = request.params
+            if (spare <= 0 or row.token_ids[0] == AHEAD or p.sampling.penalized or len(request.output_ids) < p.min_tokens
+                    or request.constrained and not (self.lookup and p.thinking is None)):
+                continue
+            count = self.allowance(request, min(spare, request.max_tokens - len(request.output_ids) - 1))
+            guesses = self.lookup.propose(request.all_ids, count) if self.lookup and count else []
+            count = len(guesses) if self.lookup else count
+            if count and not tables.grow(request, request.num_tokens - 1 + count):  # the last guess's position
+                count = tables.covered(request) - request.num_tokens
+            if count:
+                if self.lookup:
+                    row.token_ids, row.num_draft = [row.token_ids[0], *guesses[:count]], count
+                else:
+                    row.draft_limit = count
+                row.block_table = tables.table(request)
+                spare -= count
 
     def allowance(self, request, limit: int) -> int:
         """How many guesses request's next row may carry, at most limit: its pace, or none

@@ -39,16 +39,17 @@ class Stats:
     def token(self, request, now: float) -> None:
         """One token sampled for request at time now."""
         self.generation_tokens += 1
-        if request.first_token_at is None:
+        if request.output.first_token_at is None:
             self.time_to_first_token.observe(now - request.arrival)
         else:
-            self.inter_token_latency.observe(now - request.last_token_at)
+            self.inter_token_latency.observe(now - request.output.last_token_at)
 
     def request_done(self, request, now: float) -> None:
-        self.finished[request.finish_reason] += 1
+        scheduled, output = request.schedule, request.output
+        self.finished[scheduled.finish_reason] += 1
         self.e2e_request_latency.observe(now - request.arrival)
-        if request.scheduled_at is not None:
-            self.request_queue_time.observe(request.scheduled_at - request.arrival)
-        if request.first_token_at is not None and len(request.output_ids) > 1:
+        if scheduled.scheduled_at is not None:
+            self.request_queue_time.observe(scheduled.scheduled_at - request.arrival)
+        if output.first_token_at is not None and len(request.output_ids) > 1:
             self.time_per_output_token.observe(
-                (request.last_token_at - request.first_token_at) / (len(request.output_ids) - 1))
+                (output.last_token_at - output.first_token_at) / (len(request.output_ids) - 1))

@@ -1,0 +1,92 @@
+"""Each request's block table against the pool: taken for a prefill, grown to cover a position,
+offered to the prefix cache as blocks fill, freed behind a sliding window, trimmed after rejected guesses.
+
+Where every layer slides (window: Mistral's, Phi-3's), a request's blocks wholly before the
+window of its next query are freed as its steps land (drop_outside_window), so a long request
+holds at most window / block_size + 1 blocks once its prompt is in; its rows' tables keep the
+logical positions, the freed entries pointing at its first held block, which attention never
+weighs (every key there is outside the window). A step in flight may still read a freed block;
+a later step, which the device runs after it, is the first that can write it.
+"""
+
+from app.engine.block_pool import BlockPool
+from app.engine.request import Request, State
+
+
+class BlockTables:
+    def __init__(self, pool: BlockPool, window: int = 0):
+        self.pool = pool
+        # the positions back every layer attends to; blocks freed behind it (0: never). A window
+        # of a block or less is not freed behind: the prefix cache names a block by its parent.
+        self.window = window if window > pool.block_size else 0
+
+    def covered(self, request: Request) -> int:
+        """Positions its table reaches, the freed leading blocks included."""
+        s = request.schedule
+        return (s.dropped_blocks + len(s.block_table)) * self.pool.block_size
+
+    def take(self, request: Request, tokens: list[int], target: int) -> bool:
+        """Its table for a prefill: the cached prefix of tokens, and fresh blocks for the rest of
+        target tokens; False (and nothing held) when the pool cannot hold them. A waiting request
+        scoring its prompt takes no cached block: a scored position must be computed."""
+        s = request.schedule
+        scores = request.params.prompt_logprobs is not None and s.state is State.WAITING
+        hits = [] if scores else self.pool.match_prefix(tokens)
+        fresh = self.pool.allocate_many(self.pool.blocks_for(target) - len(hits))
+        if fresh is None:
+            self.pool.release(hits)
+            return False
+        s.block_table, s.dropped_blocks = hits + fresh, 0
+        s.num_computed = s.num_offered = len(hits) * self.pool.block_size
+        if s.state is State.WAITING:
+            s.cached_tokens = s.num_computed
+        return True
+
+    def grow(self, request: Request, position: int) -> bool:
+        """Allocate blocks until its table covers position; False when the pool ran out first
+        (the blocks taken so far stay)."""
+        while self.covered(request) <= position:
+            block = self.pool.allocate()
+            if block is None:
+                return False
+            request.schedule.block_table.append(block)
+        return True
+
+    def release(self, request: Request) -> None:
+        self.pool.release(request.schedule.block_table)
+        request.schedule.block_table = []
+
+    def trim(self, request: Request) -> None:
+        """The blocks past its next row's position go back (written by rejected guesses)."""
+        s = request.schedule
+        keep = self.pool.blocks_for(request.num_tokens) - s.dropped_blocks
+        if len(s.block_table) > keep:
+            self.pool.release(s.block_table[keep:])
+            del s.block_table[keep:]
+
+    def table(self, request: Request) -> list[int]:
+        """The request's block table by logical block: its freed leading entries pointing at its
+        first held block (a fresh list then, so a planned row keeps its own)."""
+        s = request.schedule
+        if not s.dropped_blocks:
+            return s.block_table
+        return [s.block_table[0]] * s.dropped_blocks + s.block_table
+
+    def offer_full_blocks(self, request: Request) -> None:
+        """Blocks filled since the last offer go to the prefix cache (skipped when none did:
+        building the token history for every row of every step is not free)."""
+        s = request.schedule
+        if s.num_computed - s.num_offered >= self.pool.block_size:
+            s.num_offered = self.pool.cache_full_blocks(self.table(request), request.all_ids, s.num_offered,
+                                                        s.num_computed)
+
+    def drop_outside_window(self, request: Request) -> None:
+        """Free the leading blocks no later query sees: every position in them is at least
+        window before the next one computed (after their offer to the prefix cache)."""
+        s = request.schedule
+        drop = (s.num_computed - self.window + 1) // self.pool.block_size - s.dropped_blocks
+        drop = min(drop, len(s.block_table) - 1)  # the table keeps a block to point at
+        if self.window and drop > 0:
+            self.pool.release(s.block_table[:drop])
+            s.block_table = s.block_table[drop:]
+            s.dropped_blocks += drop
