@@ -38,7 +38,8 @@ class Gemma2(Family):
             else:  # every pattern-th layer global
                 windows = tuple(window if (i + 1) % int(pattern) else 0 for i in range(layers))
             if len(windows) != layers:
-                raise ModelError(f"{k('attention.sliding_window_pattern')} has {len(windows)} flags for {layers} layers")
+                raise ModelError(f"{k('attention.sliding_window_pattern')} has {len(windows)} flags"
+                                 f" for {layers} layers")
         local = field(k("rope.freq_base_swa"))
         return {
             "layer_windows": windows,
