@@ -9,10 +9,7 @@ hooks, never by its name, so that a new family is one new module in this package
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from typing import Callable
 
 
 class Family:
@@ -65,9 +62,9 @@ class Family:
         metadata; field(key, default=None) reads one key."""
         return {}
 
-    def hf_fields(self, c: ModelConfig) -> dict:
+    def hf_fields(self, c) -> dict:
         """What config.json says for this family beyond the common fields, as transformers
-        writes it (converting a GGUF)."""
+        writes it (converting a GGUF); c: the ModelConfig read from the GGUF."""
         return {}
 
     def expert_tensors(self, layer: int) -> tuple[str, dict[str, str]]:
