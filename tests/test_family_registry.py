@@ -33,18 +33,14 @@ ROOT = Path(__file__).resolve().parent.parent
 NOT_FAMILIES = {"model/gguf/tokenizer.py": {"qwen2", "_QWEN2_SPLIT"}, "model/gguf/vocab.py": {"llama"}}
 
 
-def family_modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(families.__path__) if m.name != "family")
-
-
 def test_every_family_is_one_module():
     """Each module holds one family, defined there, and the registry holds exactly those."""
-    modules = family_modules()
+    modules = [m.name for m in pkgutil.iter_modules(families.__path__) if m.name != "family"]
     for name in modules:
         module = importlib.import_module(f"model.families.{name}")
         assert type(module.FAMILY).__module__ == module.__name__, name
         assert FAMILIES[module.FAMILY.model_type] is module.FAMILY
-    assert len(FAMILIES) == len(modules) == 11
+    assert len(FAMILIES) == len(modules) >= 11
     assert len({f.architecture for f in FAMILIES.values()}) == len(FAMILIES)
 
 
