@@ -45,17 +45,17 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate
     rope_layers: tuple[bool, ...] | None = None  # which layers rotate q and k; None: all
     layer_windows: tuple[int, ...] | None = None  # each layer's sliding window (0: all keys); None: none
-    local_rope_theta: float | None = None  # Gemma 3's sliding layers: their own theta, unscaled
+    local_rope_theta: float | None = None  # sliding layers' own theta, unscaled (Family.local_rope)
     query_scale: float | None = None  # scores' scale; None: head_dim ** -0.5
-    attn_softcap: float = 0.0  # Gemma 2: scores = cap * tanh(scores / cap); 0: none
-    final_softcap: float = 0.0  # Gemma 2: the same on the logits
+    attn_softcap: float = 0.0  # scores = cap * tanh(scores / cap); 0: none
+    final_softcap: float = 0.0  # the same on the logits
     gelu: bool = False  # GeGLU (tanh GELU) in place of SwiGLU
     num_experts: int = 0  # a mixture of experts' experts per layer; 0: a dense MLP
     experts_per_token: int = 0  # the top k a token is routed to
     expert_intermediate_size: int = 0  # each expert's MLP width
-    norm_topk_prob: bool = False  # the top-k routing weights rescaled to sum to 1 (Mixtral always)
+    norm_topk_prob: bool = False  # the top-k routing weights rescaled to sum to 1
     moe_layers: tuple[bool, ...] | None = None  # which layers route to experts (the rest dense); None: all
-    qk_norm_whole: bool = False  # OLMoE: q and k normalised over the whole projection, not per head
+    qk_norm_whole: bool = False  # q and k normalised over the whole projection, not per head
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
@@ -164,7 +164,7 @@ class ModelConfig:
     @property
     def kv_window(self) -> int:
         """The positions back every layer attends to: the smallest window where every layer
-        slides (Mistral's, Phi-3's), else 0 (some layer reads the whole context)."""
+        slides, else 0 (some layer reads the whole context)."""
         windows = self.layer_windows or (0,)
         return 0 if not all(windows) else min(windows)
 
@@ -235,7 +235,7 @@ def _windows(raw: dict, family: Family, layers: int) -> tuple[int, ...] | None:
 
 
 def _moe_layers(raw: dict, layers: int) -> tuple[bool, ...] | None:
-    """Qwen3-MoE's dense layers: those in mlp_only_layers, and all but every decoder_sparse_step-th."""
+    """Which layers route to experts: every decoder_sparse_step-th but those in mlp_only_layers."""
     dense, step = set(raw.get("mlp_only_layers") or ()), int(raw.get("decoder_sparse_step") or 1)
     sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
     return None if all(sparse) else sparse

@@ -168,7 +168,7 @@ def _check_complete(have: set[str], family: Family, layers: int, path: Path, spa
 def _hf_shapes(vocab: int, hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int,
                whole_qk_norm: bool = False) -> dict:
     """Hugging Face's shapes: by full name for the global tensors, by per-layer name otherwise
-    (OLMoE's q/k norms over the whole projection)."""
+    (q/k norms over the whole projection where the family has them so)."""
     return {
         "model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
         "lm_head.weight": (vocab, hidden),
