@@ -25,12 +25,12 @@ class Llama:
         self.ops = ops
         positions = max_positions or config.max_position_embeddings
         tables = {"global": rope_tables(config, positions)}
-        if config.local_rope_theta is not None:  # Gemma 3's sliding layers: their own theta, unscaled
+        if config.local_rope_theta is not None:  # sliding layers with their own theta, unscaled
             tables["local"] = rope_tables(replace(config, rope_theta=config.local_rope_theta, rope_scaling=None),
                                           positions)
         self.windows = config.layer_windows or (0,) * config.num_layers
         rotates = config.rope_layers or (True,) * config.num_layers
-        if not all(rotates):  # SmolLM3's layers without rotation: the identity's table
+        if not all(rotates):  # layers without rotation: the identity's table
             tables["still"] = np.ones_like(tables["global"][0]), np.zeros_like(tables["global"][1])
         self.layer_rope = ["still" if not rotates[i] else "local" if self.windows[i] and "local" in tables
                            else "global" for i in range(config.num_layers)]
@@ -65,9 +65,9 @@ class Llama:
             qkv = ops.linear(h, layer.wqkv, layer.bqkv)
             if layer.q_norm is None:
                 q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
-            else:  # Qwen3, Gemma 3: each head normalised before the rotation
+            else:  # q/k norms: each head normalised before the rotation
                 q, k = qkv[:, :c.q_size], qkv[:, c.q_size:c.q_size + c.kv_size]
-                if c.qk_norm_whole:  # OLMoE: over the whole projection
+                if c.qk_norm_whole:  # or the whole projection
                     q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
                 q = q.reshape(tokens, c.num_heads, c.head_dim)
                 k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
@@ -97,10 +97,10 @@ class Llama:
 
 
 def embedding_scale(config: ModelConfig) -> float:
-    """Gemma multiplies its embedding by sqrt(hidden), rounded to bfloat16 for a bfloat16
-    checkpoint as transformers and vLLM round it (33.75 for 1152, not 33.94), in float32 for the
-    rest (a GGUF's, as llama.cpp does); 1 for the other families."""
-    if not config.gemma:
+    """sqrt(hidden) where the family scales its embedding (Family.scaled_embedding), rounded to
+    bfloat16 for a bfloat16 checkpoint as transformers and vLLM round it (33.75 for 1152, not
+    33.94), in float32 for the rest (a GGUF's, as llama.cpp does); 1 for the other families."""
+    if not config.family.scaled_embedding:
         return 1.0
     scale = np.float32(math.sqrt(config.hidden_size))
     if config.torch_dtype == "bfloat16":  # round to nearest even on the upper 16 bits

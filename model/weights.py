@@ -1,20 +1,13 @@
-"""Weights from memory-mapped safetensors files, or from a GGUF file in place
-(model/gguf/tensors.py), fused the way the forward pass wants and prepared for the ops (packed,
-or copied to a device) one layer at a time.
+"""Weights from memory-mapped safetensors files (model/safetensors_files.py), or from a GGUF file
+in place (model/gguf/tensors.py), under the names the model's family gives them
+(model/families/), fused the way the forward pass wants and prepared for the ops (packed, or
+copied to a device) one layer at a time.
 
-The reader is our own (the format is a JSON header and raw bytes) for two reasons: NumPy has no
-bfloat16, which most Hugging Face checkpoints use, and a truncated or corrupt file must become
-one clear line rather than a deep library traceback. No float32 copy of the whole model ever
-exists: a tensor is converted only when taken, into the array that goes to the ops, and its
-mapped pages are handed back to the page cache once read. A GGUF's quantized tensors go to the
-ops as their blocks (model/quant/quantized.py), never as float32 unless the ops want that; a
-safetensors embedding and LM head go unread (FloatRows), for packing ops to read a slab of rows
-at a time.
+No float32 copy of the whole model ever exists: a tensor is converted only when taken. A GGUF's
+quantized tensors go to the ops as their blocks (model/quant/quantized.py), never as float32
+unless the ops want that.
 """
 
-import json
-import mmap
-import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -23,155 +16,11 @@ import numpy as np
 
 from model.config import ModelConfig
 from model.errors import ModelError
-from model.quant.quantized import FloatRows, float32, fuse, take_rows
+from model.quant.quantized import float32, fuse, take_rows
 from model.rope import rotary_dim, rotary_row_order
+from model.safetensors_files import ModelTensors
 
 GGUF_NAME = "model.gguf"  # in a model directory: the GGUF its weights are read from, in place
-
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
-# safetensors dtypes that hold quantized weights (FP8, or integers packing GPTQ, AWQ,
-# bitsandbytes or compressed-tensors codes): refused by name, not as corruption
-_QUANTIZED_DTYPES = {"F8_E4M3": "FP8", "F8_E5M2": "FP8", "I8": "8-bit integer",
-                     "U8": "packed integer", "I32": "packed integer"}
-
-
-def _corrupt(path: Path, why: str) -> ModelError:
-    return ModelError(
-        f"{path} is corrupt or truncated ({why}); delete it and re-download or re-convert the model"
-    )
-
-
-@dataclass(frozen=True)
-class _Entry:
-    path: Path
-    dtype: str  # the file's name for it: F32, F16, BF16, F64
-    shape: tuple
-    begin: int  # byte offsets in the file
-    end: int
-
-
-def _read_header(path: Path) -> dict[str, _Entry]:
-    """Every tensor's place in one file, checked against the file's size."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise _corrupt(path, "no header")
-            (header_len,) = struct.unpack("<Q", head)
-            if header_len > min(size - 8, 100 << 20):
-                raise _corrupt(path, "header length past the end of the file")
-            header = json.loads(f.read(header_len))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _corrupt(path, f"unreadable header: {e}") from None
-    except OSError as e:
-        raise ModelError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
-    if not isinstance(header, dict):
-        raise _corrupt(path, "header is not a JSON object")
-    data_start = 8 + header_len
-    entries = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = info["dtype"]
-            if dtype in _QUANTIZED_DTYPES:
-                raise ModelError(
-                    f"{path} holds {_QUANTIZED_DTYPES[dtype]} weights (tensor {name!r} is {dtype}),"
-                    " which Spool cannot load; use the original F16/BF16 checkpoint or a GGUF file"
-                )
-            itemsize = np.dtype(_DTYPES[dtype]).itemsize
-            begin, end = info["data_offsets"]
-            shape = tuple(int(n) for n in info["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise _corrupt(path, f"bad entry for tensor {name!r}") from None
-        if data_start + end > size:
-            raise _corrupt(path, f"tensor {name!r} runs past the end of the file")
-        if end - begin != int(np.prod(shape, dtype=np.int64)) * itemsize:
-            raise _corrupt(path, f"tensor {name!r} has {end - begin} bytes for shape {shape}")
-        entries[name] = _Entry(path, dtype, shape, data_start + begin, data_start + end)
-    return entries
-
-
-# where other checkpoints keep the causal LM's "model." tensors: a base model's (Qwen3-Embedding
-# saves its Qwen3Model), and a vision-language model's language model (Gemma 3 4B-27B, as
-# transformers 4 and 5 save it; the vision tower's tensors are left unread)
-_MODEL_PREFIXES = ("", "language_model.model.", "model.language_model.")
-
-
-def _causal_lm_names(entries: dict) -> dict:
-    if "model.embed_tokens.weight" in entries:
-        return entries
-    for prefix in _MODEL_PREFIXES:
-        if prefix + "embed_tokens.weight" in entries:
-            return {name if name == "lm_head.weight" else "model." + name[len(prefix):]: e
-                    for name, e in entries.items() if name.startswith(prefix) or name == "lm_head.weight"}
-    return entries
-
-
-class ModelTensors:
-    """The tensors of a model directory's safetensors files (one or sharded), memory-mapped;
-    read_into converts one tensor at a time. Use as a context manager: the maps close on exit."""
-
-    def __init__(self, model_dir: Path):
-        files = sorted(Path(model_dir).glob("*.safetensors"))
-        if not files:
-            raise ModelError(
-                f"{model_dir} has no .safetensors weights; convert the checkpoint to safetensors"
-                " or pass --model with a .gguf file"
-            )
-        self.entries: dict[str, _Entry] = {}
-        for path in files:
-            self.entries.update(_read_header(path))
-        self.entries = _causal_lm_names(self.entries)
-        self.maps: dict[Path, mmap.mmap] = {}
-
-    norms_include_one = False  # Gemma's norms as its checkpoints store them: w, for 1 + w
-
-    def __enter__(self) -> "ModelTensors":
-        return self
-
-    def __exit__(self, *_) -> None:
-        for m in self.maps.values():
-            m.close()
-        self.maps.clear()
-
-    def read_into(self, name: str, out: np.ndarray, first: int = 0) -> None:
-        """Tensor `name` (its rows first .. first + len(out), where out holds fewer), converted to
-        out's dtype (float32 from BF16 with no temporary), then those mapped pages dropped from
-        this process (the page cache keeps them)."""
-        e = self.entries[name]
-        m = self.maps.get(e.path)
-        if m is None:
-            with open(e.path, "rb") as f:
-                m = self.maps[e.path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        dtype = np.dtype(_DTYPES[e.dtype])
-        begin = e.begin + first * int(np.prod(e.shape[1:], dtype=np.int64)) * dtype.itemsize
-        end = begin + out.size * dtype.itemsize
-        raw = np.frombuffer(m, dtype=dtype, count=out.size, offset=begin).reshape(out.shape)
-        if e.dtype == "BF16":
-            bits = out.view(np.uint32)
-            bits[...] = raw
-            bits <<= 16
-        else:
-            out[...] = raw
-        del raw  # the buffer export, so that the map can close
-        if hasattr(m, "madvise"):
-            start = begin - begin % mmap.PAGESIZE
-            m.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-    def rows(self, name: str) -> FloatRows:
-        """Tensor `name` unread, for ops.weight to take a slab of rows at a time."""
-        return FloatRows(self.entries[name].shape, lambda first, out: self.read_into(name, out, first))
-
-    def quantized(self, name: str) -> bool:
-        """Never: safetensors hold float tensors only."""
-        return False
-
-    def read(self, name: str) -> np.ndarray:
-        out = np.empty(self.entries[name].shape, dtype=np.float32)
-        self.read_into(name, out)
-        return out
 
 
 def open_tensors(model_dir: Path):
@@ -194,14 +43,6 @@ def read_model_tensors(model_dir: Path) -> dict[str, np.ndarray]:
     """Every tensor as float32 at once: for references in tests, never for serving."""
     with open_tensors(model_dir) as tensors:
         return {name: float32(tensors.read(name)) for name in tensors.entries}
-
-
-def expert_tensor_names(model_type: str, layer: int) -> tuple[str, dict[str, str]]:
-    """Where a checkpoint keeps layer's router (prefix + "gate.weight") and expert e's matrices
-    (prefix + f"experts.{e}.{names[part]}.weight" for part gate, up, down): Mixtral's w1, w3, w2."""
-    if model_type == "mixtral":
-        return f"model.layers.{layer}.block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}
-    return f"model.layers.{layer}.mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 
 
 @dataclass
@@ -236,15 +77,15 @@ class Experts:
 class LayerWeights:
     attn_norm: np.ndarray  # (hidden,)
     wqkv: np.ndarray  # (q + 2 kv, hidden): q, k and v projections in one GEMM
-    bqkv: np.ndarray | None  # (q + 2 kv,) for Qwen2
-    q_norm: np.ndarray | None  # (head_dim,) for Qwen3; (q,) for OLMoE
+    bqkv: np.ndarray | None  # (q + 2 kv,) where the family has q/k/v biases
+    q_norm: np.ndarray | None  # (head_dim,) with q/k norms; (q,) over the whole projection
     k_norm: np.ndarray | None
     wo: np.ndarray  # (hidden, q)
     mlp_norm: np.ndarray
     w_gate_up: np.ndarray | None  # (2 * intermediate, hidden): gate and up in one GEMM; None with experts
     w_down: np.ndarray | None  # (hidden, intermediate)
-    post_attn_norm: np.ndarray | None = None  # Gemma: the attention's output normalised before the residual add
-    post_mlp_norm: np.ndarray | None = None  # Gemma: the same for the MLP's
+    post_attn_norm: np.ndarray | None = None  # the attention's output normalised before the residual add
+    post_mlp_norm: np.ndarray | None = None  # the same for the MLP's
     experts: Experts | None = None  # a mixture of experts' layer: in place of w_gate_up and w_down
 
 
@@ -307,10 +148,10 @@ class _LayerReader:
         return self.tensors.read(name)
 
     def norm(self, name: str, shape: tuple) -> np.ndarray:
-        """An RMSNorm's weight as the ops multiply by it: Gemma's checkpoints store w for a scale
-        of 1 + w (llama.cpp's GGUFs store 1 + w already)."""
+        """An RMSNorm's weight as the ops multiply by it: some families' checkpoints store w for a
+        scale of 1 + w (llama.cpp's GGUFs store 1 + w already)."""
         w = self.take(name, shape)
-        return w + np.float32(1.0) if self.config.gemma and not self.tensors.norms_include_one else w
+        return w + np.float32(1.0) if self.config.family.unit_offset_norms and not self.tensors.norms_include_one else w
 
     def fused(self, parts: list[tuple[str, tuple]]):
         """The parts stacked along their first axis, each read straight into its rows; where any
@@ -327,7 +168,7 @@ class _LayerReader:
         return out
 
     def layer(self, i: int) -> LayerWeights:
-        c = self.config
+        c, f = self.config, self.config.family
         H, Q, KV, D, I = c.hidden_size, c.q_size, c.kv_size, c.head_dim, c.intermediate_size
         p = f"model.layers.{i}."
         a = p + "self_attn."
@@ -335,16 +176,17 @@ class _LayerReader:
         if c.attention_bias:
             bias = self.fused([(a + "q_proj.bias", (Q,)), (a + "k_proj.bias", (KV,)), (a + "v_proj.bias", (KV,))])
         experts, w_gate_up, w_down = None, None, None
-        if c.fused_tensors:
-            wqkv = self.take(a + "qkv_proj.weight", (Q + 2 * KV, H))
-            w_gate_up = self.take(p + "mlp.gate_up_proj.weight", (2 * I, H))
+        if f.qkv:
+            wqkv = self.take(p + f.qkv, (Q + 2 * KV, H))
         else:
             wqkv = self.fused([(a + "q_proj.weight", (Q, H)), (a + "k_proj.weight", (KV, H)),
                                (a + "v_proj.weight", (KV, H))])
         if c.sparse(i):
             experts = self.experts(i)
         else:
-            if not c.fused_tensors:
+            if f.gate_up:
+                w_gate_up = self.take(p + f.gate_up, (2 * I, H))
+            else:
                 w_gate_up = self.fused([(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))])
             w_down = self.take(p + "mlp.down_proj.weight", (H, I))
         norm = (Q, KV) if c.qk_norm_whole else (D, D)
@@ -355,15 +197,14 @@ class _LayerReader:
             q_norm=self.norm(a + "q_norm.weight", (norm[0],)) if c.qk_norm else None,
             k_norm=self.norm(a + "k_norm.weight", (norm[1],)) if c.qk_norm else None,
             wo=self.take(a + "o_proj.weight", (H, Q)),
-            mlp_norm=self.norm(p + ("pre_feedforward_layernorm.weight" if c.gemma else
-                                    "post_attention_layernorm.weight"), (H,)),
+            mlp_norm=self.norm(p + f.mlp_norm, (H,)),
             w_gate_up=w_gate_up,
             w_down=w_down,
             experts=experts,
         )
-        if c.gemma:
-            layer.post_attn_norm = self.norm(p + "post_attention_layernorm.weight", (H,))
-            layer.post_mlp_norm = self.norm(p + "post_feedforward_layernorm.weight", (H,))
+        if f.post_norms:
+            layer.post_attn_norm = self.norm(p + f.post_norms[0], (H,))
+            layer.post_mlp_norm = self.norm(p + f.post_norms[1], (H,))
         order = rotary_row_order(D, rotary_dim(c))
         if order is None:
             return layer
@@ -378,10 +219,10 @@ class _LayerReader:
 
     def experts(self, i: int) -> Experts:
         """Layer i's router and experts, each expert's tensors read into its rows of the stack
-        (Mixtral's w1, w3 and w2 are gate, up and down)."""
+        (under the family's names for them: Family.expert_tensors)."""
         c = self.config
         E, H, I = c.num_experts, c.hidden_size, c.expert_intermediate_size
-        moe, names = expert_tensor_names(c.model_type, i)
+        moe, names = c.family.expert_tensors(i)
         return Experts(
             router=self.take(moe + "gate.weight", (E, H)),
             gate_up=self.fused([(f"{moe}experts.{e}.{names[part]}.weight", (I, H))

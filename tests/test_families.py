@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher
-from model.config import GEMMA3_TEXT_DEFAULTS, ModelConfig
+from model.config import ModelConfig
+from model.families.gemma3 import TEXT_DEFAULTS
 from model.gguf.convert import convert_gguf
 from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
@@ -110,7 +111,7 @@ def test_a_gemma3_vision_language_checkpoint_serves_its_language_model(checkpoin
 
     path, fixture, context = checkpoints("gemma3")
     text = json.loads((path / "config.json").read_text())
-    defaults = {k: v for k, v in GEMMA3_TEXT_DEFAULTS.items() if k in text and text[k] == v}
+    defaults = {k: v for k, v in TEXT_DEFAULTS.items() if k in text and text[k] == v}
     outer = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
              "eos_token_id": text["eos_token_id"], "torch_dtype": "float32",
              "text_config": {k: v for k, v in text.items() if k not in defaults and k not in ("architectures",)},
@@ -171,7 +172,7 @@ def test_gemma2_gguf_reads_what_llama_cpp_reads(tmp_path):
     """Soft caps and the every-other-layer window from the metadata, the query scale inferred."""
     c = ModelConfig.load(convert_gguf(write_family_gguf("gemma2", tmp_path / "g.gguf"), tmp_path / "served"))
     assert (c.attn_softcap, c.final_softcap, c.layer_windows) == (2.0, 3.0, (8, 0))
-    assert c.query_scale == 16 ** -0.5 and c.gelu and c.gemma
+    assert c.query_scale == 16 ** -0.5 and c.gelu and c.family.unit_offset_norms
 
 
 def assert_matches(runner, fixture):
@@ -198,7 +199,7 @@ def test_family_switches_are_read():
     assert c["qwen3-yarn"].rope_scaling["rope_type"] == "yarn" and c["qwen3-yarn"].rope_theta == 10000.0
     assert c["phi3-longrope-long"].rope_scaling["original_max_position_embeddings"] == 32
     assert c["phi3-longrope-long"].rope_scaling["factor"] == 256 / 32
-    assert c["phi4-mini"].partial_rotary_factor == 0.75 and c["phi4-mini"].fused_tensors
+    assert c["phi4-mini"].partial_rotary_factor == 0.75 and c["phi4-mini"].family.qkv
     assert c["smollm3"].rope_layers == (True, False, True, False)
     assert c["smollm3-4"].rope_layers == (True, True, True, False)
     assert c["llama3-rope"].rope_layers is None and c["llama3-rope"].partial_rotary_factor == 1.0

@@ -17,7 +17,7 @@ from model.quant.matmul import matmul
 from model.quant.quantized import FloatRows
 from model.quant.strips import Q4_1Strips, Q4_KStrips, Q8_0Strips
 from model.runner import ModelRunner, Row, StepPlan
-from model.weights import ModelTensors
+from model.safetensors_files import ModelTensors
 from reference import int8_activations
 from test_kblocks import TOLERANCE
 from tiny_gguf import tiny_gguf

@@ -119,24 +119,14 @@ def _hf_config(m: GGUFModel) -> dict[str, Any]:
     if c.layer_windows:
         config["sliding_window"] = max(c.layer_windows)
         config["layer_types"] = ["sliding_attention" if w else "full_attention" for w in c.layer_windows]
-    if c.gemma:
-        config["hidden_activation"] = config["hidden_act"]
-        config["query_pre_attn_scalar"] = round(c.query_scale ** -2)
-        config["attn_logit_softcapping"] = c.attn_softcap or None
-        config["final_logit_softcapping"] = c.final_softcap or None
-        if c.local_rope_theta is not None:
-            config["rope_local_base_freq"] = c.local_rope_theta
+    config.update(c.family.hf_fields(c))
     if c.num_experts:
-        config["num_local_experts" if c.model_type == "mixtral" else "num_experts"] = c.num_experts
+        config[c.family.experts_key] = c.num_experts
         config["num_experts_per_tok"] = c.experts_per_token
         config["moe_intermediate_size"] = c.expert_intermediate_size
         config["norm_topk_prob"] = c.norm_topk_prob
         if c.moe_layers is not None:
             config["mlp_only_layers"] = [i for i, sparse in enumerate(c.moe_layers) if not sparse]
-    if c.model_type == "llama":
-        config["mlp_bias"] = False
-    if c.model_type in ("qwen2", "qwen3"):
-        config["use_sliding_window"] = False
     return config
 
 

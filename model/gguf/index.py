@@ -23,7 +23,7 @@ _STRING, _ARRAY = 8, 9
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor's entry: what metadata.py needs of gguf's ReaderTensor, and where its bytes are."""
+    """One tensor's entry: what names.py needs of gguf's ReaderTensor, and where its bytes are."""
 
     name: str
     tensor_type: Any  # gguf.GGMLQuantizationType

@@ -1,11 +1,11 @@
 """A GGUF file's tensors, served in place: memory-mapped, under Hugging Face names, in
-Hugging Face's row order. What model.weights.ModelTensors is for safetensors files.
+Hugging Face's row order. What model.safetensors_files.ModelTensors is for safetensors files.
 
 Float tensors (F32, F16, BF16) come out as float32; quantized ones as their block rows
 (model.quant.quantized.QuantizedTensor), copied out of the map one tensor at a time, so that its
-pages go back to the page cache at once. llama.cpp stores the q/k rows of architecture llama
-in its rope order; they are put back by moving whole rows, which for a quantized tensor are a
-fixed number of bytes each.
+pages go back to the page cache at once. llama.cpp stores the q/k rows of some architectures in
+its rope order (Family.gguf_rope_order); they are put back by moving whole rows, which for a
+quantized tensor are a fixed number of bytes each.
 """
 
 import mmap
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from model.errors import ModelError, one_line
-from model.gguf.metadata import GGUFTensor, read_gguf_tensors
+from model.gguf.names import GGUFTensor, read_gguf_tensors
 from model.quant.quantized import QuantizedTensor
 
 _FLOATS = ("F32", "F16", "BF16")
@@ -44,7 +44,7 @@ class GGUFTensors:
                 self._dequantizable(e)
         self.map: mmap.mmap | None = None
 
-    norms_include_one = True  # llama.cpp's converter adds Gemma's 1 to its norms
+    norms_include_one = True  # llama.cpp's converter adds the 1 of unit-offset norms
 
     def __enter__(self) -> "GGUFTensors":
         with open(self.path, "rb") as f:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from model.errors import ModelError, one_line
-from model.gguf.metadata import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, GGUFVocab
+from model.gguf.vocab import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, GGUFVocab
 
 # Pre-tokenizer regexes, as the models' own tokenizer.json files state them (llama.cpp runs
 # equivalent hand-expanded forms, selected by tokenizer.ggml.pre).
@@ -70,7 +70,7 @@ def build_tokenizer(v: GGUFVocab, path: Path):
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
         default_post = processors.ByteLevel(trim_offsets=False)
-    else:  # "llama": metadata.py admits no other kind
+    else:  # "llama": vocab.py admits no other kind
         merges = _spm_merges(tokens, v.scores, v.types, vocab)
         try:
             model = models.BPE(vocab=vocab, merges=merges, unk_token=tokens[v.unk_id] if v.unk_id is not None else None,

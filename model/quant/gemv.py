@@ -27,12 +27,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
-from model.quant.cpu import PATH, SDOT, VNNI
+from model.quant.int_sums import group_sum
 from model.quant.strips import (BLOCK, LINE_BYTES, LINES, NIBBLE_BYTES, QUAD, SCHEMES, STRIP, SUPER_BLOCKS,
                                 Q4_1Strips, Q8_0Strips, Strips)
 
 BYTES64 = ir.VectorType(ir.IntType(8), LINE_BYTES)
-INTS16 = ir.VectorType(ir.IntType(32), STRIP)
 
 
 def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
@@ -67,119 +66,6 @@ def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
     return out
 
 
-def _adjacent_sums(builder, v: ir.Value) -> ir.Value:
-    """v[2i] + v[2i + 1] for the 2n int32 lanes of v."""
-    lanes = v.type.count
-    halves = ir.VectorType(ir.IntType(32), lanes // 2)
-    even, odd = (ir.Constant(halves, list(range(first, lanes, 2))) for first in (0, 1))
-    return builder.add(builder.shuffle_vector(v, v, even), builder.shuffle_vector(v, v, odd))
-
-
-def _pair_sums(builder, a: ir.Value, b: ir.Value) -> ir.Value:
-    """a[2i] b[2i] + a[2i + 1] b[2i + 1] in int32 for 2n int16 lanes a and b: pmaddwd's
-    arithmetic, exact for Spool's operands (bytes, so no sum overflows)."""
-    ints = ir.VectorType(ir.IntType(32), a.type.count)
-    return _adjacent_sums(builder, builder.mul(builder.sext(a, ints), builder.sext(b, ints)))
-
-
-def _pieces(builder, v: ir.Value, bits: int) -> list[ir.Value]:
-    """v in pieces of `bits` bits (one register each), in lane order."""
-    lanes = bits // v.type.element.width
-    if lanes >= v.type.count:
-        return [v]
-    order = ir.VectorType(ir.IntType(32), lanes)
-    return [builder.shuffle_vector(v, v, ir.Constant(order, list(range(at, at + lanes))))
-            for at in range(0, v.type.count, lanes)]
-
-
-def _joined(builder, pieces: list[ir.Value]) -> ir.Value:
-    """The pieces of one vector (_pieces) as that vector."""
-    while len(pieces) > 1:
-        lanes = 2 * pieces[0].type.count
-        order = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(lanes)))
-        pieces = [builder.shuffle_vector(a, b, order) for a, b in zip(pieces[::2], pieces[1::2])]
-    return pieces[0]
-
-
-def _call(builder, name: str, result: ir.Type, *args: ir.Value) -> ir.Value:
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, [a.type for a in args]), name)
-    return builder.call(fn, list(args))
-
-
-def _sdot_sums(builder, line_weights: list[ir.Value], quads: list[ir.Value], accs: list[ir.Value],
-               signed: bool) -> list[ir.Value]:
-    """ARM's sdot on each 16 bytes of each line (4 rows' quads) and the broadcast int8 quad of
-    activations, into accs (4 x int32 each); the weights as signed bytes: the nibble schemes'
-    (below 64) as they are, Q8_0's (signed) less 128, which is a flip of the top bit."""
-    bytes_, ints = ir.VectorType(ir.IntType(8), 16), ir.VectorType(ir.IntType(32), 4)
-    for line, quad in zip(line_weights, quads):
-        x = builder.bitcast(splat(builder, quad, ints), bytes_)
-        if signed:
-            line = builder.xor(line, ir.Constant(line.type, [-128] * line.type.count))
-        for i, piece in enumerate(_pieces(builder, line, 128)):
-            accs[i] = _call(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", ints, accs[i], piece, x)
-    return accs
-
-
-# pmaddubsw and pmaddwd by register width
-_MADD = {512: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
-         256: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd")}
-
-
-def _group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_sum: ir.Value | None,
-               weights: type[Strips]) -> ir.Value:
-    """In each row's lane (16 x int32), the sum over lines of its 4 weights less ZERO (unsigned
-    bytes, nibble schemes' below 64) times the line's quad of activations (int8 as one int32, or
-    int16 as one int64); x_sum is the quads' activation sum (None without ZERO), ZERO's part
-    taken off at once. For int8: vpdpbusd where the target has VNNI, a register at a time; else
-    on AVX2 or AVX-512BW, pmaddubsw (pair sums in int16) then pmaddwd by ones: the nibble schemes'
-    unsigned weights as they are (2 x 63 x 127 cannot saturate), Q8_0's as the signed bytes they
-    stand for, their magnitudes times the activations with the weights' signs (llama.cpp's
-    trick: 2 x 128 x 127 cannot either); on ARM with the dot product, sdot (_sdot_sums).
-    Otherwise, and for int16, the same integers through int16 pair sums in plain IR."""
-    quad_bits = quads[0].type.width
-    madd = PATH in ("avx2", "avx512")  # pmaddubsw
-    signed = weights.SIGNED_VALUES and (SDOT or (madd and not VNNI))  # Q8_0's bytes as their int8 values
-    start = ir.Constant(INTS16, None)
-    if x_sum is not None and not (quad_bits == 32 and signed):
-        start = splat(builder, builder.mul(x_sum, ir.Constant(ir.IntType(32), -weights.ZERO)), INTS16)
-    if quad_bits == 32 and SDOT:
-        return _joined(builder, _sdot_sums(builder, line_weights, quads, _pieces(builder, start, 128), signed))
-    if quad_bits == 32 and (VNNI or (madd and (weights.NIBBLES or signed))):
-        bits = VNNI or (512 if PATH == "avx512" and not signed else 256)
-        ints, bytes_ = ir.VectorType(ir.IntType(32), bits // 32), ir.VectorType(ir.IntType(8), bits // 8)
-        shorts = ir.VectorType(ir.IntType(16), bits // 16)
-        accs = _pieces(builder, start, bits)
-        for line, quad in zip(line_weights, quads):
-            x = builder.bitcast(splat(builder, quad, ints), bytes_)
-            for i, piece in enumerate(_pieces(builder, line, bits)):
-                if VNNI:
-                    accs[i] = _call(builder, f"llvm.x86.avx512.vpdpbusd.{bits}", ints, accs[i],
-                                    builder.bitcast(piece, ints), builder.bitcast(x, ints))
-                    continue
-                factor = x
-                if signed:  # the stored byte less 128 is the value; |value| times x with its sign
-                    value = builder.xor(piece, ir.Constant(bytes_, [-128] * bytes_.count))
-                    piece = _call(builder, f"llvm.abs.v{bytes_.count}i8", bytes_, value, ir.Constant(ir.IntType(1), 0))
-                    factor = _call(builder, "llvm.x86.avx2.psign.b", bytes_, x, value)
-                pair_sums, quad_sums = _MADD[bits]
-                pairs = _call(builder, pair_sums, shorts, piece, factor)
-                ones = ir.Constant(shorts, [1] * shorts.count)
-                accs[i] = builder.add(accs[i], _call(builder, quad_sums, ints, pairs, ones))
-        return _joined(builder, accs)
-    shorts = ir.VectorType(ir.IntType(16), LINE_BYTES)
-    pairs = None  # 32 int32 lanes: row r's weights 4l, 4l + 1 in lane 2r, 4l + 2, 4l + 3 in 2r + 1
-    for line, quad in zip(line_weights, quads):
-        four = builder.bitcast(quad, ir.VectorType(ir.IntType(quad_bits // QUAD), QUAD))
-        if quad_bits == 32:
-            four = builder.sext(four, ir.VectorType(ir.IntType(16), QUAD))
-        x = builder.shuffle_vector(four, four, ir.Constant(ir.VectorType(ir.IntType(32), LINE_BYTES),
-                                                           [j % QUAD for j in range(LINE_BYTES)]))
-        part = _pair_sums(builder, builder.zext(line, shorts), x)
-        pairs = part if pairs is None else builder.add(pairs, part)
-    return builder.add(start, _adjacent_sums(builder, pairs))
-
-
 def _widened(builder, bits: ir.Value) -> ir.Value:
     """float16 bits (n x i16) as the float32s they stand for, exactly, in integer IR that every
     target lowers (LLVM's own half to float is a library call numba cannot link without F16C):
@@ -207,7 +93,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
     scheme named kind (kind and tile literals): the block's lines unpacked and its weight factors
     read once for the tile's rows, each row's arithmetic the same sequence as alone (so the same
     bits). Per block and scale, the lines times broadcast quads of activations, less ZERO
-    times the activations' sum (xsum, per 16), in int32 (_group_sum); each sum scaled by the
+    times the activations' sum (xsum, per 16), in int32 (int_sums.group_sum); each sum scaled by the
     weight and activation scales into 16 float lanes, in line order; with MINIMA, each row's
     minimum times the block's activation sum added last."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(tile, types.IntegerLiteral):
@@ -267,7 +153,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
                     x_sum = None
                     if weights.ZERO:
                         x_sum = halves[group] if scales == 2 else builder.add(halves[0], halves[1])
-                    ints = _group_sum(builder, [line_weights[line] for line in group_lines],
+                    ints = group_sum(builder, [line_weights[line] for line in group_lines],
                                       [builder.load(builder.gep(quads, [ir.Constant(i64, line)]), align=1)
                                        for line in group_lines], x_sum, weights)
                     part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(group_scales[group], x_scale))

@@ -1,0 +1,78 @@
+"""What sets one architecture apart from Llama's: its names (Hugging Face's and GGUF's), the
+tensors it keeps elsewhere, the switches it sets for the forward pass, and what it reads
+differently from a config.json or a GGUF's metadata.
+
+A family is a subclass that overrides what differs; the defaults are Llama's. Everything else
+(model/config.py, model/weights.py, model/gguf/) reads a family through these attributes and
+hooks, never by its name, so that a new family is one new module in this package.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+class Family:
+    model_type: str  # config.json's model_type
+    architecture: str  # config.json's architectures entry (what converting a GGUF writes)
+    gguf_arch: str | None = None  # a GGUF's general.architecture; None: no GGUF of it is read
+
+    # attention
+    attention_bias: bool = False  # q/k/v biases where config.json does not say (a GGUF must have them)
+    qk_norm: bool = False  # q and k RMS-normalised before the rotation
+    qk_norm_whole: bool = False  # ... over the whole projection, not per head
+    qkv: str | None = None  # q, k and v stored as one tensor under this per-layer name
+
+    # the MLP, or a mixture of experts in its place
+    gate_up: str | None = None  # gate and up stored as one tensor under this per-layer name
+    moe: bool = False  # routes to experts (a GGUF with experts of another family is refused)
+    experts_key: str = "num_experts"  # config.json's key for the experts per layer
+    expert_prefix: str = "mlp."  # a layer's router and experts, under model.layers.N.
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's gate, up, down
+    top_k_normalised: bool | None = None  # the top-k routing weights always rescaled; None: norm_topk_prob
+    gguf_top_k_normalised: bool = False  # llama.cpp's default where a GGUF has no expert_weights_norm
+
+    # norms and the embedding
+    mlp_norm: str = "post_attention_layernorm.weight"  # the norm before the MLP, per layer
+    post_norms: tuple[str, str] | None = None  # norms of the attention's and the MLP's outputs too
+    unit_offset_norms: bool = False  # a checkpoint's norm holds w for a scale of 1 + w (a GGUF's 1 + w)
+    scaled_embedding: bool = False  # the embedding times sqrt(hidden)
+
+    # rotation and windows
+    default_rope_theta: float = 10000.0  # where config.json gives none
+    local_rope: bool = False  # sliding layers rotate by their own theta (rope_local_base_freq)
+    gguf_rope_order: bool = False  # llama.cpp stores q/k rows in its rope order (so: all dims rotate)
+    gguf_sliding_window: bool = False  # a GGUF's sliding window is read by gguf_switches (or ignored)
+
+    # a vision-language model whose language model this family serves
+    wrapper_type: str | None = None  # its config.json's model_type
+    text_defaults: dict | None = None  # its text_config's defaults, given only where they differ
+
+    def switches(self, raw: dict, layers: int) -> dict:
+        """ModelConfig fields only this family reads from config.json (raw)."""
+        return {}
+
+    def layer_types(self, raw: dict, layers: int) -> list[str] | None:
+        """Each layer's attention ("sliding_attention" or "full_attention") where config.json has
+        a sliding_window but no layer_types; None: every layer slides."""
+        return None
+
+    def gguf_switches(self, field: Callable, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
+        """ModelConfig fields only this family reads (or infers, as llama.cpp does) from a GGUF's
+        metadata; field(key, default=None) reads one key."""
+        return {}
+
+    def hf_fields(self, c) -> dict:
+        """What config.json says for this family beyond the common fields, as transformers
+        writes it (converting a GGUF); c: the ModelConfig read from the GGUF."""
+        return {}
+
+    def expert_tensors(self, layer: int) -> tuple[str, dict[str, str]]:
+        """Where a checkpoint keeps layer's router (prefix + "gate.weight") and expert e's matrices
+        (prefix + f"experts.{e}.{names[part]}.weight" for part gate, up, down)."""
+        return f"model.layers.{layer}.{self.expert_prefix}", dict(zip(("gate", "up", "down"), self.expert_names))
+
+
+def every_nth_full(layers: int, n: int) -> list[str]:
+    """Layer types where every n-th layer attends to the whole context and the rest slide."""
+    return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers)]
