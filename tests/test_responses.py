@@ -19,6 +19,11 @@ from pydantic import TypeAdapter
 from live_server import LiveServer
 from tiny_model import make_tiny_model
 
+from app.server.errors import validate
+from app.server.responses.chat_request import chat_messages
+from app.server.responses.encrypted_content import seal, unseal
+from app.server.responses.schemas import ResponsesRequest
+
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city"],
            "properties": {"city": {"type": "string", "maxLength": 30}}}
@@ -177,7 +182,8 @@ def test_the_store_retrieves_deletes_and_skips_store_false(client):
 @pytest.mark.parametrize("body, words", [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input_image parts are not supported"),
-    ({"input": ASK, "tools": [{"type": "web_search"}]}, "web_search tools are not supported"),
+    ({"input": ASK, "tools": [{"type": "custom", "name": "x", "format": {"type": "grammar"}}]},
+     "syntax and definition"),
     ({"input": ASK, "background": True}, "background"),
     ({"input": []}, "input is empty"),
     ({"input": ASK, "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
@@ -210,3 +216,19 @@ def test_a_reasoning_models_thinking_is_a_reasoning_item(thinker):
         # the reasoning goes back as the next assistant message's reasoning_content
         again = c.responses.create(model=name, input="And then?", previous_response_id=whole.id, max_output_tokens=4)
         assert again.usage.input_tokens > whole.usage.input_tokens
+        assert reasoning.encrypted_content is None  # not asked for
+        sealed = c.responses.create(**kwargs, store=False, include=["reasoning.encrypted_content"]).output[0]
+        assert sealed.content == reasoning.content and unseal(sealed.encrypted_content) == reasoning.content[0].text
+
+
+def test_reasoning_comes_back_from_encrypted_content():
+    """What Codex sends with store false: the reasoning item with only its encrypted_content."""
+    items = [{"type": "message", "role": "user", "content": "Hi"},
+             {"type": "reasoning", "summary": [], "encrypted_content": seal("They greet me.")},
+             {"type": "message", "role": "assistant", "content": "Hello!"},
+             {"type": "message", "role": "user", "content": "Find Ada"},
+             {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA-an-openai-blob"},
+             {"type": "function_call", "call_id": "c1", "namespace": "crm", "name": "lookup", "arguments": "{}"}]
+    messages = chat_messages(validate(ResponsesRequest, {"input": items}).input)
+    assert messages[1] == {"role": "assistant", "content": "Hello!", "reasoning_content": "They greet me."}
+    assert messages[3]["tool_calls"][0]["function"]["name"] == "crm__lookup" and "reasoning_content" not in messages[3]

@@ -5,16 +5,22 @@ A response's conversation is its input items after those of the response it cont
 own output items (each output item is also a valid input item); the chat request is made from
 that conversation, with this request's instructions as the system message (instructions are not
 carried over, as OpenAI's are not). The mapping, as vLLM makes it:
-- message items → chat messages (developer stays developer); function_call items → the
-  assistant's tool_calls, joined to the assistant message just before them; function_call_output
-  → tool messages; a reasoning item's text → the next assistant message's reasoning_content.
-- tools, tool_choice, parallel_tool_calls → the same on chat; text.format → response_format;
-  reasoning.effort → reasoning_effort (minimal as low, xhigh as high); max_output_tokens →
+- message items → chat messages (developer stays developer); function_call and custom_tool_call
+  items → the assistant's tool_calls (under their qualified names: tools.py), joined to the
+  assistant message just before them; function_call_output and custom_tool_call_output → tool
+  messages; a reasoning item's text (or the thinking its encrypted_content carries back) → the
+  next assistant message's reasoning_content.
+- tools → chat functions (tools.py: namespaces qualified, custom tools as one string, hosted
+  tools skipped); tool_choice (a namespace's tool by its qualified name, or by namespace and
+  name), parallel_tool_calls → the same on chat; text.format → response_format;
+  reasoning.effort → reasoning_effort (minimal as low, xhigh and max as high); max_output_tokens →
   max_tokens, held to what the context leaves.
 """
 
 from app.server.errors import APIError, validate
+from app.server.responses.encrypted_content import unseal
 from app.server.responses.schemas import (
+    CustomToolCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
@@ -22,9 +28,10 @@ from app.server.responses.schemas import (
     ResponsesRequest,
     text_of,
 )
+from app.server.responses.tools import Toolbox, chat_call, qualified
 from app.server.schemas import ChatCompletionRequest
 
-EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 
 
 def input_items(req: ResponsesRequest) -> list[dict]:
@@ -34,8 +41,9 @@ def input_items(req: ResponsesRequest) -> list[dict]:
     return [item.model_dump(by_alias=True, exclude_none=True) for item in req.input]
 
 
-def chat_request(req: ResponsesRequest, conversation: list[dict]) -> ChatCompletionRequest:
-    """The chat completion request that answers a conversation as this request asks."""
+def chat_request(req: ResponsesRequest, conversation: list[dict], toolbox: Toolbox) -> ChatCompletionRequest:
+    """The chat completion request that answers a conversation as this request asks, with the
+    request's tools as the toolbox makes them."""
     items = validate(ResponsesRequest, {"input": conversation}).input
     instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []
     messages = instructions + chat_messages(items)
@@ -43,13 +51,12 @@ def chat_request(req: ResponsesRequest, conversation: list[dict]) -> ChatComplet
         raise APIError(400, "input is empty", param="input")
     body: dict = {"messages": messages, "parallel_tool_calls": req.parallel_tool_calls, "stream": req.stream,
                   "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p}
-    if req.tools:
-        body["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
-                         for tool in req.tools]
+    if toolbox.functions:
+        body["tools"] = [{"type": "function", "function": function} for function in toolbox.functions]
     if req.tool_choice is not None:
         choice = req.tool_choice
-        body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
-                                                                      "function": {"name": choice.name}}
+        body["tool_choice"] = choice if isinstance(choice, str) else {
+            "type": "function", "function": {"name": qualified(choice.name, choice.namespace)}}
     text_format = req.text.format if req.text else None
     if text_format is not None and text_format.type != "text":
         body["response_format"] = {"type": text_format.type}
@@ -76,8 +83,8 @@ def chat_messages(items) -> list[dict]:
             if item.role == "assistant" and reasoning:
                 message["reasoning_content"], reasoning = reasoning, ""
             out.append(message)
-        elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
+            call = chat_call(item)
             if not (out and out[-1]["role"] == "assistant"):
                 out.append({"role": "assistant", "content": ""})
                 if reasoning:
@@ -86,5 +93,5 @@ def chat_messages(items) -> list[dict]:
         elif isinstance(item, FunctionCallOutputItem):
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": text_of(item.output)})
         elif isinstance(item, ReasoningItem):
-            reasoning += text_of(item.content) or text_of(item.summary)
+            reasoning += text_of(item.content) or text_of(item.summary) or unseal(item.encrypted_content)
     return out

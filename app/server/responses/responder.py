@@ -3,8 +3,10 @@
 deltas and .done events, then response.completed or response.incomplete), each numbered by
 sequence_number.
 
-Output items are the output's parts (app/server/output_parts.py): thinking → a reasoning item, text →
-an assistant message with one output_text part, each tool call → a function_call item. Item ids
+Output items are the output's parts (app/server/output_parts.py): thinking → a reasoning item
+(with its encrypted_content when include asks: encrypted_content.py), text → an assistant
+message with one output_text part, each tool call → a function_call item, or a custom_tool_call
+for a custom tool, whose input streams whole once the call is written (tools.py). Item ids
 follow from the response's id (random: app/server/responses/store.py) and the item's place, so a
 reply and its stream name them alike; the stream's last event carries the same Response object
 that the store keeps.
@@ -16,37 +18,49 @@ from contextlib import aclosing
 from app.server.chat_text import ChatText, Reading
 from app.server.generation import Choice, Generation, Outcome, Piece
 from app.server.output_parts import OutputParts, Part
-from app.server.responses.schemas import ResponseObject, ResponsesRequest
+from app.server.responses.encrypted_content import seal
+from app.server.responses.schemas import FunctionTool, ResponseObject, ResponsesRequest
+from app.server.responses.tools import Toolbox
 from app.server.sse import named_event
 
-PREFIX = {"thinking": "rs", "text": "msg", "call": "fc"}
+PREFIX = {"thinking": "rs", "text": "msg", "call": "fc", "custom": "ctc"}
 
 
 class ResponsesResponder:
     """One Responses request's reply, or its stream: gen.run()'s items as the API's events."""
 
-    def __init__(self, gen: Generation, reading: Reading, req: ResponsesRequest, model_name: str, response_id: str,
-                 keep: Callable[[dict, list[dict]], None]):
+    def __init__(self, gen: Generation, reading: Reading, req: ResponsesRequest, toolbox: Toolbox, model_name: str,
+                 response_id: str, keep: Callable[[dict, list[dict]], None]):
         """keep(response, output items): called with the finished response, for the store."""
-        self.gen, self.reading, self.req, self.model_name, self.id, self.keep = \
-            gen, reading, req, model_name, response_id, keep
+        self.gen, self.reading, self.req, self.toolbox, self.model_name, self.id, self.keep = \
+            gen, reading, req, toolbox, model_name, response_id, keep
         (self.choice,) = gen.ordered()
         self.split, self.parts = ChatText(reading), OutputParts()  # what a stream has read so far
 
+    def kind(self, part: Part) -> str:
+        return "custom" if part.kind == "call" and self.toolbox.is_custom(part.name) else part.kind
+
     def item_id(self, parts: OutputParts, index: int) -> str:
-        return f"{PREFIX[parts.parts[index].kind]}_{self.id.removeprefix('resp_')}_{index}"
+        return f"{PREFIX[self.kind(parts.parts[index])]}_{self.id.removeprefix('resp_')}_{index}"
 
     def item(self, parts: OutputParts, index: int, status: str, part: Part | None = None) -> dict:
         """Output item index as the API shows it: part as written so far (default: all of it)."""
         part = part or parts.parts[index]
         item = {"id": self.item_id(parts, index), "status": status}
         if part.kind == "thinking":
-            content = [{"type": "reasoning_text", "text": part.text}] if status != "in_progress" else []
-            return {"type": "reasoning", **item, "summary": [], "content": content}
+            if status == "in_progress":
+                return {"type": "reasoning", **item, "summary": [], "content": []}
+            content = [{"type": "reasoning_text", "text": part.text}]
+            sealed = {"encrypted_content": seal(part.text)} if self.req.wants_reasoning_back() else {}
+            return {"type": "reasoning", **item, "summary": [], "content": content, **sealed}
         if part.kind == "text":
             content = [text_part(part.text)] if status != "in_progress" else []
             return {"type": "message", **item, "role": "assistant", "content": content}
-        return {"type": "function_call", **item, "call_id": part.call_id, "name": part.name, "arguments": part.text}
+        call = self.toolbox.call_item(part.name, part.text)
+        kind = call.pop("type")
+        if kind == "custom_tool_call":  # OpenAI's custom call items carry no status
+            return {"type": kind, "id": item["id"], "call_id": part.call_id, **call}
+        return {"type": kind, **item, "call_id": part.call_id, **call}
 
     def response(self, status: str, output: list[dict], choice: Choice | None = None) -> dict:
         req = self.req
@@ -67,7 +81,7 @@ class ResponsesResponder:
             reasoning={"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
             temperature=1.0 if req.temperature is None else req.temperature,
             text={"format": text_format}, tool_choice=tool_choice if isinstance(tool_choice, str) else
-            tool_choice.model_dump(), tools=[t.model_dump() for t in req.tools or []],
+            tool_choice.model_dump(exclude_none=True), tools=[echoed(t) for t in req.tools or []],
             top_p=1.0 if req.top_p is None else req.top_p, usage=usage, user=req.user, metadata=req.metadata or {},
         ).model_dump(mode="json")
 
@@ -124,19 +138,31 @@ class ResponsesResponder:
                 added.append(("response.content_part.added", {**at, "content_index": 0, "part": text_part("")}))
             return added
         if kind == "delta":
+            if self.kind(part) == "custom":  # its input is JSON until the call is whole
+                return []
             if part.kind == "call":
                 return [("response.function_call_arguments.delta", {**at, "delta": piece[0]})]
             name = "response.output_text.delta" if part.kind == "text" else "response.reasoning_text.delta"
             extra = {"logprobs": []} if part.kind == "text" else {}
             return [(name, {**at, "content_index": 0, "delta": piece[0], **extra})]
         status = "incomplete" if choice.finish_reason == "length" else "completed"
-        done = [("response.output_item.done", {"output_index": index, "item": self.item(parts, index, status)})]
+        item = self.item(parts, index, status)
+        done = [("response.output_item.done", {"output_index": index, "item": item})]
+        if self.kind(part) == "custom":
+            delta = [("response.custom_tool_call_input.delta", {**at, "delta": item["input"]})] if item["input"] else []
+            return delta + [("response.custom_tool_call_input.done", {**at, "input": item["input"]})] + done
         if part.kind == "call":
-            return [("response.function_call_arguments.done", {**at, "name": part.name, "arguments": part.text})] + done
+            arguments = {**at, "name": item["name"], "arguments": part.text}  # the tool's own name
+            return [("response.function_call_arguments.done", arguments)] + done
         if part.kind == "text":
             return [("response.output_text.done", {**at, "content_index": 0, "text": part.text, "logprobs": []}),
                     ("response.content_part.done", {**at, "content_index": 0, "part": text_part(part.text)})] + done
         return [("response.reasoning_text.done", {**at, "content_index": 0, "text": part.text})] + done
+
+
+def echoed(tool) -> dict:
+    """A tool as the response shows it: a function tool with all its fields, the others as given."""
+    return tool.model_dump() if isinstance(tool, FunctionTool) else tool.model_dump(exclude_none=True)
 
 
 def text_part(text: str) -> dict:

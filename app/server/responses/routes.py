@@ -1,6 +1,7 @@
 """OpenAI's POST /v1/responses, run as the chat request its conversation stands for
-(chat_request.py) and kept for previous_response_id unless store is false; GET and DELETE
-/v1/responses/{id} read the store (store.py)."""
+(chat_request.py, with its tools as tools.py makes them) and kept for previous_response_id
+unless store is false; GET and DELETE /v1/responses/{id} read the store (store.py). Hosted
+tools left out are named in the Spool-Skipped-Tools header, of a reply and of a stream alike."""
 
 from quart import request
 
@@ -11,6 +12,7 @@ from app.server.responses.chat_request import chat_request, input_items
 from app.server.responses.responder import ResponsesResponder
 from app.server.responses.schemas import DeletedResponse, ResponseObject, ResponsesRequest
 from app.server.responses.store import new_id
+from app.server.responses.tools import Toolbox
 from app.server.schemas import ChatCompletionRequest
 from app.server.sse import HEADERS
 from app.server.state import ServerState
@@ -29,25 +31,27 @@ async def create_response(state: ServerState):
     earlier = state.responses.get(key_owner, req.previous_response_id, "previous_response_id").conversation \
         if req.previous_response_id else []
 
-    def conversation_and_chat() -> tuple[list[dict], ChatCompletionRequest]:
+    def conversation_and_chat() -> tuple[list[dict], Toolbox, ChatCompletionRequest]:
         conversation = earlier + input_items(req)
         request_limits.at_most("input", "items with the conversation it continues", len(conversation),
                                state.limits.max_messages, "--max-messages")
-        return conversation, chat_request(req, conversation)
+        toolbox = Toolbox(req.tools)
+        return conversation, toolbox, chat_request(req, conversation, toolbox)
 
-    conversation, chat = await off_loop(state, conversation_and_chat)
+    conversation, toolbox, chat = await off_loop(state, conversation_and_chat)
     response_id = new_id()
     gen, reading = await start_generation(state, chat, response_id, fit_context=True)
+    toolbox.log_skipped(response_id)
 
     def keep(response: dict, output: list[dict]) -> None:
         if req.store:
             state.responses.put(key_owner, response, conversation + output)
 
-    responder = ResponsesResponder(gen, reading, req, state.model_name, response_id, keep)
+    responder = ResponsesResponder(gen, reading, req, toolbox, state.model_name, response_id, keep)
     if req.stream:
-        return responder.events(), HEADERS
+        return responder.events(), {**HEADERS, **toolbox.headers()}
     await gen.collect()
-    return responder.reply()
+    return responder.reply(), toolbox.headers()
 
 
 async def get_response(state: ServerState, response_id: str):

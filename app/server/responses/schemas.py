@@ -1,15 +1,17 @@
 """Request and response bodies of OpenAI's Responses API (POST /v1/responses), as pydantic
 models: what Codex and the official `openai` client's `responses.create` send and read.
 
-Unknown fields are ignored (include, prompt_cache_key, safety_identifier, service_tier), as
-vLLM does; what would change the output and is not done here (images and files in the input,
-hosted tools such as web search, background runs) is refused by name.
+Unknown fields are ignored (prompt_cache_key, client_metadata, safety_identifier, service_tier,
+text.verbosity), as vLLM does; what would change the output and is not done here (images and
+files in the input, background runs) is refused by name. Tools are function, custom (freeform)
+and namespace tools; hosted tools, which OpenAI's servers run (web search, file search, MCP
+servers ...), are parsed as HostedTool and skipped (app/server/responses/tools.py).
 """
 
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 from app.server.limits import Limits
@@ -52,11 +54,20 @@ class FunctionCallItem(Loose):
     type: Literal["function_call"]
     call_id: str
     name: str
+    namespace: str | None = None
     arguments: str
 
 
+class CustomToolCallItem(Loose):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    namespace: str | None = None
+    input: str
+
+
 class FunctionCallOutputItem(Loose):
-    type: Literal["function_call_output"]
+    type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str
     output: str | Parts
 
@@ -65,9 +76,10 @@ class ReasoningItem(Loose):
     type: Literal["reasoning"]
     summary: Parts = Field(default_factory=list)
     content: Parts | None = None
+    encrypted_content: str | None = None  # Spool's own: the thinking, encoded (encrypted_content.py)
 
 
-InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+InputItem = Annotated[MessageItem | FunctionCallItem | CustomToolCallItem | FunctionCallOutputItem | ReasoningItem,
                       Field(discriminator="type")]
 
 
@@ -79,9 +91,61 @@ class FunctionTool(Loose):
     strict: bool | None = None
 
 
+class CustomFormat(Loose):
+    """What a custom tool's input must be: any text, or text a grammar (Lark or a regex) matches."""
+
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = None
+
+    @model_validator(mode="after")
+    def _grammar_given(self):
+        if self.type == "grammar" and (self.syntax is None or self.definition is None):
+            raise PydanticCustomError("missing", "a grammar format needs its syntax and definition")
+        return self
+
+
+class CustomTool(Loose):
+    """A freeform tool: the model writes its input as plain text, not JSON arguments."""
+
+    type: Literal["custom"]
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    format: CustomFormat | None = None
+
+
+class NamespaceTool(Loose):
+    """A group of tools the model calls by the group's name and its own (Codex's MCP servers
+    and sub-agents)."""
+
+    type: Literal["namespace"]
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str = ""
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(min_length=1)
+
+
+class HostedTool(BaseModel):
+    """A tool OpenAI's servers run (web_search, file_search, mcp ...): kept as given, to be skipped."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+def tool_kind(tool) -> str:
+    kind = tool.get("type") if isinstance(tool, dict) else getattr(tool, "type", None)
+    return kind if kind in ("function", "custom", "namespace") else "hosted"
+
+
+Tool = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[CustomTool, Tag("custom")]
+                 | Annotated[NamespaceTool, Tag("namespace")] | Annotated[HostedTool, Tag("hosted")],
+                 Discriminator(tool_kind)]
+
+
 class FunctionChoice(Loose):
-    type: Literal["function"]
+    type: Literal["function", "custom"]
     name: str
+    namespace: str | None = None
 
 
 class TextFormat(Loose):
@@ -96,7 +160,7 @@ class TextConfig(Loose):
 
 
 class ReasoningConfig(Loose):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: str | None = None
 
 
@@ -105,7 +169,7 @@ class ResponsesRequest(Loose):
     input: str | list[InputItem] = Field(default_factory=list)
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
@@ -118,21 +182,18 @@ class ResponsesRequest(Loose):
     metadata: dict[str, str] | None = None
     user: str | None = None
     background: bool = False
+    include: list[str] | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _shape(cls, data):
-        """Items without a type are messages (OpenAI's EasyInputMessage); hosted tools and
-        background runs are refused by name."""
+        """Items without a type are messages (OpenAI's EasyInputMessage); background runs are
+        refused by name."""
         if not isinstance(data, dict):
             return data
         if isinstance(data.get("input"), list):
             data = {**data, "input": [{"type": "message", **item} if isinstance(item, dict) and "type" not in item
                                       else item for item in data["input"]]}
-        for tool in data.get("tools") or []:
-            if isinstance(tool, dict) and tool.get("type") != "function":
-                raise PydanticCustomError("unsupported", f"tools: {tool.get('type')} tools are not supported;"
-                                          " give function tools", {"field": "tools"})
         if data.get("background"):
             raise PydanticCustomError("unsupported", "background: background responses are not supported",
                                       {"field": "background"})
@@ -142,10 +203,26 @@ class ResponsesRequest(Loose):
         """A 400 for the first field over its limit (app/server/request_limits.py)."""
         items = 1 if isinstance(self.input, str) else len(self.input)
         at_most("input", "items", items, limits.max_messages, "--max-messages")
-        check_tools(self.tools, limits, lambda tool: tool.parameters, "parameters")
+        check_tools(self.callable_tools(), limits, tool_schema, "parameters")
         text_format = self.text.format if self.text else None
         if text_format is not None:
             check_schema(text_format.schema_, "text.format.schema", limits)
+
+
+    def callable_tools(self) -> list:
+        """The function and custom tools, a namespace's as its members."""
+        return [member for tool in self.tools or () if not isinstance(tool, HostedTool)
+                for member in (tool.tools if isinstance(tool, NamespaceTool) else [tool])]
+
+    def wants_reasoning_back(self) -> bool:
+        return "reasoning.encrypted_content" in (self.include or ())
+
+
+def tool_schema(tool: FunctionTool | CustomTool) -> dict | str | None:
+    """What a tool's size is checked by: a function's parameters, a custom tool's grammar."""
+    if isinstance(tool, CustomTool):
+        return tool.format.definition if tool.format else None
+    return tool.parameters
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -175,8 +252,18 @@ class OutputFunctionCall(BaseModel):
     id: str
     call_id: str
     name: str
+    namespace: str | None = Field(None, exclude_if=lambda v: v is None)  # a namespace tool's
     arguments: str
     status: Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputCustomToolCall(BaseModel):
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    namespace: str | None = Field(None, exclude_if=lambda v: v is None)
+    input: str
 
 
 class ReasoningText(BaseModel):
@@ -189,10 +276,12 @@ class OutputReasoning(BaseModel):
     id: str
     summary: list = Field(default_factory=list)
     content: list[ReasoningText]
+    encrypted_content: str | None = Field(None, exclude_if=lambda v: v is None)  # with include asking
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-OutputItem = Annotated[OutputMessage | OutputFunctionCall | OutputReasoning, Field(discriminator="type")]
+OutputItem = Annotated[OutputMessage | OutputFunctionCall | OutputCustomToolCall | OutputReasoning,
+                       Field(discriminator="type")]
 
 
 class InputTokensDetails(BaseModel):
