@@ -28,6 +28,7 @@ from app.server.responses.lark_regex import NotRegular, lark_regex
 from model.default import default_model_dir
 
 AGENTS = Path(__file__).parent / "data" / "agents"
+CODEX_VERSION = "0.171.0"  # the CLI that sent the recorded requests
 AGENT = "codex-agent"
 CONTEXT = 16384  # a Codex first request is about 11k tokens of the default model's tokenizer
 CRM = {"type": "namespace", "name": "crm", "description": "The customer records.", "tools": [
@@ -208,12 +209,13 @@ def test_apply_patch_grammar_as_one_regex():
 
 @pytest.fixture(scope="module")
 def codex(tmp_path_factory) -> Path:
-    """Codex CLI from npm, installed once into the user's cache (a fresh temp folder if that
-    is not writable); the test skips where npm or its registry cannot be reached."""
+    """Codex CLI from npm, the version the fixtures were recorded with, installed once into the
+    user's cache (a fresh temp folder if that is not writable); the test skips where npm or its
+    registry cannot be reached."""
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed")
-    prefix = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spool-tests" / "codex"
+    prefix = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spool-tests" / f"codex-{CODEX_VERSION}"
     try:
         prefix.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -221,7 +223,8 @@ def codex(tmp_path_factory) -> Path:
     binary = prefix / "node_modules" / ".bin" / "codex"
     if not binary.exists():
         try:
-            done = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "@openai/codex"],
+            done = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+                                   "--fetch-retries=1", "--fetch-timeout=60000", f"@openai/codex@{CODEX_VERSION}"],
                                   capture_output=True, text=True, timeout=600)
         except subprocess.TimeoutExpired:
             pytest.skip("npm install @openai/codex took over 10 minutes")
