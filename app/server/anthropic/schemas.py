@@ -72,7 +72,7 @@ ContentBlock = Annotated[TextBlock | OtherBlock | ToolUseBlock | ToolResultBlock
 
 class InputMessage(Loose):
     """A turn; a system message among them (Claude Code's, under the mid-conversation-system
-    beta) holds text only, and is placed where the chat template allows (app/server/prompts.py)."""
+    beta) holds text only, and is placed where the chat template allows."""
 
     role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
@@ -141,7 +141,7 @@ class KeepCount(Loose):
 class ContextEdit(Loose):
     """One of context_management's edits: clear_thinking_* drops the thinking of all but the
     last `keep` assistant turns that thought (one by default, as Anthropic's); any other edit
-    (clear_tool_uses_*) is taken and not applied, and the reply names it (chat_request.py)."""
+    (clear_tool_uses_*) is taken and not applied, and the reply names it in a header."""
 
     type: str = Field(max_length=64)
     keep: Literal["all"] | KeepCount | None = None
