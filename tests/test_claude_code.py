@@ -32,6 +32,7 @@ from app.server.prompts import chat_prompt, chat_tokens, system_first
 from app.server.request_limits import parse
 from app.server.tools import FORMATS, ToolUse
 from live_server import LiveServer
+from npm_cli import npm_cli
 from model.tokenizer import Tokenizer
 from tiny_model import CHATML, make_tiny_model
 
@@ -252,25 +253,6 @@ def test_an_edit_not_applied_is_named_in_a_header(server):
 # -- the CLI ----------------------------------------------------------------------------------
 
 
-def claude_cli() -> Path:
-    """Claude Code from npm, installed once into a cache folder; a skip where npm or its
-    registry is not there."""
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed")
-    prefix = Path(os.environ.get("SPOOL_AGENTS_DIR", Path.home() / ".cache" / "spool" / "agents")) / "claude-code"
-    exe = prefix / "node_modules" / ".bin" / "claude"
-    if not exe.exists():
-        try:
-            done = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                                   "@anthropic-ai/claude-code"], capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired:
-            pytest.skip("npm install @anthropic-ai/claude-code took over 10 minutes")
-        if done.returncode != 0 or not exe.exists():
-            pytest.skip(f"npm could not install @anthropic-ai/claude-code: {done.stderr[-400:]}")
-    return exe
-
-
 def ending_soon(model: Path, out: Path) -> Path:
     """The model with every fourth token id an end of turn, so that its random answer ends after
     a few tokens: Claude Code calls an answer cut short by max_tokens an error (exit 1), and asks
@@ -288,7 +270,7 @@ def ending_soon(model: Path, out: Path) -> Path:
 def test_claude_code_completes_a_turn(long_model, tmp_path):
     """`claude -p` against `spool serve`: one turn, exit 0. CLAUDE_CODE_MAX_OUTPUT_TOKENS bounds
     the answer; the non-essential calls (telemetry, update checks) stay off."""
-    exe = claude_cli()
+    exe = npm_cli("@anthropic-ai/claude-code", "claude")
     model = ending_soon(long_model, tmp_path / "model")
     s = LiveServer("--model", str(model), "--served-model-name", MODEL, "--max-model-len", "32768",
                    "--kv-cache-gib", "0.05", "--prefill-chunk", "2048", "--api-key", "sk-claude-code")
