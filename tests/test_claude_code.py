@@ -232,6 +232,13 @@ def test_max_tokens_is_held_to_the_context(server, prompt_tokens):
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["output_tokens"] == prompt_tokens + ROOM
 
 
+def test_a_prompt_past_the_context_is_refused_in_anthropics_shape(server, prompt_tokens):
+    longer = {**FIRST, "messages": [*FIRST["messages"], {"role": "user", "content": "more " * ROOM}]}
+    r = replay(server, longer)
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert f"this model's context is {prompt_tokens + ROOM}" in r.json()["error"]["message"]
+
+
 def test_the_second_turn_reads_the_first_from_the_prefix_cache(server, prompt_tokens):
     """Claude Code resends the whole conversation, the reply and the next question added
     (tools/bench_agent_turns.py builds it): all but the last blocks of the first turn's prompt
