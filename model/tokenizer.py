@@ -14,6 +14,7 @@ import json
 import time
 from contextvars import ContextVar
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 
 import jinja2
@@ -218,6 +219,19 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> list[int]:
         # The template writes any BOS itself, as transformers' apply_chat_template assumes.
         return self.encode(self.render_chat(messages, add_generation_prompt, **extra), add_special_tokens=False)
+
+    @cached_property
+    def template_writes_late_system(self) -> bool:
+        """Whether the chat template writes a system message that comes later than first in a
+        conversation (ChatML's and Llama 3's do; Qwen3's, Gemma's and Mistral's refuse one, and
+        some drop it): rendered once, on a conversation that needs it."""
+        probe = "A late system message."
+        turns = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi."},
+                 {"role": "system", "content": probe}, {"role": "user", "content": "Bye."}]
+        try:
+            return probe in self.render_chat(turns)
+        except ChatTemplateError:
+            return False
 
 
 class IncrementalDetokenizer:

@@ -2,7 +2,8 @@
 
 Shapes: Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B (their matrices, heads, rope and norms), Qwen3-30B-A3B's
 mixture of experts cut to 8 of its 48 layers (128 experts of 768, 8 a token: every layer as
-the real one's) and `tiny` for tests. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
+the real one's), `tiny` for tests and `tiny-32k` (one layer, a 32k context) for agents' long
+prompts. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
 49,152-token byte-level BPE), padded with unused tokens up to the shape's vocabulary, so text
 round-trips. Weights are drawn per tensor from (seed, tensor name), a block of rows at a time,
 quantized by model/quant/kquants.py and written tensor by tensor: peak memory is about one
@@ -70,6 +71,9 @@ SHAPES = {
     # Small, but every matrix has rows of 256 so that K-quants apply, it is untied so that
     # token_embd and output take their own Q4_K_M types, and 128 padding tokens are exercised.
     "tiny": Shape("llama", 256, 2, 4, 2, 64, 512, 49280, False, 10000.0, 1e-5, 2048),
+    # One layer of two heads with a context for a coding agent's 20k-token prompt (as HF f32:
+    # tests/test_claude_code.py, tools/bench_agent_turns.py); prefill is attention's cost
+    "tiny-32k": Shape("llama", 128, 1, 2, 1, 64, 256, 49280, False, 10000.0, 1e-5, 32768),
 }
 GGUF_TYPES = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0,
               "q5_1": T.Q5_1, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K, "q4_k_m": T.Q4_K}

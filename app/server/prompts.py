@@ -122,11 +122,24 @@ def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_promp
     the request's own template variables (chat_template_kwargs, reasoning_effort); earlier
     calls in tool_format (the server's) when the request offers no tools."""
     dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
+    if not tokenizer.template_writes_late_system:
+        dicts = system_first(dicts)
     dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools, tool_format)
     try:
         return tokenizer.encode_chat(dicts, add_generation_prompt, **(template_variables or {}), **extra)
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="messages") from None
+
+
+def system_first(messages: list[dict]) -> list[dict]:
+    """The conversation with every system message joined, in order, into one at the top: how a
+    template that takes a system prompt only first (Qwen3's, Gemma's, Mistral's) reads the
+    system messages an agent puts later (Claude Code's), as DeepSeek's template does itself."""
+    if not any(m["role"] == "system" for m in messages[1:]):
+        return messages
+    system = [m for m in messages if m["role"] == "system"]
+    joined = {"role": "system", "content": "\n\n".join(m["content"] for m in system)}
+    return [joined] + [m for m in messages if m["role"] != "system"]
 
 
 def completion_prompts(req, tokenizer, field: str = "prompt") -> list[list[int]]:

@@ -2,7 +2,7 @@
 /v1/messages/count_tokens. Their errors come in Anthropic's shape (app/server/app.py asks
 error_body here for every path under PREFIX)."""
 
-from app.server.anthropic.chat_request import chat_request
+from app.server.anthropic.chat_request import chat_request, unapplied_edits
 from app.server.anthropic.responder import MessagesResponder
 from app.server.anthropic.schemas import (
     AnthropicErrorResponse,
@@ -18,6 +18,7 @@ from app.server.state import ServerState
 from app.server.workers import off_loop, parse
 
 PREFIX = "/v1/messages"  # the paths whose errors are Anthropic's
+SKIPPED_EDITS = "Spool-Skipped-Context-Edits"  # the context_management edits taken and not applied
 
 
 async def create_message(state: ServerState):
@@ -26,10 +27,12 @@ async def create_message(state: ServerState):
     chat = await off_loop(state, chat_request, req)
     gen, reading = await start_generation(state, chat, "msg", fit_context=True)
     responder = MessagesResponder(gen, reading, state.model_name)
+    skipped = unapplied_edits(req.context_management)
+    headers = {SKIPPED_EDITS: ", ".join(skipped)} if skipped else {}
     if req.stream:
-        return responder.events(), HEADERS
+        return responder.events(), {**HEADERS, **headers}
     await gen.collect()
-    return responder.reply()
+    return responder.reply(), headers
 
 
 async def count_message_tokens(state: ServerState):

@@ -2,8 +2,8 @@
 models: what Claude Code and the official `anthropic` client send and expect back.
 
 Unknown fields are ignored (metadata, service_tier, cache_control on blocks), as vLLM's and
-llama.cpp's Messages endpoints do; what would change the output and is not done here (images,
-documents, server tools) is refused by name.
+llama.cpp's Messages endpoints do, so Claude Code's requests pass whole; what would change the
+output and is not done here (images, documents, server tools) is refused by name.
 """
 
 from typing import Annotated, Literal
@@ -71,8 +71,18 @@ ContentBlock = Annotated[TextBlock | OtherBlock | ToolUseBlock | ToolResultBlock
 
 
 class InputMessage(Loose):
-    role: Literal["user", "assistant"]
+    """A turn; a system message among them (Claude Code's, under the mid-conversation-system
+    beta) holds text only, and is placed where the chat template allows."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
+
+    @model_validator(mode="after")
+    def _system_text(self):
+        if self.role == "system" and not isinstance(self.content, str) \
+                and any(block.type != "text" for block in self.content):
+            raise ValueError("a system message holds text blocks only")
+        return self
 
 
 class AnthropicTool(Loose):
@@ -123,6 +133,24 @@ class OutputConfig(Loose):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
+class KeepCount(Loose):
+    type: Literal["thinking_turns", "tool_uses"]
+    value: int = Field(ge=0, le=INT32_MAX)
+
+
+class ContextEdit(Loose):
+    """One of context_management's edits: clear_thinking_* drops the thinking of all but the
+    last `keep` assistant turns that thought (one by default, as Anthropic's); any other edit
+    (clear_tool_uses_*) is taken and not applied, and the reply names it in a header."""
+
+    type: str = Field(max_length=64)
+    keep: Literal["all"] | KeepCount | None = None
+
+
+class ContextManagement(Loose):
+    edits: list[ContextEdit] = Field(default_factory=list, max_length=16)
+
+
 class CountTokensRequest(Loose):
     model: str | None = None
     messages: list[InputMessage] = Field(min_length=1)
@@ -131,6 +159,7 @@ class CountTokensRequest(Loose):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
 
     def check_limits(self, limits: Limits, max_queue: int) -> None:
         """A 400 for the first field over its limit (app/server/request_limits.py)."""

@@ -37,8 +37,11 @@ def parameters(function: dict) -> dict:
 
 
 def json_lark(schema: dict) -> str:
-    """A %json element of a Lark grammar, with the server's bounded whitespace."""
-    return "%json " + json.dumps({**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}})
+    """A %json element of a Lark grammar, with the server's bounded whitespace. Lenient: a
+    keyword llguidance does not implement (propertyNames, in two of Claude Code's tools) goes
+    unenforced rather than refusing the request, since an agent's tools are written for the
+    validators of the APIs it was made for."""
+    return "%json " + json.dumps({**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE, "lenient": True}})
 
 
 def call_schema(functions: list[dict], arguments_key: str) -> dict:
