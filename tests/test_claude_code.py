@@ -46,6 +46,7 @@ FIRST = RECORDED["body"]
 MODEL = FIRST["model"]  # the name Claude Code was told (--model): the server serves under it
 ROOM = 256  # tokens the replay server's context holds past the recorded prompt
 SAY = [{"role": "user", "content": "Say hi."}]
+CLAUDE_CODE_VERSION = "2.1.197"  # the CLI that sent the recorded request
 
 
 def messages_request(body: dict) -> MessagesRequest:
@@ -277,7 +278,7 @@ def ending_soon(model: Path, out: Path) -> Path:
 def test_claude_code_completes_a_turn(long_model, tmp_path):
     """`claude -p` against `spool serve`: one turn, exit 0. CLAUDE_CODE_MAX_OUTPUT_TOKENS bounds
     the answer; the non-essential calls (telemetry, update checks) stay off."""
-    exe = npm_cli("@anthropic-ai/claude-code", "claude")
+    exe = npm_cli(f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}", "claude")
     model = ending_soon(long_model, tmp_path / "model")
     s = LiveServer("--model", str(model), "--served-model-name", MODEL, "--max-model-len", "32768",
                    "--kv-cache-gib", "0.05", "--prefill-chunk", "2048", "--api-key", "sk-claude-code")

@@ -208,29 +208,9 @@ def test_apply_patch_grammar_as_one_regex():
 
 
 @pytest.fixture(scope="module")
-def codex(tmp_path_factory) -> Path:
-    """Codex CLI from npm, the version the fixtures were recorded with, installed once into the
-    user's cache (a fresh temp folder if that is not writable); the test skips where npm or its
-    registry cannot be reached."""
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed")
-    prefix = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spool-tests" / f"codex-{CODEX_VERSION}"
-    try:
-        prefix.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        prefix = tmp_path_factory.mktemp("codex")
-    binary = prefix / "node_modules" / ".bin" / "codex"
-    if not binary.exists():
-        try:
-            done = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                                   "--fetch-retries=1", "--fetch-timeout=60000", f"@openai/codex@{CODEX_VERSION}"],
-                                  capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired:
-            pytest.skip("npm install @openai/codex took over 10 minutes")
-        if done.returncode != 0:
-            pytest.skip(f"npm could not install @openai/codex: {done.stderr[-300:]}")
-    return binary
+def codex() -> Path:
+    """Codex CLI from npm, the version the fixtures were recorded with."""
+    return npm_cli(f"@openai/codex@{CODEX_VERSION}", "codex")
 
 
 @pytest.mark.slow
