@@ -21,6 +21,7 @@ from pydantic import TypeAdapter
 from safetensors.numpy import save_file
 
 from live_server import LiveServer
+from npm_cli import npm_cli
 from test_responses import MODEL, check, check_response
 from tiny_model import random_weights
 
