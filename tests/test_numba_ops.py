@@ -84,11 +84,17 @@ def test_paged_attention_matches_numpy(rng, query_lens, context_lens, heads, kv_
     q = rng.standard_normal((sum(query_lens), heads, dim), dtype=np.float32)
     want = NUMPY.paged_attention(q, cache_k, cache_v,
                                      NUMPY.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
+    cache_k = head_dim_major(cache_k)
     if half:
         cache_k, cache_v = (c.astype(np.float16).view(HALF) for c in (cache_k, cache_v))
     got = NUMBA.paged_attention(q, cache_k, cache_v,
                                     NUMBA.attention_meta(query_lens, context_lens, tables, block_size), 0.125)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def head_dim_major(cache_k: np.ndarray) -> np.ndarray:
+    """NumpyOps' K cache as NumbaOps lays it out: each block's keys side by side a dimension."""
+    return np.ascontiguousarray(cache_k.transpose(0, 1, 3, 2)).reshape(cache_k.shape)
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["float32 K/V", "float16 K/V"])
@@ -101,7 +107,7 @@ def test_write_kv_stores_what_numpy_stores(rng, half):
     NUMPY.write_kv(want_k, want_v, slots, k, v)
     cache_k, cache_v = (np.zeros((1, 4, 16, 8), dtype=HALF if half else np.float32) for _ in range(2))
     NUMBA.write_kv(cache_k, cache_v, slots, k, v)
-    for cache, want in ((cache_k, want_k), (cache_v, want_v)):
+    for cache, want in ((cache_k, head_dim_major(want_k)), (cache_v, want_v)):
         got = cache.view(np.float16).astype(np.float32) if half else cache
         np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32) if half else want)
 

@@ -2,6 +2,7 @@
 batch 1, 8, 32 and 64 (no scheduler, no HTTP).
 
     python tools/bench_model.py [--model DIR|FILE.gguf] [--backend cpu|numpy] [--dtype float32|q8_0] [--context 256] [--steps 16]
+    python tools/bench_model.py --model FILE.gguf --prompt-tokens 16384 --prefill-chunk 512 --prefill-repeats 1 --batches ""
 
 Each decode row has its own prompt of --context tokens already in the cache, so attention reads
 real K/V. Times are the median over repeats after one warm-up step. The header gives the bytes a
@@ -62,14 +63,19 @@ def bytes_per_token(model) -> int:
     return int(model.weight_bytes - (w.embed.nbytes if w.lm_head is not w.embed else 0) - unread)
 
 
-def bench_prefill(runner, ids, repeats):
+def bench_prefill(runner, ids, repeats, chunk):
+    """Tokens a second of one prompt prefilled in steps of chunk tokens (the whole prompt at once
+    for 0), each on the cache the steps before it wrote, as the server's chunked prefill runs."""
     table = list(range(-(-len(ids) // runner.block_size)))
-    plan = StepPlan([Row("p", ids, 0, table, sample=True)])
-    runner.step(plan)  # warm-up
+    chunk = chunk or len(ids)
+    plans = [StepPlan([Row("p", ids[at:at + chunk], at, table, sample=at + chunk >= len(ids))])
+             for at in range(0, len(ids), chunk)]
+    runner.step(plans[0])  # warm-up
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        runner.step(plan)
+        for plan in plans:
+            runner.step(plan)
         times.append(time.perf_counter() - t)
     return len(ids) / statistics.median(times)
 
@@ -98,6 +104,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--prefill-chunk", type=int, default=0,
+                        help="prefill in steps of this many tokens, as the server's --prefill-chunk (0: one step)")
+    parser.add_argument("--prefill-repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=256, help="tokens already cached per decode row")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--batches", default="1,8,32,64")
@@ -110,8 +119,9 @@ def main() -> None:
 
     model_dir = resolve_model(args.model)
     ids = Tokenizer(model_dir).encode(TEXT)
-    batches = [int(b) for b in args.batches.split(",")]
-    need = max(batches) * -(-(args.context + args.steps + 1) // 16) + 64
+    ids = ids * -(-args.prompt_tokens // len(ids))  # a long prompt repeats the text
+    batches = [int(b) for b in args.batches.split(",") if b]
+    need = max([*batches, 0]) * -(-(args.context + args.steps + 1) // 16) + 64 + args.prompt_tokens // 16
     backend = resolve(args.backend, args.dtype)
     model = backend.load(model_dir)
     runner = ModelRunner(model.config, model, num_blocks=need, seed=0)
@@ -123,8 +133,9 @@ def main() -> None:
           f" so batch 1 at most {bandwidth / reads:.1f} tok/s")
     print("| measurement | tok/s | ms/step |")
     print("| --- | ---: | ---: |")
-    rate = bench_prefill(runner, ids[:args.prompt_tokens], repeats=3)
-    print(f"| prefill {args.prompt_tokens} tokens | {rate:.0f} | {1000 * args.prompt_tokens / rate:.0f} |")
+    rate = bench_prefill(runner, ids[:args.prompt_tokens], args.prefill_repeats, args.prefill_chunk)
+    steps = f", chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
+    print(f"| prefill {args.prompt_tokens} tokens{steps} | {rate:.0f} | {1000 * args.prompt_tokens / rate:.0f} |")
     for batch in batches:
         rate, step = bench_decode(runner, ids, batch, args.context, args.steps)
         share = f" ({rate * reads / bandwidth:.0%} of the copy bandwidth)" if batch == 1 else ""

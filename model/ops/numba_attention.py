@@ -1,18 +1,22 @@
 """Paged attention in numba, one kernel for every query token: a decode row's, and each of a
 prefill chunk's, which reads the K/V of the positions up to its own as a decode row there would.
-The LLVM intrinsics that read K/V rows live here too.
 
-Each token reads K/V in place through its row's block table, one block at a time, with an
-online softmax; the query heads of a KV head share each K/V load; (token, KV head) pairs run in
-parallel, and each prefetches its next block. A token's arithmetic depends only on its own query,
-context and K/V, so its output is the same bits whatever shares the step, however its prompt was
-chunked, and whether it came as a decode row or in a prefill chunk (tests/test_batch_invariance.py).
-Causal tiles of OpenBLAS GEMMs, which prefill chunks took before, depend on the tile's shape.
-Per layer at SmolLM2-135M's shapes on a loaded 2-core EPYC, chunks of 256 and 512 tokens up to
-position 512 took 3-18 ms here against the tiles' 16-350 ms (their OpenBLAS threads meet
-numba's), but 256 tokens at position 1792 took 30 ms against 20: long prompts pay. K/V rows go
-through two LLVM intrinsics that read float32 or widen float16 bits eight values at a time (the
-q8_0 ops keep K/V in float16 where the target has F16C, see model/ops/numba_kernels.QUANTIZED_KV).
+The kernel works on tiles: up to a few consecutive query tokens of one row and all the query
+heads of one KV head (a decode row is a tile of one token). A tile walks its row's blocks once,
+flash-attention style: each block's keys are scored against every query of the tile while they
+sit in L1, then each query folds the block into its running max, sum and output (online
+softmax); no score matrix is kept, blocks past a query's position are skipped, and so are
+blocks before a sliding window. K blocks are stored head-dim-major (model/ops/numba_rowwise
+.write_kv), so sixteen keys' scores are one vector and each of a query's dimensions one fused
+multiply-add into it; V rows are added to the output sixteen dimensions a vector.
+
+A query's arithmetic never depends on its tile: each score is one chain of fused multiply-adds
+over the head dimension in order, each block's softmax and output update is the query's own,
+and blocks come in position order. So a token's output is the same bits whatever shares the
+step, however its prompt was chunked, and whether it came as a decode row or in a prefill chunk
+(tests/test_batch_invariance.py, tests/test_prefill_attention.py). K/V are float32 or float16
+bits, widened as they are read (the q8_0 ops keep K/V in float16 where the target has F16C, see
+model/ops/numba_kernels.QUANTIZED_KV).
 """
 
 import numpy as np
@@ -25,21 +29,43 @@ from numba.extending import intrinsic
 from model.ops.llvm_ir import byte_address, element, splat
 from model.ops.numba_kernels import F2, F3, F4, H4, I1, I2, exp_shifted, kernel
 
+LANES = 16  # keys scored at once, and output dimensions added at once
+TILE_FLOATS = 4096  # a tile's queries (and their outputs) in floats: both stay in L1
+
 
 class AttentionPlan:
     """A step's attention, planned once for every layer: for each query token on the step's axis,
-    its context (the positions up to and including its own) and its row's block table."""
+    its context (the positions up to and including its own); for each row, its block table; and
+    the step's tiles of consecutive tokens of one row, for each tile size asked for."""
 
     def __init__(self, query_lens, context_lens, block_tables, block_size):
-        query_lens, context_lens = np.asarray(query_lens, dtype=np.int64), np.asarray(context_lens, dtype=np.int64)
-        rows = np.repeat(np.arange(len(query_lens)), query_lens)  # each token's row
-        first = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)  # each row's first token
-        self.context = context_lens[rows] - query_lens[rows] + 1 + np.arange(len(rows)) - first[rows]
-        tables = np.zeros((len(query_lens), -(-int(context_lens.max(initial=0)) // block_size)), dtype=np.int64)
+        self.query_lens = np.asarray(query_lens, dtype=np.int64)
+        context_lens = np.asarray(context_lens, dtype=np.int64)
+        rows = np.repeat(np.arange(len(self.query_lens)), self.query_lens)  # each token's row
+        self.first = np.concatenate([[0], np.cumsum(self.query_lens)[:-1]]).astype(np.int64)  # each row's first token
+        self.context = context_lens[rows] - self.query_lens[rows] + 1 + np.arange(len(rows)) - self.first[rows]
+        self.tables = np.zeros((len(self.query_lens), -(-int(context_lens.max(initial=0)) // block_size)),
+                               dtype=np.int64)
         for r, c in enumerate(context_lens):
             used = -(-int(c) // block_size)
-            tables[r, :used] = block_tables[r][:used]
-        self.tables = tables[rows]
+            self.tables[r, :used] = block_tables[r][:used]
+        self._tiles: dict[int, tuple[np.ndarray, ...]] = {}
+
+    def tiles(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Tiles of up to size tokens, as (row, first token, token count) arrays, and the order the
+        cores take them in: heaviest and lightest alternating, so each core's share of a causal
+        prompt (whose later tiles read more) is about half the work."""
+        if size not in self._tiles:
+            per_row = -(-self.query_lens // size)
+            row = np.repeat(np.arange(len(per_row)), per_row)
+            index = np.arange(len(row)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+            first = self.first[row] + index * size
+            count = np.minimum(size, self.first[row] + self.query_lens[row] - first)
+            heaviest = np.argsort(-(self.context[first + count - 1] * count), kind="stable")
+            order = np.empty_like(heaviest)
+            order[0::2], order[1::2] = heaviest[:(len(row) + 1) // 2], heaviest[(len(row) + 1) // 2:][::-1]
+            self._tiles[size] = (row, first, count, order)
+        return self._tiles[size]
 
 
 @intrinsic
@@ -57,116 +83,203 @@ def _prefetch(typingctx, array, offset):
     return nbtypes.void(array, offset), codegen
 
 
-def _load8(builder, address, dtype) -> ir.Value:
-    """Eight elements from address as <8 x float>: float32 as they are, float16 bits widened."""
-    floats = ir.VectorType(ir.FloatType(), 8)
+def _load(builder, address, dtype, width: int) -> ir.Value:
+    """width elements from address as floats (one float for width 1): float32 as they are,
+    float16 bits widened."""
+    f32 = ir.FloatType()
     if dtype == nbtypes.float32:
-        return builder.load(builder.bitcast(address, floats.as_pointer()), align=4)
-    halves = ir.VectorType(ir.HalfType(), 8)
-    return builder.fpext(builder.load(builder.bitcast(address, halves.as_pointer()), align=2), floats)
+        kind = ir.VectorType(f32, width) if width > 1 else f32
+        return builder.load(builder.bitcast(address, kind.as_pointer()), align=4)
+    half = ir.VectorType(ir.HalfType(), width) if width > 1 else ir.HalfType()
+    return builder.fpext(builder.load(builder.bitcast(address, half.as_pointer()), align=2),
+                         ir.VectorType(f32, width) if width > 1 else f32)
 
 
-def _eight_at_a_time(builder, dim):
-    """A loop over dim // 8 chunks (head_dim is a multiple of 8: check_model says so); its
-    index times 8."""
+def _fma(builder, a, b, c) -> ir.Value:
+    """a * b + c rounded once, lane by lane (llvmlite's builder.fma takes scalars only)."""
+    kind = a.type
+    name = f"llvm.fma.v{kind.count}f32" if isinstance(kind, ir.VectorType) else "llvm.fma.f32"
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(kind, [kind] * 3), name)
+    return builder.call(fn, [a, b, c])
+
+
+def _broadcast(builder, value, width: int) -> ir.Value:
+    return splat(builder, value, ir.VectorType(ir.FloatType(), width)) if width > 1 else value
+
+
+def _pointers(context, builder, signature, args, *which):
+    zero = ir.Constant(ir.IntType(64), 0)
+    return [element(context, builder, signature.args[i], args[i], zero) for i in which]
+
+
+def _in_passes(builder, start, stop, body):
+    """body(count, row) over rows start .. stop - 1: passes of eight rows while they fit, then of
+    four, then single rows. Eight independent chains of multiply-adds keep both FMA units busy."""
     i64 = ir.IntType(64)
-    loop = cgutils.for_range(builder, builder.sdiv(dim, ir.Constant(i64, 8)))
-    return loop, lambda index: builder.mul(index, ir.Constant(i64, 8))
+    for count in (8, 4, 1):
+        size = ir.Constant(i64, count)
+        end = builder.add(start, builder.mul(builder.sdiv(builder.sub(stop, start), size), size))
+        with cgutils.for_range_slice(builder, start, end, size) as (row, _):
+            body(count, row)
+        start = end
+
+
+def _float_kind(width: int):
+    return ir.VectorType(ir.FloatType(), width) if width > 1 else ir.FloatType()
 
 
 @intrinsic
-def _dot_row(typingctx, q, q_at, row, at, dim):
-    """q[q_at:q_at + dim] . row[at:at + dim] (flat offsets), the row float32 or float16 bits."""
+def _block_scores(typingctx, qs, rows, dim, keys, base, block_size, s):
+    """s[r * block_size + i] = qs[r * dim:(r + 1) * dim] . key i, for r < rows and every key of
+    the head-dim-major K block at flat offset base of keys. Each score is one chain of fused
+    multiply-adds over the dimensions in order: sixteen keys a vector, the queries of a pass
+    sharing each load, keys past the last multiple of sixteen a lane at a time; which queries
+    share a pass changes no bits of any."""
     def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        q_ptr = element(context, builder, signature.args[0], args[0], args[1])
-        row_ptr = element(context, builder, signature.args[2], args[2], args[3])
-        acc = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(ir.FloatType(), 8), None))
-        loop, offset = _eight_at_a_time(builder, args[4])
-        with loop as chunk:
-            a = _load8(builder, builder.gep(q_ptr, [offset(chunk.index)]), nbtypes.float32)
-            b = _load8(builder, builder.gep(row_ptr, [offset(chunk.index)]), signature.args[2].dtype)
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(a, b)), acc)
-        total = builder.load(acc)
-        for width in (4, 2, 1):  # halves added pairwise
-            lanes = [ir.Constant(ir.VectorType(i32, width), list(range(start, start + width))) for start in (0, width)]
-            total = builder.fadd(*(builder.shuffle_vector(total, total, mask) for mask in lanes))
-        return builder.extract_element(total, ir.Constant(i32, 0))
-    return nbtypes.float32(q, q_at, row, at, dim), codegen
+        i64 = ir.IntType(64)
+        q_ptr, s_ptr = _pointers(context, builder, signature, args, 0, 6)
+        k_ptr = element(context, builder, signature.args[3], args[3], args[4])
+        rows, dim, block_size = args[1], args[2], args[5]
 
+        def scores(width: int, count: int, key: ir.Value, row: ir.Value):
+            """count queries from row against width keys from key."""
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_float_kind(width), None)) for _ in range(count)]
+            with cgutils.for_range(builder, dim) as d:
+                k = _load(builder, builder.gep(k_ptr, [builder.add(builder.mul(d.index, block_size), key)]),
+                          signature.args[3].dtype, width)
+                for j, acc in enumerate(accs):
+                    at = builder.add(builder.mul(builder.add(row, ir.Constant(i64, j)), dim), d.index)
+                    q = _broadcast(builder, builder.load(builder.gep(q_ptr, [at])), width)
+                    builder.store(_fma(builder, q, k, builder.load(acc)), acc)
+            for j, acc in enumerate(accs):
+                at = builder.add(builder.mul(builder.add(row, ir.Constant(i64, j)), block_size), key)
+                builder.store(builder.load(acc), builder.bitcast(builder.gep(s_ptr, [at]), acc.type), align=4)
 
-@intrinsic
-def _add_row(typingctx, acc, acc_at, p, row, at, dim):
-    """acc[acc_at:acc_at + dim] += p * row[at:at + dim], the row float32 or float16 bits."""
-    def codegen(context, builder, signature, args):
-        floats = ir.VectorType(ir.FloatType(), 8)
-        acc_ptr = element(context, builder, signature.args[0], args[0], args[1])
-        row_ptr = element(context, builder, signature.args[3], args[3], args[4])
-        weight = splat(builder, args[2], floats)
-        loop, offset = _eight_at_a_time(builder, args[5])
-        with loop as chunk:
-            dest = builder.bitcast(builder.gep(acc_ptr, [offset(chunk.index)]), floats.as_pointer())
-            b = _load8(builder, builder.gep(row_ptr, [offset(chunk.index)]), signature.args[3].dtype)
-            builder.store(builder.fadd(builder.load(dest, align=4), builder.fmul(weight, b)), dest, align=4)
+        zero, one, lanes = ir.Constant(i64, 0), ir.Constant(i64, 1), ir.Constant(i64, LANES)
+        whole = builder.mul(builder.sdiv(block_size, lanes), lanes)  # keys in whole vectors
+        with cgutils.for_range_slice(builder, zero, whole, lanes) as (key, _):
+            _in_passes(builder, zero, rows, lambda count, row: scores(LANES, count, key, row))
+        with cgutils.for_range_slice(builder, whole, block_size, one) as (key, _):
+            _in_passes(builder, zero, rows, lambda count, row: scores(1, count, key, row))
         return context.get_dummy_value()
-    return nbtypes.void(acc, acc_at, p, row, at, dim), codegen
+    return nbtypes.void(qs, rows, dim, keys, base, block_size, s), codegen
 
 
-@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, float32, int64, float32, {F2})",
-        f"void({F3}, {H4}, {H4}, {I1}, {I2}, float32, int64, float32, {F2})")
-def _attention(q, cache_k, cache_v, context, tables, scale, window, softcap, out):
-    """For each query token t: out[t] = softmax(q K^T * scale) V over its context[t]
-    cached positions (the last `window` of them for a sliding window), block by block with a
-    running max and sum per query head; scores soft-capped where softcap is not 0.
-    K/V rows are float32 or float16 bits, read through _dot_row and _add_row."""
-    tokens = context.shape[0]
+@intrinsic
+def _accumulate(typingctx, acc, first, rows, corrections, p, stride, lo, keys, values, base, dim):
+    """For each query r of first .. first + rows - 1: acc[r * dim:(r + 1) * dim] times
+    corrections[r], plus p[r * stride + lo + i] times V row lo + i for each i < keys, the V rows
+    at flat offset base of values, dim apart. Each output element is one chain of fused
+    multiply-adds in key order, sixteen elements a vector (the rest a lane at a time), the
+    queries of a pass sharing each load of V; which queries share a pass changes no bits."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        out_ptr, c_ptr, p_ptr = _pointers(context, builder, signature, args, 0, 3, 4)
+        first, rows, stride, lo, keys = args[1], args[2], args[5], args[6], args[7]
+        v_ptr = element(context, builder, signature.args[8], args[8], args[9])
+        dim = args[10]
+
+        def update(width: int, count: int, chunk: ir.Value, row: ir.Value):
+            """count queries from row, width elements from chunk."""
+            kind = _float_kind(width)
+            rows_at = [builder.add(row, ir.Constant(i64, j)) for j in range(count)]
+            dests = [builder.bitcast(builder.gep(out_ptr, [builder.add(builder.mul(r, dim), chunk)]), kind.as_pointer())
+                     for r in rows_at]
+            totals = [cgutils.alloca_once_value(builder, builder.fmul(
+                builder.load(dest, align=4), _broadcast(builder, builder.load(builder.gep(c_ptr, [r])), width)))
+                for dest, r in zip(dests, rows_at)]
+            with cgutils.for_range(builder, keys) as i:
+                key = builder.add(lo, i.index)
+                v = _load(builder, builder.gep(v_ptr, [builder.add(builder.mul(key, dim), chunk)]),
+                          signature.args[8].dtype, width)
+                for r, total in zip(rows_at, totals):
+                    weight = builder.load(builder.gep(p_ptr, [builder.add(builder.mul(r, stride), key)]))
+                    builder.store(_fma(builder, _broadcast(builder, weight, width), v, builder.load(total)), total)
+            for dest, total in zip(dests, totals):
+                builder.store(builder.load(total), dest, align=4)
+
+        zero, one, lanes = ir.Constant(i64, 0), ir.Constant(i64, 1), ir.Constant(i64, LANES)
+        last = builder.add(first, rows)
+        whole = builder.mul(builder.sdiv(dim, lanes), lanes)
+        with cgutils.for_range_slice(builder, zero, whole, lanes) as (chunk, _):
+            _in_passes(builder, first, last, lambda count, row: update(LANES, count, chunk, row))
+        with cgutils.for_range_slice(builder, whole, dim, one) as (chunk, _):
+            _in_passes(builder, first, last, lambda count, row: update(1, count, chunk, row))
+        return context.get_dummy_value()
+    return nbtypes.void(acc, first, rows, corrections, p, stride, lo, keys, values, base, dim), codegen
+
+
+@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F2})",
+        f"void({F3}, {H4}, {H4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F2})")
+def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_count, order, scale, window,
+               softcap, out):
+    """For each query token t: out[t] = softmax(q K^T * scale) V over its context[t] cached
+    positions (the last `window` of them for a sliding window), block by block with a running
+    max and sum per query; scores soft-capped where softcap is not 0. Each job is one tile (a
+    run of one row's tokens) and one KV head, with the query heads that share it."""
     heads, dim = q.shape[1], q.shape[2]
     kv_heads, cache_blocks, block_size = cache_k.shape[0], cache_k.shape[1], cache_k.shape[2]
     group = heads // kv_heads
-    for job in prange(tokens * kv_heads):
-        t, kh = job // kv_heads, job % kv_heads
-        n = context[t]
-        qs = np.empty(group * dim, dtype=np.float32)  # query head g at g * dim
-        acc = np.zeros(group * dim, dtype=np.float32)
-        m = np.full(group, -np.inf, dtype=np.float32)
-        total = np.zeros(group, dtype=np.float32)
-        s = np.empty((group, block_size), dtype=np.float32)
+    for job in prange(order.shape[0] * kv_heads):
+        tile, kh = order[job // kv_heads], job % kv_heads
+        row, first, count = tile_row[tile], tile_first[tile], tile_count[tile]
+        queries = count * group  # query r: token first + r // group, head kh * group + r % group
+        qs = np.empty(queries * dim, dtype=np.float32)
+        acc = np.zeros(queries * dim, dtype=np.float32)
+        m = np.full(queries, np.float32(-3e38), dtype=np.float32)  # finite: exp(m - top) is 0, never NaN
+        total = np.zeros(queries, dtype=np.float32)
+        corrections = np.empty(queries, dtype=np.float32)
+        s = np.empty(queries * block_size, dtype=np.float32)
         powers = np.empty(block_size, dtype=np.int32)
-        for g in range(group):
+        for r in range(queries):
             for d in range(dim):
-                qs[g * dim + d] = q[t, kh * group + g, d] * scale
-        start = max(0, n - window) if window > 0 else 0  # the first position this token sees
-        blocks = -(-n // block_size)
-        for b in range(start // block_size, blocks):
-            lo = max(0, start - b * block_size)  # keys of the block before the window
-            keys = min(block_size, n - b * block_size) - lo
-            first = ((kh * cache_blocks + tables[t, b]) * block_size + lo) * dim  # the first key's flat offset
+                qs[r * dim + d] = q[first + r // group, kh * group + r % group, d] * scale
+        earliest = max(0, context[first] - window) if window > 0 else 0  # the first position any query sees
+        blocks = -(-context[first + count - 1] // block_size)
+        for b in range(earliest // block_size, blocks):
+            base = (kh * cache_blocks + tables[row, b]) * block_size * dim  # the block's flat offset, K and V
             if b + 1 < blocks:  # the next block's K and V, while this one computes
-                following = (kh * cache_blocks + tables[t, b + 1]) * block_size * dim
+                following = (kh * cache_blocks + tables[row, b + 1]) * block_size * dim
                 for line in range(0, block_size * dim, 64 // cache_k.itemsize):
                     _prefetch(cache_k, following + line)
                     _prefetch(cache_v, following + line)
-            for i in range(keys):
-                for g in range(group):
-                    s[g, i] = _dot_row(qs, g * dim, cache_k, first + i * dim, dim)
+            _block_scores(qs, queries, dim, cache_k, base, block_size, s)
+            for token in range(count):
+                n = context[first + token]
+                start = max(0, n - window) if window > 0 else 0
+                lo, hi = max(0, start - b * block_size), min(block_size, n - b * block_size)
+                if hi <= lo:  # the block is past this token, or before its window
+                    continue
+                for r in range(token * group, (token + 1) * group):
+                    scores = s[r * block_size + lo:r * block_size + hi]
                     if softcap > 0:
-                        s[g, i] = softcap * np.tanh(s[g, i] / softcap)
-            for g in range(group):
-                top = m[g]
-                for i in range(keys):
-                    top = max(top, s[g, i])
-                correction = np.exp(m[g] - top)
-                m[g] = top
-                total[g] = total[g] * correction + exp_shifted(s[g], top, keys, powers)
-                for d in range(dim):
-                    acc[g * dim + d] *= correction
-            for i in range(keys):
-                for g in range(group):
-                    _add_row(acc, g * dim, s[g, i], cache_v, first + i * dim, dim)
-        for g in range(group):
-            inv = np.float32(1.0) / total[g]
+                        for i in range(hi - lo):
+                            scores[i] = softcap * np.tanh(scores[i] / softcap)
+                    top = m[r]
+                    for i in range(hi - lo):
+                        top = max(top, scores[i])
+                    corrections[r] = np.exp(m[r] - top)
+                    m[r] = top
+                    total[r] = total[r] * corrections[r] + exp_shifted(scores, top, hi - lo, powers)
+            last_start = max(0, context[first + count - 1] - window) if window > 0 else 0
+            if last_start <= b * block_size and context[first] >= (b + 1) * block_size:  # whole for every token
+                _accumulate(acc, 0, queries, corrections, s, block_size, 0, block_size, cache_v, base, dim)
+                continue
+            for token in range(count):
+                n = context[first + token]
+                start = max(0, n - window) if window > 0 else 0
+                lo, hi = max(0, start - b * block_size), min(block_size, n - b * block_size)
+                if hi > lo:
+                    _accumulate(acc, token * group, group, corrections, s, block_size, lo, hi - lo, cache_v, base, dim)
+        for r in range(queries):
+            inv = np.float32(1.0) / total[r]
             for d in range(dim):
-                out[t, (kh * group + g) * dim + d] = acc[g * dim + d] * inv
+                out[first + r // group, (kh * group + r % group) * dim + d] = acc[r * dim + d] * inv
+
+
+def tile_tokens(group: int, dim: int) -> int:
+    """Tokens a tile holds: as many as keep its queries and outputs in L1, at least one."""
+    return max(1, TILE_FLOATS // (group * dim))
 
 
 def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, plan: AttentionPlan,
@@ -176,6 +289,7 @@ def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, pla
     if tokens:
         seen = np.minimum(plan.context, window) if window else plan.context
         work = int(seen.sum()) * heads * dim
-        _attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.context, plan.tables, np.float32(scale),
-                   np.int64(window), np.float32(softcap), out)
+        row, first, count, order = plan.tiles(tile_tokens(heads // cache_k.shape[0], dim))
+        _attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.context, plan.tables, row, first, count,
+                   order, np.float32(scale), np.int64(window), np.float32(softcap), out)
     return out

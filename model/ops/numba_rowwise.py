@@ -37,13 +37,16 @@ def _write_kv(cache_k, cache_v, slots, k, v):
         t, h = job // heads, job % heads
         block, i = slots[t] // block_size, slots[t] % block_size
         for d in range(dim):
-            cache_k[h, block, i, d] = _as_cached(k[t, h, d], cache_k)
+            at = d * block_size + i  # K's place in its block, head-dim-major
+            cache_k[h, block, at // dim, at % dim] = _as_cached(k[t, h, d], cache_k)
             cache_v[h, block, i, d] = _as_cached(v[t, h, d], cache_v)
 
 
 def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
     """K/V (tokens, kv_heads, head_dim) into the caches' flat slots, as float16 bits where the
-    caches hold them."""
+    caches hold them. A K block's elements are head-dim-major (model/ops/numba_attention.py
+    reads a block's keys side by side, one vector a dimension): key i's dimension d is at flat
+    offset d * block_size + i of its block. V blocks are as NumpyOps keeps them."""
     _write_kv(k.size, cache_k, cache_v, np.asarray(slots, dtype=np.int64), k, v)
 
 
