@@ -27,7 +27,7 @@ from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import byte_address, element, splat
-from model.ops.numba_kernels import F2, F3, F4, H4, I1, I2, exp_shifted, kernel
+from model.ops.numba_kernels import F2, F3, F4, H4, I1, I2, LN2_HIGH, LN2_LOW, LOG2E, kernel
 
 LANES = 16  # keys scored at once, and output dimensions added at once
 TILE_FLOATS = 4096  # a tile's queries (and their outputs) in floats: both stay in L1
@@ -209,6 +209,101 @@ def _accumulate(typingctx, acc, first, rows, corrections, p, stride, lo, keys, v
     return nbtypes.void(acc, first, rows, corrections, p, stride, lo, keys, values, base, dim), codegen
 
 
+def _exp(builder, x) -> ir.Value:
+    """exp(x), lane by lane (x a float or a vector of them), as exp_shifted computes it
+    (model/ops/numba_kernels.py): inputs clamped to [-87, 88], Cody-Waite reduction, a degree-6
+    polynomial, and 2^n through the exponent bits."""
+    kind = x.type
+    lanes = kind.count if isinstance(kind, ir.VectorType) else 0
+    ints = ir.VectorType(ir.IntType(32), lanes) if lanes else ir.IntType(32)
+    const = (lambda v: _broadcast(builder, ir.Constant(ir.FloatType(), float(v)), lanes or 1))
+    suffix = f"v{lanes}f32" if lanes else "f32"
+
+    def call(name, *args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(kind, [kind] * len(args)),
+                                            f"llvm.{name}.{suffix}")
+        return builder.call(fn, list(args))
+    v = call("minnum", call("maxnum", x, const(-87.0)), const(88.0))
+    n = call("floor", _fma(builder, v, const(LOG2E), const(0.5)))
+    r = builder.fsub(builder.fsub(v, builder.fmul(n, const(LN2_HIGH))), builder.fmul(n, const(LN2_LOW)))
+    p = const(1.0 / 720)
+    for c in (1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0):
+        p = _fma(builder, p, r, const(c))
+    bias = ir.Constant(ints, [127] * lanes) if lanes else ir.Constant(ints, 127)
+    shift = ir.Constant(ints, [23] * lanes) if lanes else ir.Constant(ints, 23)
+    power = builder.bitcast(builder.shl(builder.add(builder.fptosi(n, ints), bias), shift), kind)
+    return builder.fmul(p, power)
+
+
+def _across(builder, vector, name: str) -> ir.Value:
+    """One float from a vector's lanes by llvm.NAME (maxnum, or fadd's add), halves paired in a
+    fixed order."""
+    i32 = ir.IntType(32)
+    width = vector.type.count
+    while width > 1:
+        width //= 2
+        halves = [builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(i32, width),
+                                                                    list(range(at, at + width))))
+                  for at in (0, width)]
+        if name == "add":
+            vector = builder.fadd(*halves)
+        else:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(halves[0].type, [halves[0].type] * 2),
+                                                f"llvm.{name}.v{width}f32")
+            vector = builder.call(fn, halves)
+    return builder.extract_element(vector, ir.Constant(i32, 0))
+
+
+@intrinsic
+def _fold(typingctx, s, at, block_size, lo, hi, m, total, corrections, r):
+    """Query r's scores of one block, s[at + lo:at + hi], into its online softmax: m[r] the
+    running max, total[r] the running sum, corrections[r] what its output must be scaled by
+    first (exp of the old max less the new); the scores become their exponentials, every other
+    float of s as it was. Sixteen lanes a vector, masked, so any lo and hi give a query the same
+    bits; s must hold sixteen floats past at + block_size."""
+    def codegen(context, builder, signature, args):
+        i64, f32 = ir.IntType(64), ir.FloatType()
+        vec, lanes = ir.VectorType(f32, LANES), ir.VectorType(i64, LANES)
+        s_ptr = element(context, builder, signature.args[0], args[0], args[1])
+        block_size, lo, hi, r = args[2], args[3], args[4], args[8]
+        m_ptr, total_ptr, c_ptr = (element(context, builder, signature.args[i], args[i], r) for i in (5, 6, 7))
+        first, step = ir.Constant(i64, 0), ir.Constant(i64, LANES)
+        maxnum = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec, vec]), "llvm.maxnum.v16f32")
+
+        def chunks(body):
+            with cgutils.for_range_slice(builder, first, block_size, step) as (key, _):
+                index = builder.add(ir.Constant(lanes, list(range(LANES))), splat(builder, key, lanes))
+                valid = builder.and_(builder.icmp_signed(">=", index, splat(builder, lo, lanes)),
+                                     builder.icmp_signed("<", index, splat(builder, hi, lanes)))
+                address = builder.bitcast(builder.gep(s_ptr, [key]), vec.as_pointer())
+                body(address, builder.load(address, align=4), valid)
+
+        low = _broadcast(builder, ir.Constant(f32, -3e38), LANES)
+        best = cgutils.alloca_once_value(builder, low)
+        chunks(lambda address, x, valid: builder.store(
+            builder.select(valid, builder.call(maxnum, [builder.load(best), x]), builder.load(best)), best))
+        old = builder.load(m_ptr)
+        top = builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32]),
+                                                          "llvm.maxnum.f32"), [old, _across(builder, builder.load(best), "maxnum")])
+        correction = cgutils.alloca_once_value(builder, ir.Constant(f32, 1.0))  # the max rarely moves
+        with builder.if_then(builder.fcmp_ordered(">", top, old), likely=False):
+            builder.store(_exp(builder, builder.fsub(old, top)), correction)
+        correction = builder.load(correction)
+        sums = cgutils.alloca_once_value(builder, ir.Constant(vec, None))
+
+        def exponentials(address, x, valid):
+            p = _exp(builder, builder.fsub(x, splat(builder, top, vec)))
+            builder.store(builder.select(valid, p, x), address, align=4)  # other lanes may be other queries'
+            builder.store(builder.fadd(builder.load(sums), builder.select(valid, p, ir.Constant(vec, None))), sums)
+        chunks(exponentials)
+        builder.store(top, m_ptr)
+        builder.store(correction, c_ptr)
+        builder.store(builder.fadd(builder.fmul(builder.load(total_ptr), correction),
+                                   _across(builder, builder.load(sums), "add")), total_ptr)
+        return context.get_dummy_value()
+    return nbtypes.void(s, at, block_size, lo, hi, m, total, corrections, r), codegen
+
+
 @kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F2})",
         f"void({F3}, {H4}, {H4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F2})")
 def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_count, order, scale, window,
@@ -229,8 +324,7 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
         m = np.full(queries, np.float32(-3e38), dtype=np.float32)  # finite: exp(m - top) is 0, never NaN
         total = np.zeros(queries, dtype=np.float32)
         corrections = np.empty(queries, dtype=np.float32)
-        s = np.empty(queries * block_size, dtype=np.float32)
-        powers = np.empty(block_size, dtype=np.int32)
+        s = np.empty(queries * block_size + LANES, dtype=np.float32)  # _fold reads whole vectors
         for r in range(queries):
             for d in range(dim):
                 qs[r * dim + d] = q[first + r // group, kh * group + r % group, d] * scale
@@ -251,16 +345,10 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
                 if hi <= lo:  # the block is past this token, or before its window
                     continue
                 for r in range(token * group, (token + 1) * group):
-                    scores = s[r * block_size + lo:r * block_size + hi]
                     if softcap > 0:
-                        for i in range(hi - lo):
-                            scores[i] = softcap * np.tanh(scores[i] / softcap)
-                    top = m[r]
-                    for i in range(hi - lo):
-                        top = max(top, scores[i])
-                    corrections[r] = np.exp(m[r] - top)
-                    m[r] = top
-                    total[r] = total[r] * corrections[r] + exp_shifted(scores, top, hi - lo, powers)
+                        for i in range(r * block_size + lo, r * block_size + hi):
+                            s[i] = softcap * np.tanh(s[i] / softcap)
+                    _fold(s, r * block_size, block_size, lo, hi, m, total, corrections, r)
             last_start = max(0, context[first + count - 1] - window) if window > 0 else 0
             if last_start <= b * block_size and context[first] >= (b + 1) * block_size:  # whole for every token
                 _accumulate(acc, 0, queries, corrections, s, block_size, 0, block_size, cache_v, base, dim)
