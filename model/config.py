@@ -173,6 +173,15 @@ class ModelConfig:
         return self.num_experts > 0 and (self.moe_layers is None or self.moe_layers[layer])
 
     @property
+    def attention_break_even(self) -> int:
+        """The cached positions at which a token's attention (q_size multiply-adds a position for
+        its scores, as many for its output, a layer) is as much arithmetic as its projections
+        and MLP (a mixture's routed experts only): past it, attention is most of a prompt token."""
+        mlp = self.experts_per_token * self.expert_intermediate_size if self.num_experts else self.intermediate_size
+        matrices = self.hidden_size * (2 * self.q_size + 2 * self.kv_size + 3 * mlp)
+        return matrices // (2 * self.q_size)
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 

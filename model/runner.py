@@ -111,6 +111,8 @@ class ModelRunner:
         self.swap = None  # model.swap.SwapPool on a GPU with --swap-space
         self.last_sampled = (None, {})  # the last launched step's ids on the device, and each request's row
         self.draft = None  # model.draft.DraftModel: guesses for rows with a draft_limit
+        # the position at which a prompt token's attention takes as long as the rest of it
+        self.prefill_break_even = config.attention_break_even / self.ops.attention_cost
 
     def capture_graphs(self, max_seqs: int, max_model_len: int) -> None:
         """CUDA only: capture the decode graphs that logits() replays from now on."""

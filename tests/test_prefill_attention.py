@@ -108,3 +108,22 @@ def test_a_prompts_logits_are_the_same_bits_whole_and_in_random_chunks(tmp_path)
         whole = run([end] if end < len(prompt) else [], list(range(20, 40)), company=False)[0][0]
         np.testing.assert_array_equal(got, whole)
     np.testing.assert_array_equal(chunked[-1], run([], list(range(20, 40)), company=False)[0][-1])
+
+
+def test_the_break_even_the_planner_sizes_chunks_by(tmp_path):
+    """Real checkpoints' configs: Llama-3.2-1B's projections and MLP are 2048 x (2 x 2048 + 2 x
+    512 + 3 x 8192) multiply-adds a layer, its attention 2 x 2048 a cached position, so a token
+    at 14,848 positions does as much of each; Qwen3-30B-A3B counts its 8 routed experts of 768."""
+    from model.config import ModelConfig
+
+    llama = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048, intermediate_size=8192,
+                 num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+                 max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True)
+    assert ModelConfig.from_dict(llama).attention_break_even == 14848
+    qwen = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+                moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, num_hidden_layers=48,
+                num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0)
+    assert ModelConfig.from_dict(qwen).attention_break_even == 2048 * (2 * 4096 + 2 * 512 + 3 * 8 * 768) // 8192
+    runner = ModelRunner.from_dir(make_tiny_model(tmp_path), num_blocks=4, ops=NumbaOps("q8_0"))
+    assert runner.prefill_break_even == runner.config.attention_break_even / NumbaOps.attention_cost

@@ -322,3 +322,41 @@ def test_a_failed_copy_to_or_from_the_spill_pool_falls_back_to_recompute(tok, co
     for rid, p in zip(rids, prompts):
         assert h.tokens(rid) == runner.expected(p, 14)
     assert h.pool.used == 0 and h.planner.preemption.swap_used == 0
+
+
+def chunks_of(h, rid):
+    """The prefill chunks request rid (max_tokens=1: no decode rows) was planned, as (start,
+    tokens), one a step."""
+    chunks, step = [], h.runner.step
+
+    def recording(plan):
+        chunks.extend((r.start_pos, len(r.token_ids)) for r in plan.rows if r.request_id == rid)
+        return step(plan)
+    h.runner.step = recording
+    h.run()
+    return chunks
+
+
+def test_a_long_prompts_chunks_shrink_beside_streams_so_a_step_costs_the_same(tok):
+    """A prompt token at position p costs 1 + p / break_even (its attention; p no more than a
+    sliding window): beside decoding streams, each chunk of a 1,200-token prompt is as many
+    tokens as fit prefill_chunk's cost, at least one; alone, the same prompt takes whole chunks;
+    without a break-even (a runner that names none), chunks never shrink."""
+    def run(break_even, streams):
+        runner = FakeRunner(400, 4, vocab=tok.vocab_size)
+        runner.prefill_break_even = break_even
+        h = Harness(runner, tok, prefill_chunk=64, max_batched_tokens=256)
+        for i in range(streams):
+            h.submit(prompt(5, i), max_tokens=400)
+        for _ in range(3 if streams else 0):
+            h.tick()
+        return h, chunks_of(h, h.submit(prompt(1200, 9), max_tokens=1))
+
+    h, shrunk = run(100.0, streams=2)
+    for start, n in shrunk:
+        assert n == min(1200 - start, max(1, int(64 / (1 + start / 100)))), (start, n)
+    assert shrunk[-1][1] < 64 // 2 and sum(n for _, n in shrunk) == 1200
+    h.planner.tables.window = 200
+    assert h.planner.token_cost(150) == 2.5 and h.planner.token_cost(5000) == 3.0
+    assert all(n == min(64, 1200 - start) for start, n in run(100.0, streams=0)[1])
+    assert all(n == min(64, 1200 - start) for start, n in run(0.0, streams=2)[1])

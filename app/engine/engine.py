@@ -69,7 +69,8 @@ class Engine:
         # never allows the others: model.sampling.allowed_tokens)
         self.vocab_size = min(tokenizer.vocab_size, getattr(model, "vocab_size", tokenizer.vocab_size))
         self.outputs = OutputProcessor(tokenizer, self.stats)
-        self.planner = Planner(config, self.pool, self.stats, getattr(model, "kv_window", 0))
+        self.planner = Planner(config, self.pool, self.stats, getattr(model, "kv_window", 0),
+                               getattr(runner, "prefill_break_even", 0.0))
         self.reporter = StatusReporter(config.decode_log_interval, self.pool, self.stats, self.planner.speculation)
         self._wake = trio.Event()
         self._ids = itertools.count()

@@ -54,8 +54,10 @@ class PlannerConfig:
 
 
 class Planner:
-    def __init__(self, config: PlannerConfig, pool: BlockPool, stats: Stats, window: int = 0):
+    def __init__(self, config: PlannerConfig, pool: BlockPool, stats: Stats, window: int = 0,
+                 break_even: float = 0.0):
         self.config = config
+        self.break_even = break_even  # the model's: where a prompt token's attention is half its cost
         self.pool = pool
         self.tables = BlockTables(pool, window)
         self.queues = Queues()
@@ -204,18 +206,22 @@ class Planner:
     def plan_prefill(self, decode_rows: int, flying: dict) -> list[tuple[Request, Row]]:
         """Up to prefill_chunk tokens, round-robin: each prefilling request in turn gets a chunk,
         and the ones served go to the back of the line for the next step. A chunk in flight
-        counts as computed."""
-        budget = self.prefill_budget(decode_rows)
+        counts as computed. Beside decode rows, the budget is of time rather than tokens (see
+        token_cost), so streams wait no longer for a chunk deep in a long prompt than for one at
+        its start; alone, a prompt takes whole chunks (the GEMMs' speed hardly changes with the
+        chunk's size from 64 tokens up, so nothing is gained by shrinking them)."""
+        budget = float(self.prefill_budget(decode_rows))
         planned = []
         for request in list(self.queues.prefilling):
-            if budget <= 0:
+            if budget < 1:
                 break
             chunk = flying.get(request.id)
             start = request.schedule.num_computed + (len(chunk.token_ids) if chunk is not None else 0)
-            n = min(request.target - start, budget)
+            cost = self.token_cost(start) if decode_rows else 1.0
+            n = min(request.target - start, max(1, int(budget / cost)))
             if n <= 0:
                 continue  # its last chunk is in flight
-            budget -= n
+            budget -= n * cost
             end = start + n
             last = end == request.target and not request.output_ids
             p = request.params
@@ -227,6 +233,14 @@ class Planner:
         for request, _ in planned:
             self.queues.move(request, State.PREFILLING)  # to the back of the line
         return planned
+
+    def token_cost(self, position: int) -> float:
+        """A prompt token's time at position, in tokens at position 0: its attention reads every
+        position before it (within a sliding window), and at break_even that takes as long as
+        the rest of it."""
+        if not self.break_even:
+            return 1.0
+        return 1.0 + (min(position, self.tables.window) if self.tables.window else position) / self.break_even
 
     # -- what the engine reports back ---------------------------------------------------------------
 

@@ -58,6 +58,7 @@ class AttentionMeta:
 class CudaOps:
     name = "cuda"
     asynchronous = True  # kernels are queued: a step returns before the device has run it
+    attention_cost = 1.0  # not measured on a device yet
 
     def __init__(self, xp, launcher: Launcher, dtype: str = "float32"):
         self.xp, self.launcher, self.dtype = xp, launcher, dtype

@@ -115,6 +115,7 @@ class NumpyOps:
     xp = np
     storage_dtype = np.dtype(np.float32)
     asynchronous = False
+    attention_cost = 1.0
     launcher = None
 
     def __init__(self):

@@ -103,6 +103,7 @@ class Ops(Protocol):
     xp: ModuleType  # the array module of this backend's arrays (NumPy, or CuPy on a GPU)
     storage_dtype: np.dtype  # of weights, activations and K/V
     asynchronous: bool  # kernels are queued: a step returns before the device has run it
+    attention_cost: float  # time of an attention multiply-add over a projection's (the planner's prefill chunks)
     launcher: Launcher | None  # the device's; None on the CPU
 
     def asarray(self, x, dtype=np.float32): ...
