@@ -86,7 +86,9 @@ def engine_arguments(parser) -> None:
       type=int, default=1024, help="most tokens per step, decode rows included (default: 1024)")
     a("--max-model-len", "-c", "--ctx-size", dest="max_model_len", type=int, default=None,
       help="context length, prompt plus output (default: the model's)")
-    a("--prefill-chunk", type=int, default=256, help="most prompt tokens prefilled per step (default: 256)")
+    a("--prefill-chunk", type=int, default=256,
+      help="most prompt tokens prefilled per step; beside decoding streams, fewer deep in a long prompt, so each step"
+           " takes about as long as one at its start (default: 256)")
     a("--kv-cache-gib", type=float, default=None,
       help="memory for the paged KV cache in GiB (default: 1.0 on the CPU; on a GPU, what --gpu-memory-utilization"
            " leaves)")
