@@ -166,6 +166,22 @@ def _block_scores(typingctx, qs, rows, dim, keys, base, block_size, s):
 
 
 @intrinsic
+def _widen(typingctx, source, at, count, out):
+    """out[:count] = source[at:at + count] as float32 (float16 bits widened), sixteen a vector:
+    a block read by several passes is converted once (count a multiple of sixteen)."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        src = element(context, builder, signature.args[0], args[0], args[1])
+        dst, = _pointers(context, builder, signature, args, 3)
+        step = ir.Constant(i64, LANES)
+        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), args[2], step) as (i, _):
+            values = _load(builder, builder.gep(src, [i]), signature.args[0].dtype, LANES)
+            builder.store(values, builder.bitcast(builder.gep(dst, [i]), values.type.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return nbtypes.void(source, at, count, out), codegen
+
+
+@intrinsic
 def _accumulate(typingctx, acc, first, rows, corrections, p, stride, lo, keys, values, base, dim):
     """For each query r of first .. first + rows - 1: acc[r * dim:(r + 1) * dim] times
     corrections[r], plus p[r * stride + lo + i] times V row lo + i for each i < keys, the V rows
@@ -325,6 +341,9 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
         total = np.zeros(queries, dtype=np.float32)
         corrections = np.empty(queries, dtype=np.float32)
         s = np.empty(queries * block_size + LANES, dtype=np.float32)  # _fold reads whole vectors
+        widened = queries > 8 and (block_size * dim) % LANES == 0  # K and V read by several passes
+        keys = np.empty(block_size * dim if widened else 0, dtype=np.float32)
+        values = np.empty(block_size * dim if widened else 0, dtype=np.float32)
         for r in range(queries):
             for d in range(dim):
                 qs[r * dim + d] = q[first + r // group, kh * group + r % group, d] * scale
@@ -337,7 +356,12 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
                 for line in range(0, block_size * dim, 64 // cache_k.itemsize):
                     _prefetch(cache_k, following + line)
                     _prefetch(cache_v, following + line)
-            _block_scores(qs, queries, dim, cache_k, base, block_size, s)
+            if widened:
+                _widen(cache_k, base, block_size * dim, keys)
+                _widen(cache_v, base, block_size * dim, values)
+                _block_scores(qs, queries, dim, keys, 0, block_size, s)
+            else:
+                _block_scores(qs, queries, dim, cache_k, base, block_size, s)
             for token in range(count):
                 n = context[first + token]
                 start = max(0, n - window) if window > 0 else 0
@@ -351,14 +375,21 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
                     _fold(s, r * block_size, block_size, lo, hi, m, total, corrections, r)
             last_start = max(0, context[first + count - 1] - window) if window > 0 else 0
             if last_start <= b * block_size and context[first] >= (b + 1) * block_size:  # whole for every token
-                _accumulate(acc, 0, queries, corrections, s, block_size, 0, block_size, cache_v, base, dim)
+                if widened:
+                    _accumulate(acc, 0, queries, corrections, s, block_size, 0, block_size, values, 0, dim)
+                else:
+                    _accumulate(acc, 0, queries, corrections, s, block_size, 0, block_size, cache_v, base, dim)
                 continue
             for token in range(count):
                 n = context[first + token]
                 start = max(0, n - window) if window > 0 else 0
                 lo, hi = max(0, start - b * block_size), min(block_size, n - b * block_size)
                 if hi > lo:
-                    _accumulate(acc, token * group, group, corrections, s, block_size, lo, hi - lo, cache_v, base, dim)
+                    if widened:
+                        _accumulate(acc, token * group, group, corrections, s, block_size, lo, hi - lo, values, 0, dim)
+                    else:
+                        _accumulate(acc, token * group, group, corrections, s, block_size, lo, hi - lo, cache_v,
+                                    base, dim)
         for r in range(queries):
             inv = np.float32(1.0) / total[r]
             for d in range(dim):
