@@ -123,6 +123,17 @@ def test_a_failed_save_leaves_nothing_to_find(tok):
     assert all(e.data is not None for e in h.pool.host.entries.values())
 
 
+def test_flushing_the_prefix_cache_empties_the_host_tier_too(tok):
+    runner = FakeRunner(num_blocks=16, block_size=4)
+    h = Harness(runner, tok, swap_blocks=32)
+    b, second = two_turns(runner, h)
+    held, cached = len(h.pool.host.entries), len(h.pool.evictable)
+    assert held >= 8 and h.pool.flush() == cached + held
+    assert not h.pool.host.entries and h.pool.host.used == 0
+    h.run()  # the copies are dropped at the next tick
+    assert h.final(b).usage.cached_tokens == 0 and h.tokens(b) == runner.expected(second, 3)
+
+
 def test_turns_under_preemption_and_a_shared_host_pool_stay_right(tok):
     """Many turns at once in a pool too small for them: spills and the host tier share the
     host pool, and every request gets the tokens it would alone."""
