@@ -118,7 +118,8 @@ def serve_arguments(parser) -> None:
     a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     a("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     a("--swap-space", type=float, default=0.0,
-      help="host memory in GiB to spill preempted requests' KV to (pinned on a GPU, copied on a side stream);"
+      help="host memory in GiB to spill preempted requests' KV to (pinned on a GPU, copied on a side stream),"
+           " and the prefix cache's blocks evicted from the KV cache (reloaded when a prompt reuses them);"
            " 0 re-prefills them instead (default: 0)")
     a("--max-queue", type=int, default=1024,
       help="most requests waiting; more get HTTP 429, and one request with more choices (prompts x n) than this"

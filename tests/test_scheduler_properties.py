@@ -37,6 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 
 from app.engine.block_pool import BlockPool
 from app.engine.errors import EngineError
+from app.engine.moves import carry_out
 from app.engine.planner import Planner, PlannerConfig
 from app.engine.request import GenerationParams, Request
 from app.engine.stats import Stats
@@ -100,12 +101,9 @@ class Driver:
         start = p.start_tick()
         waiting = [r.id for r in p.queues.waiting]  # after the aborts: what may be admitted, in order
         self.retire(start.retired)
-        for reload in start.reloads:
-            runner.load_blocks(reload.block_ids, reload.host_copy)
-            runner.drop_spill(reload.host_copy)
+        carry_out(p, runner, start.moves)
         schedule = p.schedule()
-        for spill in schedule.spills:
-            p.spill_saved(spill, runner.save_blocks(spill.block_ids))
+        carry_out(p, runner, schedule.moves)
         plan = schedule.step
         if plan is not None:  # what the output processor gives a row no grammar or budget constrains
             for request, row in zip(schedule.requests, plan.rows):
@@ -405,20 +403,24 @@ class PlannerMachine(RuleBasedStateMachine):
         return hits
 
     def check_prefix_cache(self):
-        """Every block the prefix cache can hand out holds the K/V of the prefix that finds it: walk
-        all findable chains, built from the tokens the cached blocks hold."""
+        """Every block the prefix cache can hand out, on the device or in its host tier, holds
+        the K/V of the prefix that finds it: walk all findable chains, built from the tokens the
+        cached blocks hold."""
         pool, runner = self.h.pool, self.runner
         if not pool.prefix_caching:
             return
         bs = pool.block_size
         cached = sorted(pool.key_of)
         slots = [b * bs + i for b in cached for i in range(bs)]
+        host = list(pool.host.entries.values()) if pool.host is not None else []
+        assert all(e.data is not None for e in host), "a host-tier entry is findable before its copy"
         seen = (repr(pool.key_of), repr(pool.block_of), runner.kv[slots].tobytes(),
-                runner.ctx[slots].tobytes())
+                runner.ctx[slots].tobytes(), [id(e) for e in host])
         if seen == self.cache_seen:  # nothing changed since the last walk
             return
         self.cache_seen = seen
         contents = {tuple(int(t) for t in runner.kv[b * bs:(b + 1) * bs]) for b in cached}
+        contents |= {tuple(int(t) for t in e.data[0]) for e in host}
         frontier = [([], 0)]  # (tokens, the runner's hash chain over them)
         while frontier:
             prefix, chained = frontier.pop()
@@ -430,8 +432,13 @@ class PlannerMachine(RuleBasedStateMachine):
                 h = chained
                 for p in range(len(prefix), len(tokens)):
                     h = runner.chain(h, tokens[p], p)
-                    slot = runner.slot(hits, p)
-                    assert runner.kv[slot] == tokens[p] and runner.ctx[slot] == h, \
+                    hit = hits[p // bs]
+                    if isinstance(hit, int):
+                        slot = runner.slot(hits, p)
+                        kv, ctx = runner.kv[slot], runner.ctx[slot]
+                    else:  # a host-tier entry: the fake runner's copy of the block's slots
+                        kv, ctx = hit.data[0][p % bs], hit.data[1][p % bs]
+                    assert kv == tokens[p] and ctx == h, \
                         f"the prefix cache hands out block {hits[-1]} after {prefix}, but its K/V" \
                         f" was computed under another prefix"
                 if len(hits) < pool.num_blocks:

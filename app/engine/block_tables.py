@@ -25,21 +25,39 @@ class BlockTables:
         s = request.schedule
         return (s.dropped_blocks + len(s.block_table)) * self.pool.block_size
 
-    def take(self, request: Request, tokens: list[int], target: int) -> bool:
+    def take(self, request: Request, tokens: list[int], target: int, host: bool = True) -> bool:
         """Its table for a prefill: the cached prefix of tokens, and fresh blocks for the rest of
         target tokens; False (and nothing held) when the pool cannot hold them. A waiting request
-        scoring its prompt takes no cached block: a scored position must be computed."""
+        scoring its prompt takes no cached block: a scored position must be computed. Blocks
+        matched in the host tier (unless host is False) get fresh blocks and a load each; the
+        request is not planned until those are done (schedule.host_loads), and they are offered
+        to the device cache again as its first step lands."""
         s = request.schedule
         scores = request.params.prompt_logprobs is not None and s.state is State.WAITING
-        hits = [] if scores else self.pool.match_prefix(tokens)
-        fresh = self.pool.allocate_many(self.pool.blocks_for(target) - len(hits))
+        hits = [] if scores else self.pool.match_prefix(tokens, host)
+        device = [b for b in hits if isinstance(b, int)]
+        host_hits = [(i, e) for i, e in enumerate(hits) if not isinstance(e, int)]
+        for _, entry in host_hits:  # before allocating, whose evictions could drop them
+            self.pool.host.claim(entry)
+        fresh = self.pool.allocate_many(self.pool.blocks_for(target) - len(device))
         if fresh is None:
-            self.pool.release(hits)
+            self.pool.release(device)
+            for _, entry in host_hits:
+                self.pool.host.unclaim(entry)
             return False
-        s.block_table, s.dropped_blocks = hits + fresh, 0
-        s.num_computed = s.num_offered = len(hits) * self.pool.block_size
-        if s.state is State.WAITING:
+        fresh = iter(fresh)
+        table = [hit if isinstance(hit, int) else next(fresh) for hit in hits]
+        s.block_table, s.dropped_blocks = table + list(fresh), 0
+        s.num_computed = len(hits) * self.pool.block_size
+        s.num_offered = host_hits[0][0] * self.pool.block_size if host_hits else s.num_computed
+        admitted = s.state is State.WAITING
+        for index, entry in host_hits:
+            self.pool.adopted[table[index]] = entry.ident
+            self.pool.host.load(request, index, table[index], entry, s.host_epoch, admitted)
+        s.host_loads = len(host_hits)
+        if admitted:
             s.cached_tokens = s.num_computed
+            s.host_cached = len(host_hits) * self.pool.block_size
         return True
 
     def grow(self, request: Request, position: int) -> bool:

@@ -11,8 +11,9 @@ see one step late is in planner.py's docstring. On the CPU the step is the host'
 and nothing would overlap: there the loop waits for each step before planning the next. So does
 speculative decoding on a device: a row's next input is what the model kept of its guesses.
 
-The planner decides which blocks move (reloads, spills) and the engine moves them through the
-runner before it launches the step, so a spill reads its blocks before any step reuses them.
+The planner decides which blocks move (reloads, spills, the prefix cache's host tier) and the
+engine moves them through the runner (moves.py) before it launches the step, so a copy out reads
+its blocks before any step reuses them.
 
 submit() and abort() are synchronous and put their request or id straight into the planner's
 waiting queue or pending-abort set. That is safe because Trio runs every task on one thread and
@@ -31,10 +32,10 @@ import trio
 
 from app.engine.block_pool import BlockPool
 from app.engine.errors import Draining, EngineError, Overloaded
+from app.engine.moves import carry_out
 from app.engine.outputs import Ending, OutputProcessor
 from app.engine.planner import Planner, PlannerConfig
 from app.engine.request import GenerationParams, Request
-from app.engine.schedule import Reload, Spill
 from app.engine.stats import Stats
 from app.engine.status import StatusReporter
 from app.engine.validation import validate
@@ -169,35 +170,22 @@ class Engine:
 
     def next_step(self) -> StepPlan | None:
         """Plan the next step, each row with what it samples with from the output processor,
-        and move the blocks it needs: retired requests closed, reloads and spills copied through
-        the runner, failures reported back to the planner. None: only preemption would make
-        room while a step runs (wait for it, then plan again)."""
+        and move the blocks it needs: retired requests closed, blocks copied between the device
+        and the host through the runner, failures reported back to the planner. None: only
+        preemption would make room while a step runs (wait for it, then plan again)."""
         start = self.planner.start_tick()
         self._close(start.retired)
-        for reload in start.reloads:
-            self._reload(reload)
-        schedule = self.planner.schedule()
-        if schedule.step is not None:  # masks start now, on the grammars' thread
-            for request, row in zip(schedule.requests, schedule.step.rows):
-                self.outputs.prepare(request, row)
-        for spill in schedule.spills:  # before the step, which may write its blocks
-            self._spill(spill)
-        return schedule.step
-
-    def _reload(self, reload: Reload) -> None:
-        try:
-            self.runner.load_blocks(reload.block_ids, reload.host_copy)
-        except Exception:
-            self.planner.reload_failed(reload)
-        self.runner.drop_spill(reload.host_copy)
-
-    def _spill(self, spill: Spill) -> None:
-        try:
-            host_copy = self.runner.save_blocks(spill.block_ids)
-        except Exception:
-            self.planner.spill_failed(spill)
-        else:
-            self.planner.spill_saved(spill, host_copy)
+        carry_out(self.planner, self.runner, start.moves)
+        while True:
+            schedule = self.planner.schedule()
+            if schedule.step is not None:  # masks start now, on the grammars' thread
+                for request, row in zip(schedule.requests, schedule.step.rows):
+                    self.outputs.prepare(request, row)
+            loaded = carry_out(self.planner, self.runner, schedule.moves)  # before the step, which may write their blocks
+            # a request admitted with its prefix still on the host is planned once it is back:
+            # plan again rather than idle with only it to run
+            if not loaded or schedule.step is None or schedule.step.rows:
+                return schedule.step
 
     def apply(self, plan: StepPlan, sampled: list[Sampled]) -> None:
         """A landed step: the planner counts its K/V, the output processor takes each sampled

@@ -2,11 +2,13 @@
 It plans rows from token ids and blocks only: what a token means (a row's sampling params and
 mask) is the output processor's, added by the engine; every call into the runner is the engine's.
 
-Per tick the engine calls `start_tick()` (aborts, retire, resume) and carries out its reloads,
-then `schedule()` (admit, plan) and carries out its spills before it launches the step; then
+Per tick the engine calls `start_tick()` (aborts, retire, resume) and carries out its moves,
+then `schedule()` (admit, plan) and carries out its moves before it launches the step; then
 `landed()` or `fail()`, then `retire()`. Every end goes through `finish()` and leaves through
 `retire()`, the one path that frees blocks. Where requests are is Queues'; their blocks,
-BlockTables'; preemption and resume, Preemption's; guesses, Speculation's.
+BlockTables'; preemption and resume, Preemption's; the prefix cache's host tier, HostTier's;
+guesses, Speculation's. Moves (block copies between the device and the host: Spill, Reload and
+the host tier's) go on one list in the order they were decided, and are carried out in it.
 
 The overlapped loop (a GPU runner) plans step N+1 while step N still runs, before N's tokens
 are applied. What such a plan sees one step late, and how it stays right:
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 from app.engine.block_pool import BlockPool
 from app.engine.block_tables import BlockTables
+from app.engine.host_tier import HostLoad, HostSave, HostTier
 from app.engine.preemption import Preemption
 from app.engine.queues import Queues
 from app.engine.request import Request, State
@@ -61,8 +64,11 @@ class Planner:
         self.pool = pool
         self.tables = BlockTables(pool, window)
         self.queues = Queues()
+        self.moves: list = []  # block copies decided since the last take_moves(), in order
         self.preemption = Preemption(self.queues, self.tables, stats, config.max_seqs, config.swap_blocks,
-                                     config.immunity_tokens)
+                                     config.immunity_tokens, self.moves)
+        if config.swap_blocks and pool.prefix_caching:  # evicted cached blocks go to the host pool
+            pool.host = HostTier(config.swap_blocks, self.moves, lambda: self.preemption.swap_used)
         self.stats = stats  # the planner counts prompt tokens and prefix-cache hits
         self.aborts: set[str] = set()  # pending, including ids not seen yet (carried)
         self.in_flight: list[StepPlan] = []  # planned and not yet landed (or failed), oldest first
@@ -110,7 +116,14 @@ class Planner:
     def start_tick(self) -> TickStart:
         self.apply_aborts()
         retired = self.retire()
-        return TickStart(retired, self.preemption.resume())
+        self.preemption.resume()
+        return TickStart(retired, self.take_moves())
+
+    def take_moves(self) -> list:
+        """The moves decided since the last call, in order (a failed one's fallback adds more)."""
+        moves = self.moves[:]
+        self.moves.clear()
+        return moves
 
     def schedule(self) -> Schedule:
         """Decode rows first (with their guesses, when speculating), then prefill chunks in the
@@ -119,14 +132,14 @@ class Planner:
         flying = {r.request_id: r for r in self.in_flight[-1].rows} if self.in_flight else {}
         planned = self.plan_decode(flying)
         if planned is None:
-            return Schedule(None, self.preemption.take_spills(), [])
+            return Schedule(None, self.take_moves(), [])
         if self.speculation:
             self.speculation.add_guesses(planned, self.tables, self.config.max_batched_tokens - len(planned))
         planned += self.plan_prefill(sum(len(row.token_ids) for _, row in planned), flying)
         step = StepPlan([row for _, row in planned])
         if step.rows:
             self.in_flight.append(step)
-        return Schedule(step, self.preemption.take_spills(), [request for request, _ in planned])
+        return Schedule(step, self.take_moves(), [request for request, _ in planned])
 
     def apply_aborts(self) -> None:
         """Cancel where each request lives; ids not seen yet stay pending."""
@@ -169,6 +182,7 @@ class Planner:
             self.stats.prompt_tokens += prompt
             self.stats.prefix_cache_queries += prompt
             self.stats.prefix_cache_hits += cached
+            self.stats.prefix_cache_host_hits += request.schedule.host_cached
             self.admitted.seqs += 1
             self.admitted.new_tokens += prompt - cached
             self.admitted.cached_tokens += cached
@@ -219,8 +233,8 @@ class Planner:
             start = request.schedule.num_computed + (len(chunk.token_ids) if chunk is not None else 0)
             cost = self.token_cost(start) if decode_rows else 1.0
             n = min(request.target - start, max(1, int(budget / cost)))
-            if n <= 0:
-                continue  # its last chunk is in flight
+            if n <= 0 or request.schedule.host_loads:
+                continue  # its last chunk is in flight, or its cached prefix is still coming from the host
             budget -= n * cost
             end = start + n
             last = end == request.target and not request.output_ids
@@ -252,6 +266,37 @@ class Planner:
 
     def reload_failed(self, reload: Reload) -> None:
         self.preemption.reload_failed(reload)
+
+    def host_save_failed(self, save: HostSave) -> None:
+        self.pool.host.lost(save.entry)
+
+    def host_load_wanted(self, load: HostLoad) -> bool:
+        """Its request still holds that table (no earlier load of it failed)."""
+        s = load.request.schedule
+        return s.state is not State.FINISHED and s.host_epoch == load.epoch
+
+    def host_loaded(self, load: HostLoad, ok: bool) -> None:
+        """A host-tier load into a request's table was done (ok) or failed. On failure the
+        request gives its table up and takes one again from the device cache alone (or waits
+        among the preempted when the pool cannot hold it now); its cached tokens count less."""
+        request, s = load.request, load.request.schedule
+        if not self.host_load_wanted(load):
+            return
+        s.host_loads -= 1
+        if ok:
+            return
+        self.tables.release(request)
+        s.host_epoch += 1
+        s.host_loads = 0
+        if self.tables.take(request, request.all_ids, request.target, host=False):
+            self.queues.started(request, request.target)
+        else:
+            s.num_computed = s.num_offered = 0
+            self.queues.move(request, State.PREEMPTED)
+        if load.counted:
+            self.stats.prefix_cache_hits -= s.cached_tokens - s.num_computed
+            self.stats.prefix_cache_host_hits -= s.host_cached
+            s.cached_tokens, s.host_cached = s.num_computed, 0
 
     def landed(self, plan: StepPlan) -> list[tuple[Request, Row]]:
         """A step's rows are computed: their K/V counts, full blocks go to the prefix cache, and

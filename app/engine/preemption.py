@@ -6,6 +6,9 @@ blocks out before the step that may reuse them), else dropped and later recomput
 token history. Preempted requests come back before anything waiting is admitted, fewest blocks
 first, with a block of headroom: by reload (the engine copies the host copy into fresh blocks)
 or by prefill. A failed spill recomputes; a failed reload re-prefills.
+
+Spills and reloads go on the planner's ordered list of moves, beside the prefix cache's host
+tier (host_tier.py), whose entries a spill may evict to get its room.
 """
 
 from app.engine.block_tables import BlockTables
@@ -17,19 +20,19 @@ from app.engine.stats import Stats
 
 class Preemption:
     def __init__(self, queues: Queues, tables: BlockTables, stats: Stats, max_seqs: int, swap_blocks: int,
-                 immunity_tokens: int):
+                 immunity_tokens: int, moves: list):
         self.queues, self.tables, self.pool = queues, tables, tables.pool
         self.stats = stats  # counts the preemptions
         self.max_seqs = max_seqs
         self.swap_blocks = swap_blocks  # the host spill pool, in blocks; 0: preempt by recompute
         self.immunity_tokens = immunity_tokens  # a resumed request is not preempted again for this many tokens
         self.swap_used = 0
-        self.spills: list[Spill] = []  # decided since the last take_spills()
+        self.moves = moves  # the planner's, in order: spills and reloads join the host tier's
 
-    def resume(self) -> list[Reload]:
+    def resume(self) -> None:
         """Preempted requests come back first, fewest blocks first, with a block of headroom;
-        returns the host copies to load into their fresh blocks."""
-        q, reloads = self.queues, []
+        their host copies are loaded into fresh blocks (a Reload move)."""
+        q = self.queues
         for request in sorted(q.preempted, key=lambda r: r.num_tokens):
             if self.outgrew_cache(request):
                 continue
@@ -38,13 +41,12 @@ class Preemption:
             if q.num_running >= self.max_seqs or headroom > self.pool.available:
                 break
             if request.schedule.spilled is not None:
-                reloads.append(self.reload(request))
+                self.moves.append(self.reload(request))
             elif self.tables.take(request, request.all_ids, request.target):
                 q.started(request, request.target)
             else:
                 break
             request.schedule.immune_until = len(request.output_ids) + self.immunity_tokens
-        return reloads
 
     def reload(self, request: Request) -> Reload:
         """Its host copy goes back into fresh blocks (the engine copies it before the step)."""
@@ -75,23 +77,21 @@ class Preemption:
         return victim is not needy
 
     def preempt(self, request: Request) -> None:
-        """Spilled when the host pool has room, else recomputed from its token history."""
+        """Spilled when the host pool has room (the host tier's entries make way), else
+        recomputed from its token history."""
         s = request.schedule
         self.queues.move(request, State.PREEMPTED)
         self.stats.preemptions += 1
         self.tables.offer_full_blocks(request)
         spill_blocks = len(s.block_table)
-        if self.swap_used + spill_blocks <= self.swap_blocks:
-            self.spills.append(Spill(request, s.block_table))
+        host = self.pool.host
+        if self.swap_used + spill_blocks <= self.swap_blocks and (host is None or host.make_room(spill_blocks)):
+            self.moves.append(Spill(request, s.block_table))
             s.spill_blocks = spill_blocks
             self.swap_used += spill_blocks
         else:
             s.num_computed = s.num_offered = 0
         self.tables.release(request)
-
-    def take_spills(self) -> list[Spill]:
-        spills, self.spills = self.spills, []
-        return spills
 
     def spill_saved(self, spill: Spill, host_copy) -> None:
         spill.request.schedule.spilled = host_copy

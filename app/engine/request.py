@@ -80,6 +80,9 @@ class ScheduleState:
     num_computed: int = 0  # tokens whose K/V is in the cache
     num_offered: int = 0  # tokens whose full blocks were offered to the prefix cache
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    host_cached: int = 0  # of those, from its host tier (loaded into fresh blocks)
+    host_loads: int = 0  # host-tier loads into its table not done yet: not planned until then
+    host_epoch: int = 0  # bumped when a failed load gives its table up: its other loads are stale
     spilled: object = None  # host copy of the K/V while preempted by spill (the runner's; the engine drops it)
     spill_blocks: int = 0  # how many blocks that copy holds
     immune_until: int = 0  # output length before which it is not preempted again

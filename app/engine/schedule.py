@@ -30,15 +30,15 @@ class TickStart:
     """Planner.start_tick(): done before the step is planned."""
 
     retired: list[Request]  # gone, blocks freed; each one's host copy (schedule.spilled) is the engine's to drop
-    reloads: list[Reload]  # their requests decode in the coming step
+    moves: list  # Reloads (their requests decode in the coming step) and the host tier's moves, in order
 
 
 @dataclass
 class Schedule:
-    """Planner.schedule(): the spills are copied out before the step is launched."""
+    """Planner.schedule(): the moves are carried out, in order, before the step is launched."""
 
     step: StepPlan | None  # None: only preemption would make room while a step runs
-    spills: list[Spill]
+    moves: list  # Spills and the host tier's moves
     requests: list[Request]  # of each of the step's rows, in order: the engine adds their masks
 
 

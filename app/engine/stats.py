@@ -28,6 +28,7 @@ class Stats:
     generation_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    prefix_cache_host_hits: int = 0  # of those, loaded from the prefix cache's host tier
     preemptions: int = 0
     finished: Counter = field(default_factory=Counter)  # finish_reason -> count
     time_to_first_token: Histogram = field(default_factory=Histogram)

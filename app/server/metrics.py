@@ -45,6 +45,8 @@ class EngineCollector:
         yield counter("generation_tokens", "Tokens generated.", stats.generation_tokens)
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries)
         yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.prefix_cache_hits)
+        yield counter("prefix_cache_host_hits", "Of those, tokens loaded back from its host tier (--swap-space).",
+                      stats.prefix_cache_host_hits)
         yield counter("num_preemptions", "Requests preempted for KV space.", stats.preemptions)
         speculation = self.engine.planner.speculation
         if speculation:  # vLLM's spec_decode counters
