@@ -16,7 +16,8 @@ KERNEL_STATS = """
 import json, os
 import model.quant.gemv as gemv  # first: model/__init__ sets numba's cache before numba loads
 from numba.core.registry import CPUDispatcher
-kernels = [v for v in vars(gemv).values() if isinstance(v, CPUDispatcher)]
+# the kernels numba caches (a helper they call, gemv._strip_rows, is compiled into each)
+kernels = [v for v in vars(gemv).values() if isinstance(v, CPUDispatcher) and v.stats.cache_path]
 print(json.dumps({"dir": os.environ["NUMBA_CACHE_DIR"],
                   "paths": sorted({k.stats.cache_path for k in kernels}),
                   "hits": sum(sum(k.stats.cache_hits.values()) for k in kernels),

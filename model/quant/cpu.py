@@ -20,7 +20,9 @@ NUMBA_CPU_FEATURES= for AVX2, NUMBA_CPU_NAME=generic for SSE2 (tests/test_cpu_pa
 tools/arm64_emulated.sh runs ARM's under QEMU.
 """
 
+import ctypes
 import logging
+import platform
 
 import llvmlite.binding as llvm
 from numba.core import config
@@ -128,6 +130,23 @@ VNNI = (512 if PATH == "avx512" and _target_has("avx512vnni") else
 # target has them, else the plain IR's widening multiplies
 SDOT = ARM and _target_has("dotprod")
 F16C = _target_has("f16c")
+
+
+def _tiles_granted() -> bool:
+    """Whether Linux lets this process use AMX's tile registers: their 8 KB of state is granted to
+    a process only when it asks (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18); a
+    tile instruction without it is a SIGILL."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    arch_prctl, request_permission, tile_data = 158, 0x1023, 18
+    return ctypes.CDLL(None, use_errno=True).syscall(arch_prctl, request_permission, tile_data) == 0
+
+
+# AMX's int8 tiles (Sapphire Rapids and later): gemv.py multiplies 16 activation rows by a
+# strip's block in one tdpbsud. Only where the features string names them (the host's, unless
+# NUMBA_CPU_FEATURES says otherwise; LLVM aborts on a tile instruction it cannot select, so no
+# probe) and the kernel grants the tile state.
+AMX = VNNI == 512 and _FLAGS.get("amx-tile", False) and _FLAGS.get("amx-int8", False) and _tiles_granted()
 log.info(f"CPU path {PATH}: {WHY}{f' and {VNNI}-bit VNNI (vpdpbusd)' if VNNI else ''}"
-         f"{' and the dot product (sdot)' if SDOT else ''}; float16 K/V"
+         f"{' and AMX int8 tiles' if AMX else ''}{' and the dot product (sdot)' if SDOT else ''}; float16 K/V"
          f" {'through F16C' if F16C else 'unavailable (no F16C): float32 K/V'}")

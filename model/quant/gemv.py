@@ -22,12 +22,14 @@ SIGNED), compiled under its kind."""
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import literally, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import array, splat
-from model.quant.int_sums import group_sum
+from model.quant import tiles
+from model.quant.cpu import AMX
+from model.quant.int_sums import INTS16, group_sum
 from model.quant.strips import (BLOCK, LINE_BYTES, LINES, NIBBLE_BYTES, QUAD, SCHEMES, STRIP, SUPER_BLOCKS,
                                 Q4_1Strips, Q8_0Strips, Strips)
 
@@ -87,24 +89,33 @@ def _widened(builder, bits: ir.Value) -> ir.Value:
     return builder.bitcast(builder.or_(builder.bitcast(value, ints), sign), floats)
 
 
+def _tiled(weights: type[Strips]) -> bool:
+    """Whether 16 int8 rows at a time go through AMX's tiles (tiles.py): where the CPU has them,
+    for schemes with one scale a block."""
+    return AMX and weights.SCALES == 1
+
+
 @intrinsic(prefer_literal=True)
-def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
-    """out[t + i, 16o:16o+16] = strip s times activation row t + i for i < tile (1, 2 or 4), for the
-    scheme named kind (kind and tile literals): the block's lines unpacked and its weight factors
-    read once for the tile's rows, each row's arithmetic the same sequence as alone (so the same
-    bits). Per block and scale, the lines times broadcast quads of activations, less ZERO
-    times the activations' sum (xsum, per 16), in int32 (int_sums.group_sum); each sum scaled by the
+def _strip_dot(typingctx, q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, tile):
+    """out[t + i, 16o:16o+16] = strip s times activation row t + i for i < tile (1, 2, 4 or 16), for
+    the scheme named kind (kind and tile literals): the block's lines unpacked and its weight
+    factors read once for the tile's rows, each row's arithmetic the same sequence as alone (so
+    the same bits). Per block and scale, the lines times broadcast quads of activations, less
+    ZERO times the activations' sum (xsum, per 16), in int32 (int_sums.group_sum; for 16 int8
+    rows with AMX, tiles.products: every block's into sums before the float work begins, the
+    weights as _unpack_strip left them in lines); each sum scaled by the
     weight and activation scales into 16 float lanes, in line order; with MINIMA, each row's
-    minimum times the block's activation sum added last."""
+    minimum times the block's activation sum (xs) added last."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(tile, types.IntegerLiteral):
         return None
     weights, rows = SCHEMES[kind.literal_value], tile.literal_value
     block_bytes, factors_per_block, scales = weights.BLOCK_BYTES, weights.FACTORS, weights.SCALES
+    amx = _tiled(weights) and rows == tiles.ROWS and xq.dtype.bitwidth == 8
 
     def codegen(context, builder, signature, args):
-        q_arr, xq_arr, qs_arr, xs_arr, xsum_arr, out_arr = (
-            array(context, builder, signature.args[i], args[i]) for i in (0, 2, 4, 5, 6, 7))
-        s, t, o = args[1], args[3], args[8]
+        q_arr, lines_arr, sums_arr, xq_arr, qs_arr, xs_arr, xsum_arr, out_arr = (
+            array(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 4, 6, 7, 8, 9))
+        s, t, o = args[1], args[5], args[10]
         i64 = ir.IntType(64)
         quad_type = ir.IntType(QUAD * xq.dtype.bitwidth)  # a quad of int8 or int16 activations
         blocks = builder.extract_value(q_arr.shape, 1)
@@ -116,7 +127,7 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
         factor_rows = builder.extract_value(qs_arr.shape, 1)  # blocks, or super-blocks with SUB_SCALES
         qs_strip = builder.gep(qs_arr.data,
                                [builder.mul(s, builder.mul(factor_rows, ir.Constant(i64, factors_per_block)))])
-        xs_rows = [builder.gep(xs_arr.data, [builder.mul(u, blocks)]) for u in ts]
+        xs_rows = [builder.gep(xs_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, 2)))]) for u in ts]
         xsum_rows = [builder.gep(xsum_arr.data, [builder.mul(u, builder.mul(blocks, ir.Constant(i64, 2)))]) for u in ts]
         accs = [cgutils.alloca_once_value(builder, ir.Constant(floats16, None)) for _ in ts]
 
@@ -132,18 +143,22 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
             ints = builder.load(builder.bitcast(ints, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
             return builder.fmul(stored, (builder.sitofp if weights.SIGNED else builder.uitofp)(ints, floats16))
 
+        if amx:
+            sums = builder.bitcast(sums_arr.data, ir.IntType(8).as_pointer())
+            tiles.products(builder, builder.bitcast(x_rows[0], ir.IntType(8).as_pointer()), blocks,
+                           builder.bitcast(lines_arr.data, ir.IntType(8).as_pointer()), sums)
         with cgutils.for_range(builder, blocks) as loop:
             b = loop.index
             lines = builder.gep(q_strip, [builder.mul(b, ir.Constant(i64, block_bytes))])
-            line_weights = _line_weights(builder, lines, weights)
+            line_weights = None if amx else _line_weights(builder, lines, weights)
             factor_row = builder.udiv(b, ir.Constant(i64, SUPER_BLOCKS)) if weights.SUB_SCALES else b
             factors = builder.gep(qs_strip, [builder.mul(factor_row, ir.Constant(i64, factors_per_block))])
             group_scales = [block_factors(lines, factors, STRIP * group) for group in range(scales)]
             minima = block_factors(lines, factors, STRIP * scales) if weights.MINIMA else None
-            for x_row, xs_row, xsum_row, acc in zip(x_rows, xs_rows, xsum_rows, accs):
+            for row, (x_row, xs_row, xsum_row, acc) in enumerate(zip(x_rows, xs_rows, xsum_rows, accs)):
                 quads = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, BLOCK))]),
                                         quad_type.as_pointer())
-                scale = builder.load(builder.gep(xs_row, [b]))
+                scale = builder.load(builder.gep(xs_row, [builder.mul(b, ir.Constant(i64, 2))]))
                 x_scale = splat(builder, scale, floats16)
                 halves = [builder.load(builder.gep(xsum_row, [builder.add(builder.mul(b, ir.Constant(i64, 2)),
                                                                           ir.Constant(i64, h))])) for h in range(2)]
@@ -153,21 +168,51 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
                     x_sum = None
                     if weights.ZERO:
                         x_sum = halves[group] if scales == 2 else builder.add(halves[0], halves[1])
-                    ints = group_sum(builder, [line_weights[line] for line in group_lines],
-                                      [builder.load(builder.gep(quads, [ir.Constant(i64, line)]), align=1)
-                                       for line in group_lines], x_sum, weights)
+                    if amx:
+                        ints = tiles.row_sums(builder, sums, b, row)
+                        if x_sum is not None:
+                            zero = builder.mul(x_sum, ir.Constant(ir.IntType(32), -weights.ZERO))
+                            ints = builder.add(splat(builder, zero, INTS16), ints)
+                    else:
+                        ints = group_sum(builder, [line_weights[line] for line in group_lines],
+                                          [builder.load(builder.gep(quads, [ir.Constant(i64, line)]), align=1)
+                                           for line in group_lines], x_sum, weights)
                     part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(group_scales[group], x_scale))
                     block = part if block is None else builder.fadd(block, part)
                 if weights.MINIMA:
-                    total = builder.sitofp(builder.add(halves[0], halves[1]), ir.FloatType())
-                    x_sum = splat(builder, builder.fmul(total, scale), floats16)
-                    block = builder.fadd(block, builder.fmul(minima, x_sum))
+                    scaled_sum = builder.gep(xs_row, [builder.add(builder.mul(b, ir.Constant(i64, 2)), ir.Constant(i64, 1))])
+                    block = builder.fadd(block, builder.fmul(minima, splat(builder, builder.load(scaled_sum), floats16)))
                 builder.store(builder.fadd(builder.load(acc), block), acc)
         for u, acc in zip(ts, accs):
             dest = builder.gep(out_arr.data, [builder.add(builder.mul(u, width), builder.mul(o, ir.Constant(i64, 16)))])
             builder.store(builder.load(acc), builder.bitcast(dest, floats16.as_pointer()), align=4)
         return context.get_dummy_value()
-    return types.void(q, s, xq, t, qs, xs, xsum, out, o, kind, tile), codegen
+    return types.void(q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, tile), codegen
+
+
+@intrinsic(prefer_literal=True)
+def _unpack_strip(typingctx, q, s, lines, kind):
+    """lines[512 b:512 b + 512] = the 8 lines of strip s's block b as 64 unsigned bytes each
+    (_line_weights), for every block: a strip unpacked once for all the tile products of its
+    rows (a tile read straight after the stores that made it waits for them)."""
+    if not isinstance(kind, types.StringLiteral):
+        return None
+    weights = SCHEMES[kind.literal_value]
+
+    def codegen(context, builder, signature, args):
+        q_arr, lines_arr = (array(context, builder, signature.args[i], args[i]) for i in (0, 2))
+        i64 = ir.IntType(64)
+        blocks = builder.extract_value(q_arr.shape, 1)
+        block_bytes = ir.Constant(i64, weights.BLOCK_BYTES)
+        q_strip = builder.gep(q_arr.data, [builder.mul(args[1], builder.mul(blocks, block_bytes))])
+        with cgutils.for_range(builder, blocks) as loop:
+            lines = _line_weights(builder, builder.gep(q_strip, [builder.mul(loop.index, block_bytes)]), weights)
+            first = builder.mul(loop.index, ir.Constant(i64, LINES * LINE_BYTES))
+            for line, value in enumerate(lines):
+                at = builder.gep(lines_arr.data, [builder.add(first, ir.Constant(i64, line * LINE_BYTES))])
+                builder.store(value, builder.bitcast(at, BYTES64.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.void(q, s, lines, kind), codegen
 
 
 @njit(["void(float32[:, ::1], int8[:, ::1], float32[:, ::1], int32[:, ::1])",
@@ -175,8 +220,10 @@ def _strip_dot(typingctx, q, s, xq, t, qs, xs, xsum, out, o, kind, tile):
       fastmath={"nnan", "ninf", "nsz", "reassoc"}, cache=True, nogil=True)
 def _scale_to_ints(x, xq, xs, xsum):
     """Activations to blocks of 32 integers (int8: -127..127; int16: -32767..32767) with one
-    scale each, rounded to nearest; and the sum of each 16 as rounded (for ZERO and the minima).
-    Exact reciprocals (no arcp), so that NumPy rounds as this does (tests/reference.py)."""
+    scale each (xs[t, 2b]), rounded to nearest; the sum of each 16 as rounded (xsum, for ZERO);
+    and the block's sum times its scale (xs[t, 2b + 1], what the minima multiply, made once
+    here rather than once a strip). Exact reciprocals (no arcp), so that NumPy rounds as this
+    does (tests/reference.py)."""
     tokens, in_dim = x.shape
     top_level = np.float32(127.0) if xq.itemsize == 1 else np.float32(32767.0)
     for t in range(tokens):
@@ -185,7 +232,7 @@ def _scale_to_ints(x, xq, xs, xsum):
             for j in range(32):
                 top = max(top, abs(x[t, b * 32 + j]))
             s = top / top_level
-            xs[t, b] = s
+            xs[t, 2 * b] = s
             inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
             for h in range(2):
                 total = 0
@@ -194,6 +241,7 @@ def _scale_to_ints(x, xq, xs, xsum):
                     xq[t, j] = v
                     total += np.int32(v)
                 xsum[t, 2 * b + h] = total
+            xs[t, 2 * b + 1] = np.float32(xsum[t, 2 * b] + xsum[t, 2 * b + 1]) * s
 
 
 def compiled(kernel, signature: list[str] | None, weights: type[Strips]):
@@ -206,22 +254,41 @@ def compiled(kernel, signature: list[str] | None, weights: type[Strips]):
                 nogil=True)(kernel)
 
 
+@njit(nogil=True)
+def _strip_rows(q, s, xq, t, end, qs, xs, xsum, out, o, kind, tiled):
+    """Activation rows t to end times strip s, into out's strip o, for the scheme named kind: 16
+    at a time through AMX's tiles where tiled is 16 (_tiled: the strip's lines unpacked once for
+    them all), then 4, 2, 1 at a time; each row's arithmetic the same whatever its tile."""
+    literally(kind)
+    literally(tiled)
+    rows = end - t - (end - t) % 16 if tiled == 16 and xq.itemsize == 1 else 0
+    lines = np.empty(q.shape[1] * LINES * LINE_BYTES if rows else 0, dtype=np.int8)
+    sums = np.empty(q.shape[1] * tiles.SUMS_BYTES if rows else 0, dtype=np.int8)
+    if rows:
+        _unpack_strip(q, s, lines, kind)
+    for first in range(t, t + rows, 16):
+        _strip_dot(q, s, lines, sums, xq, first, qs, xs, xsum, out, o, kind, tiled)
+    t += rows
+    while t + 4 <= end:
+        _strip_dot(q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 4)
+        t += 4
+    if end - t >= 2:
+        _strip_dot(q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 2)
+        t += 2
+    if end - t:
+        _strip_dot(q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 1)
+
+
 def _gemv_kernel(weights: type[Strips]):
     """The GEMV for one scheme (its kind a literal). No fastmath: numba sets its flags on every
     instruction of the module, the intrinsic's too, and reassociation there makes a block's float
     order the compiler's (Q4_K's factors computed in the kernel would then differ from the same
     factors stored)."""
-    kind = weights.kind
+    kind, tiled = weights.kind, 16 if _tiled(weights) else 4  # 4: no tile loop to compile
 
     def strip_gemv(xq, xs, xsum, q, qs, out, first):  # strip s to out's strip first + s
-        tokens = xq.shape[0]
-        for s in prange(q.shape[0]):  # rows four at a time, a block's lines unpacked once
-            for t in range(0, tokens - 3, 4):
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, first + s, kind, 4)
-            if tokens % 4 >= 2:
-                _strip_dot(q, s, xq, tokens - tokens % 4, qs, xs, xsum, out, first + s, kind, 2)
-            if tokens % 2:
-                _strip_dot(q, s, xq, tokens - 1, qs, xs, xsum, out, first + s, kind, 1)
+        for s in prange(q.shape[0]):
+            _strip_rows(q, s, xq, 0, xq.shape[0], qs, xs, xsum, out, first + s, kind, tiled)
     return compiled(strip_gemv, [f"void({ints}[:, ::1], float32[:, ::1], int32[:, ::1], int8[:, :, ::1],"
                                  " uint16[:, :, ::1], float32[:, ::1], int64)" for ints in ("int8", "int16")],
                     weights)
@@ -231,22 +298,13 @@ def _grouped_kernel(weights: type[Strips]):
     """The GEMV of a mixture's experts: strip s of expert e (its rows stacked, `strips` strips
     each) times expert e's rows of xq only (starts), every (active expert, strip) one parallel
     item, written to out's strip s - e x strips. Each row's arithmetic is the plain GEMV's."""
-    kind = weights.kind
+    kind, tiled = weights.kind, 16 if _tiled(weights) else 4
 
     def grouped_gemv(xq, xs, xsum, q, qs, starts, active, strips, out):
         for item in prange(active.shape[0] * strips):
             e = active[item // strips]
             o = item % strips
-            s = e * strips + o
-            t, end = starts[e], starts[e + 1]
-            while t + 4 <= end:
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, o, kind, 4)
-                t += 4
-            if end - t >= 2:
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, o, kind, 2)
-                t += 2
-            if end - t:
-                _strip_dot(q, s, xq, t, qs, xs, xsum, out, o, kind, 1)
+            _strip_rows(q, e * strips + o, xq, starts[e], starts[e + 1], qs, xs, xsum, out, o, kind, tiled)
     return compiled(grouped_gemv, None, weights)
 
 
@@ -255,10 +313,10 @@ _GROUPED = {weights: _grouped_kernel(weights) for weights in SCHEMES.values()}
 
 
 def _integers(x: np.ndarray, activations):
-    """x's blocks of 32 rounded to activations: (values, scales, sums of 16)."""
+    """x's blocks of 32 rounded to activations: (values, scales and scaled sums, sums of 16)."""
     tokens, in_dim = x.shape
     xq = np.empty(x.shape, dtype=activations)
-    xs = np.empty((tokens, in_dim // BLOCK), dtype=np.float32)
+    xs = np.empty((tokens, 2 * in_dim // BLOCK), dtype=np.float32)
     xsum = np.empty((tokens, 2 * in_dim // BLOCK), dtype=np.int32)
     _scale_to_ints(x, xq, xs, xsum)
     return xq, xs, xsum

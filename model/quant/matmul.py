@@ -4,7 +4,8 @@ every CPU, so that a row's output is the same bits whatever else is in the step.
 The GEMV outran OpenBLAS over weights widened to float32 a slab at a time at every size measured
 (64 to 512 rows of 2048 -> 3072, 2048 -> 16384 and 8192 -> 2048: 0.1-0.6x their time on a
 2-core AVX-512 EPYC), and AMX's bfloat16 GEMM, which took the rows above 32 before, cannot give
-the GEMV's bits.
+the GEMV's bits; AMX's int8 tiles can, and the GEMV takes 16 rows at a time through them where
+the CPU has them (model/quant/tiles.py).
 """
 
 import numpy as np
