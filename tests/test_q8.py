@@ -160,8 +160,8 @@ def test_the_8bit_model_agrees_with_float32_over_2000_tokens(smol):
     for name, least_agreement, most_perplexity in (("q8_0", 0.99, 0.002), ("int8", 0.96, 0.01)):
         got = every_position_logits(runners[name], ids[:-1])
         agreement = np.mean(ref.argmax(axis=1) == got.argmax(axis=1))
-        # the same text in steps of 128 rows: the same bits (one GEMV for every row count)
-        np.testing.assert_array_equal(every_position_logits(runners[name], ids[:-1], chunk=128), got)
+        # its first 512 tokens in steps of 128 rows: the same bits (one GEMV for every row count)
+        np.testing.assert_array_equal(every_position_logits(runners[name], ids[:512], chunk=128), got[:512])
         ppl_ref, ppl = perplexity(ref), perplexity(got)
         print(f"{name}: top-1 agreement {agreement:.4f}, perplexity float32 {ppl_ref:.3f}, {name} {ppl:.3f}")
         assert agreement >= least_agreement
