@@ -262,21 +262,21 @@ def _strip_rows(q, s, xq, t, end, qs, xs, xsum, out, o, kind, tiled):
     literally(kind)
     literally(tiled)
     rows = end - t - (end - t) % 16 if tiled == 16 and xq.itemsize == 1 else 0
-    lines = np.empty(q.shape[1] * LINES * LINE_BYTES if rows else 0, dtype=np.int8)
-    sums = np.empty(q.shape[1] * tiles.SUMS_BYTES if rows else 0, dtype=np.int8)
-    if rows:
+    if rows:  # (allocated only here: a decode step's rows never pay for them)
+        lines = np.empty(q.shape[1] * LINES * LINE_BYTES, dtype=np.int8)
+        sums = np.empty(q.shape[1] * tiles.SUMS_BYTES, dtype=np.int8)
         _unpack_strip(q, s, lines, kind)
-    for first in range(t, t + rows, 16):
-        _strip_dot(q, s, lines, sums, xq, first, qs, xs, xsum, out, o, kind, tiled)
-    t += rows
-    while t + 4 <= end:
-        _strip_dot(q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 4)
+        for first in range(t, t + rows, 16):
+            _strip_dot(q, s, lines, sums, xq, first, qs, xs, xsum, out, o, kind, tiled)
+        t += rows
+    while t + 4 <= end:  # (q stands in for the tiles' buffers, which these rows do not read)
+        _strip_dot(q, s, q, q, xq, t, qs, xs, xsum, out, o, kind, 4)
         t += 4
     if end - t >= 2:
-        _strip_dot(q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 2)
+        _strip_dot(q, s, q, q, xq, t, qs, xs, xsum, out, o, kind, 2)
         t += 2
     if end - t:
-        _strip_dot(q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 1)
+        _strip_dot(q, s, q, q, xq, t, qs, xs, xsum, out, o, kind, 1)
 
 
 def _gemv_kernel(weights: type[Strips]):
