@@ -10,8 +10,7 @@ from numba.core.codegen import get_host_cpu_features
 from test_cpu_paths import kept_weights
 from test_kblocks import PACKERS, packed
 
-from model.quant import cpu
-from model.quant import pack
+from model.quant import cpu, pack
 from model.quant.gemv import gemv, grouped_gemv
 from model.quant.matmul import matmul
 

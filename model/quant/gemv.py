@@ -180,8 +180,9 @@ def _strip_dot(typingctx, q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 
                     part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(group_scales[group], x_scale))
                     block = part if block is None else builder.fadd(block, part)
                 if weights.MINIMA:
-                    scaled_sum = builder.gep(xs_row, [builder.add(builder.mul(b, ir.Constant(i64, 2)), ir.Constant(i64, 1))])
-                    block = builder.fadd(block, builder.fmul(minima, splat(builder, builder.load(scaled_sum), floats16)))
+                    at = builder.gep(xs_row, [builder.add(builder.mul(b, ir.Constant(i64, 2)), ir.Constant(i64, 1))])
+                    scaled_sum = splat(builder, builder.load(at), floats16)
+                    block = builder.fadd(block, builder.fmul(minima, scaled_sum))
                 builder.store(builder.fadd(builder.load(acc), block), acc)
         for u, acc in zip(ts, accs):
             dest = builder.gep(out_arr.data, [builder.add(builder.mul(u, width), builder.mul(o, ir.Constant(i64, 16)))])

@@ -5,9 +5,8 @@ sdot) or plain vector IR that LLVM lowers anywhere. Integer sums are exact every
 give the same bits."""
 
 from llvmlite import ir
-from numba.core import cgutils
 
-from model.ops.llvm_ir import splat
+from model.ops.llvm_ir import call, splat
 from model.quant.cpu import PATH, SDOT, VNNI
 from model.quant.strips import LINE_BYTES, QUAD, STRIP, Strips
 
@@ -48,11 +47,6 @@ def _joined(builder, pieces: list[ir.Value]) -> ir.Value:
     return pieces[0]
 
 
-def _call(builder, name: str, result: ir.Type, *args: ir.Value) -> ir.Value:
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, [a.type for a in args]), name)
-    return builder.call(fn, list(args))
-
-
 def _sdot_sums(builder, line_weights: list[ir.Value], quads: list[ir.Value], accs: list[ir.Value],
                signed: bool) -> list[ir.Value]:
     """ARM's sdot on each 16 bytes of each line (4 rows' quads) and the broadcast int8 quad of
@@ -64,7 +58,7 @@ def _sdot_sums(builder, line_weights: list[ir.Value], quads: list[ir.Value], acc
         if signed:
             line = builder.xor(line, ir.Constant(line.type, [-128] * line.type.count))
         for i, piece in enumerate(_pieces(builder, line, 128)):
-            accs[i] = _call(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", ints, accs[i], piece, x)
+            accs[i] = call(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", ints, accs[i], piece, x)
     return accs
 
 
@@ -101,18 +95,18 @@ def group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_su
             x = builder.bitcast(splat(builder, quad, ints), bytes_)
             for i, piece in enumerate(_pieces(builder, line, bits)):
                 if VNNI:
-                    accs[i] = _call(builder, f"llvm.x86.avx512.vpdpbusd.{bits}", ints, accs[i],
+                    accs[i] = call(builder, f"llvm.x86.avx512.vpdpbusd.{bits}", ints, accs[i],
                                     builder.bitcast(piece, ints), builder.bitcast(x, ints))
                     continue
                 factor = x
                 if signed:  # the stored byte less 128 is the value; |value| times x with its sign
                     value = builder.xor(piece, ir.Constant(bytes_, [-128] * bytes_.count))
-                    piece = _call(builder, f"llvm.abs.v{bytes_.count}i8", bytes_, value, ir.Constant(ir.IntType(1), 0))
-                    factor = _call(builder, "llvm.x86.avx2.psign.b", bytes_, x, value)
+                    piece = call(builder, f"llvm.abs.v{bytes_.count}i8", bytes_, value, ir.Constant(ir.IntType(1), 0))
+                    factor = call(builder, "llvm.x86.avx2.psign.b", bytes_, x, value)
                 pair_sums, quad_sums = _MADD[bits]
-                pairs = _call(builder, pair_sums, shorts, piece, factor)
+                pairs = call(builder, pair_sums, shorts, piece, factor)
                 ones = ir.Constant(shorts, [1] * shorts.count)
-                accs[i] = builder.add(accs[i], _call(builder, quad_sums, ints, pairs, ones))
+                accs[i] = builder.add(accs[i], call(builder, quad_sums, ints, pairs, ones))
         return _joined(builder, accs)
     shorts = ir.VectorType(ir.IntType(16), LINE_BYTES)
     pairs = None  # 32 int32 lanes: row r's weights 4l, 4l + 1 in lane 2r, 4l + 2, 4l + 3 in 2r + 1

@@ -17,6 +17,7 @@ Measured in one sitting on a 2-core Xeon with AMX, 1B Q4_K_M, prefill of 512 tok
 from llvmlite import ir
 from numba.core import cgutils
 
+from model.ops.llvm_ir import call
 from model.quant.strips import BLOCK, LINE_BYTES, LINES, STRIP
 
 ROWS = 16  # activation rows a tile holds
@@ -26,9 +27,7 @@ _I8, _I64 = ir.IntType(8), ir.IntType(64)
 
 
 def _call(builder, name: str, *args: ir.Value) -> None:
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [a.type for a in args]),
-                                        name)
-    builder.call(fn, list(args))
+    call(builder, name, ir.VoidType(), *args)
 
 
 def _tile(index: int) -> ir.Constant:
@@ -65,8 +64,8 @@ def products(builder, x: ir.Value, blocks: ir.Value, lines: ir.Value, sums: ir.V
         _call(builder, "llvm.x86.tilezero", out)
         _call(builder, "llvm.x86.tileloadd64", left, builder.gep(x, [builder.mul(b, ir.Constant(_I64, BLOCK))]),
               stride)
-        _call(builder, "llvm.x86.tileloadd64", right, builder.gep(lines, [builder.mul(b, ir.Constant(_I64, LINES * LINE_BYTES))]),
-              ir.Constant(_I64, LINE_BYTES))
+        at = builder.gep(lines, [builder.mul(b, ir.Constant(_I64, LINES * LINE_BYTES))])
+        _call(builder, "llvm.x86.tileloadd64", right, at, ir.Constant(_I64, LINE_BYTES))
         _call(builder, "llvm.x86.tdpbsud", out, left, right)
         _call(builder, "llvm.x86.tilestored64", out, builder.gep(sums, [builder.mul(b, ir.Constant(_I64, SUMS_BYTES))]),
               ir.Constant(_I64, STRIP * 4))
