@@ -11,7 +11,7 @@ import numpy as np
 import trio
 
 from app.engine import Engine, EngineConfig, GenerationParams
-from app.flags import fetch_model, speculative_config
+from app.flags import fetch_model, prefill_beside_decode, speculative_config
 from model.backend import resolve
 from model.default import resolve_model
 from model.draft import DraftModel
@@ -71,6 +71,7 @@ def run_bench(args) -> int:
         runner.draft = DraftModel.load(backend, resolve_model(speculative.model), runner, tokenizer)
     engine = Engine(runner, tokenizer, EngineConfig(
         max_model_len=length, max_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk,
+        prefill_beside_decode=prefill_beside_decode(args, backend.name),
         max_batched_tokens=max(args.max_num_batched_tokens, running), max_queue=args.num_prompts + 2,
         prefix_caching=args.enable_prefix_caching, decode_log_interval=0, speculative=speculative))
     warmup = make_prompts(tokenizer, 2, min(args.input_len, 32), seed=1)

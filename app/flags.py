@@ -67,6 +67,15 @@ def fetch_model(args):
     return resolve_model(args.model, gguf_file=args.gguf_file, revision=args.revision, download_dir=args.download_dir)
 
 
+def prefill_beside_decode(args, backend: str) -> int:
+    """On the CPU a step's time grows with its prompt tokens, so beside decoding streams a step
+    takes a quarter of a chunk (the streams' TPOT a third, the prompt ~10% slower; BENCHMARKS.md);
+    on a GPU (not measured yet) a whole chunk, as vLLM's budget is."""
+    if args.prefill_beside_decode is not None:
+        return args.prefill_beside_decode
+    return 0 if backend == "cuda" else 64
+
+
 def speculative_config(args):
     """--speculative-config's JSON and --draft-model, parsed (a ValueError of one line when
     they cannot be); None when neither is given."""
@@ -87,8 +96,11 @@ def engine_arguments(parser) -> None:
     a("--max-model-len", "-c", "--ctx-size", dest="max_model_len", type=int, default=None,
       help="context length, prompt plus output (default: the model's)")
     a("--prefill-chunk", type=int, default=256,
-      help="most prompt tokens prefilled per step; beside decoding streams, fewer deep in a long prompt, so each step"
-           " takes about as long as one at its start (default: 256)")
+      help="most prompt tokens prefilled per step (beside decoding streams, --prefill-beside-decode) (default: 256)")
+    a("--prefill-beside-decode", type=int, default=None,
+      help="prompt tokens per step while other requests decode, counted as at a prompt's start (deeper chunks hold"
+           " fewer, at least 16), so a long prompt stalls running streams less (default: 64 on the CPU, where a"
+           " step's time grows with its tokens; on a GPU, --prefill-chunk)")
     a("--kv-cache-gib", type=float, default=None,
       help="memory for the paged KV cache in GiB (default: 1.0 on the CPU; on a GPU, what --gpu-memory-utilization"
            " leaves)")

@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from app.engine import Engine, EngineConfig
-from app.flags import fetch_model, speculative_config
+from app.flags import fetch_model, prefill_beside_decode, speculative_config
 from app.logs import configure_logging
 from app.server import limits, tools
 from app.server.app import create_app
@@ -41,8 +41,8 @@ log = logging.getLogger("spool")
 
 def validate_flags(args) -> None:
     """Flag values that can never work, as one line each (ValueError)."""
-    for name in ("max_num_seqs", "prefill_chunk", "max_num_batched_tokens", "max_queue"):
-        if getattr(args, name) < 1:
+    for name in ("max_num_seqs", "prefill_chunk", "max_num_batched_tokens", "max_queue", "prefill_beside_decode"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if (args.kv_cache_gib is not None and args.kv_cache_gib <= 0) or args.swap_space < 0:
         raise ValueError("--kv-cache-gib must be positive and --swap-space not negative")
@@ -124,8 +124,8 @@ def load(args, state: ServerState) -> Engine:
         capture_graphs(runner, args.max_num_seqs, state.max_model_len)
     engine = Engine(runner, state.tokenizer, EngineConfig(
         max_model_len=state.max_model_len, max_seqs=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens,
-        prefill_chunk=args.prefill_chunk, max_queue=args.max_queue,
-        swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching, speculative=speculative))
+        prefill_chunk=args.prefill_chunk, prefill_beside_decode=prefill_beside_decode(args, backend.name),
+        max_queue=args.max_queue, swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching, speculative=speculative))
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
              f" ({backend.dtype}, weights {model.weight_bytes / 2**20:.0f} MiB),"
              f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB:"

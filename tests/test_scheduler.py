@@ -3,6 +3,7 @@ preemption, stops, failures."""
 
 import pytest
 
+from app.engine.planner import MIN_CHUNK
 from app.engine.request import State
 from app.engine.errors import EngineError
 from engine_harness import Harness
@@ -340,12 +341,13 @@ def chunks_of(h, rid):
 def test_a_long_prompts_chunks_shrink_beside_streams_so_a_step_costs_the_same(tok):
     """A prompt token at position p costs 1 + p / break_even (its attention; p no more than a
     sliding window): beside decoding streams, each chunk of a 1,200-token prompt is as many
-    tokens as fit prefill_chunk's cost, at least one; alone, the same prompt takes whole chunks;
-    without a break-even (a runner that names none), chunks never shrink."""
+    tokens as fit prefill_beside_decode's cost, at least MIN_CHUNK; alone, the same prompt takes
+    whole chunks of prefill_chunk; without a break-even (a runner that names none), chunks
+    beside streams are prefill_beside_decode tokens whatever their position."""
     def run(break_even, streams):
         runner = FakeRunner(400, 4, vocab=tok.vocab_size)
         runner.prefill_break_even = break_even
-        h = Harness(runner, tok, prefill_chunk=64, max_batched_tokens=256)
+        h = Harness(runner, tok, prefill_chunk=64, prefill_beside_decode=48, max_batched_tokens=256)
         for i in range(streams):
             h.submit(prompt(5, i), max_tokens=400)
         for _ in range(3 if streams else 0):
@@ -354,9 +356,24 @@ def test_a_long_prompts_chunks_shrink_beside_streams_so_a_step_costs_the_same(to
 
     h, shrunk = run(100.0, streams=2)
     for start, n in shrunk:
-        assert n == min(1200 - start, max(1, int(64 / (1 + start / 100)))), (start, n)
-    assert shrunk[-1][1] < 64 // 2 and sum(n for _, n in shrunk) == 1200
+        assert n == min(1200 - start, max(MIN_CHUNK, int(48 / (1 + start / 100)))), (start, n)
+    assert shrunk[0][1] == 48 and shrunk[-2][1] == MIN_CHUNK and sum(n for _, n in shrunk) == 1200
     h.planner.tables.window = 200
     assert h.planner.token_cost(150) == 2.5 and h.planner.token_cost(5000) == 3.0
     assert all(n == min(64, 1200 - start) for start, n in run(100.0, streams=0)[1])
-    assert all(n == min(64, 1200 - start) for start, n in run(0.0, streams=2)[1])
+    assert all(n == min(48, 1200 - start) for start, n in run(0.0, streams=2)[1])
+
+
+def test_the_prefill_beside_decode_default_follows_the_backend():
+    """64 tokens on the CPU, a whole chunk on a GPU, the flag over either; 0 is refused."""
+    from app.cli import parse
+    from app.flags import prefill_beside_decode
+    from app.serve import validate_flags
+
+    _, args, _ = parse(["serve"], environ={})
+    assert prefill_beside_decode(args, "numba") == 64 and prefill_beside_decode(args, "cuda") == 0
+    _, args, _ = parse(["serve", "--prefill-beside-decode", "32"], environ={})
+    assert prefill_beside_decode(args, "cuda") == 32
+    args.prefill_beside_decode = 0
+    with pytest.raises(ValueError, match="--prefill-beside-decode must be at least 1"):
+        validate_flags(args)

@@ -40,12 +40,16 @@ from app.engine.stats import Stats
 from model.runner import AHEAD, Row, StepPlan
 
 
+MIN_CHUNK = 16  # prompt tokens: a chunk shrunk by its attention keeps at least this many (one AMX tile)
+
+
 @dataclass
 class PlannerConfig:
     max_model_len: int
     max_seqs: int = 64
     max_batched_tokens: int = 1024  # per step: decode rows plus prefill tokens
     prefill_chunk: int = 256
+    prefill_beside_decode: int = 0  # beside decode rows, in tokens at a prompt's start; 0: prefill_chunk
     swap_blocks: int = 0  # host spill pool, in blocks; 0 means preempt by recompute
     immunity_tokens: int = 16  # a resumed request is not preempted again for this many tokens
     speculative: SpeculativeConfig | None = None  # decode rows carry guesses to verify (speculation.py)
@@ -190,7 +194,10 @@ class Planner:
     def prefill_budget(self, decode_rows: int) -> int:
         """Prefill tokens a step can carry beside its decode rows. Admission needs it to be
         positive; the admitted requests then share it round-robin."""
-        return min(self.config.prefill_chunk, self.config.max_batched_tokens - decode_rows)
+        chunk = self.config.prefill_chunk
+        if decode_rows and self.config.prefill_beside_decode:
+            chunk = min(chunk, self.config.prefill_beside_decode)
+        return min(chunk, self.config.max_batched_tokens - decode_rows)
 
     def plan_decode(self, flying: dict) -> list[tuple[Request, Row]] | None:
         """flying: the rows of the step in flight, by request id. None when a row needs a block
@@ -220,10 +227,10 @@ class Planner:
     def plan_prefill(self, decode_rows: int, flying: dict) -> list[tuple[Request, Row]]:
         """Up to prefill_chunk tokens, round-robin: each prefilling request in turn gets a chunk,
         and the ones served go to the back of the line for the next step. A chunk in flight
-        counts as computed. Beside decode rows, the budget is of time rather than tokens (see
-        token_cost), so streams wait no longer for a chunk deep in a long prompt than for one at
-        its start; alone, a prompt takes whole chunks (the GEMMs' speed hardly changes with the
-        chunk's size from 64 tokens up, so nothing is gained by shrinking them)."""
+        counts as computed. Beside decode rows, the budget is prefill_beside_decode and of time
+        rather than tokens (see token_cost), so streams wait no longer for a chunk deep in a long
+        prompt than for one at its start; a chunk keeps MIN_CHUNK tokens, below which the
+        GEMMs slow the prompt more than the streams gain. Alone, a prompt takes whole chunks."""
         budget = float(self.prefill_budget(decode_rows))
         planned = []
         for request in list(self.queues.prefilling):
@@ -232,7 +239,7 @@ class Planner:
             chunk = flying.get(request.id)
             start = request.schedule.num_computed + (len(chunk.token_ids) if chunk is not None else 0)
             cost = self.token_cost(start) if decode_rows else 1.0
-            n = min(request.target - start, max(1, int(budget / cost)))
+            n = min(request.target - start, max(min(MIN_CHUNK, int(budget)), int(budget / cost)))
             if n <= 0 or request.schedule.host_loads:
                 continue  # its last chunk is in flight, or its cached prefix is still coming from the host
             budget -= n * cost
