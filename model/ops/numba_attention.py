@@ -74,8 +74,9 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
     heads, dim = q.shape[1], q.shape[2]
     kv_heads, cache_blocks, block_size = cache_k.shape[0], cache_k.shape[1], cache_k.shape[2]
     group = heads // kv_heads
-    for job in prange(order.shape[0] * kv_heads):
-        tile, kh = order[job // kv_heads], job % kv_heads
+    tiles = order.shape[0]
+    for job in prange(tiles * kv_heads):  # every tile of one head, then the next head: even halves
+        tile, kh = order[job % tiles], job // tiles
         row, first, count = tile_row[tile], tile_first[tile], tile_count[tile]
         queries = count * group  # query r: token first + r // group, head kh * group + r % group
         qs = np.empty(queries * dim, dtype=np.float32)
