@@ -69,11 +69,11 @@ def fetch_model(args):
 
 def prefill_beside_decode(args, backend: str) -> int:
     """On the CPU a step's time grows with its prompt tokens, so beside decoding streams a step
-    takes a quarter of a chunk (the streams' TPOT a third, the prompt ~10% slower; BENCHMARKS.md);
-    on a GPU (not measured yet) a whole chunk, as vLLM's budget is."""
+    takes half a chunk: a 20k-token prompt beside 4 streams reached its first token 6% later
+    and the streams' TPOT halved (BENCHMARKS.md). On a GPU (not measured yet) a whole chunk."""
     if args.prefill_beside_decode is not None:
         return args.prefill_beside_decode
-    return 0 if backend == "cuda" else 64
+    return 0 if backend == "cuda" else 128
 
 
 def speculative_config(args):
@@ -99,7 +99,7 @@ def engine_arguments(parser) -> None:
       help="most prompt tokens prefilled per step (beside decoding streams, --prefill-beside-decode) (default: 256)")
     a("--prefill-beside-decode", type=int, default=None,
       help="prompt tokens per step while other requests decode, counted as at a prompt's start (deeper chunks hold"
-           " fewer, at least 16), so a long prompt stalls running streams less (default: 64 on the CPU, where a"
+           " fewer, at least 16), so a long prompt stalls running streams less (default: 128 on the CPU, where a"
            " step's time grows with its tokens; on a GPU, --prefill-chunk)")
     a("--kv-cache-gib", type=float, default=None,
       help="memory for the paged KV cache in GiB (default: 1.0 on the CPU; on a GPU, what --gpu-memory-utilization"

@@ -365,13 +365,13 @@ def test_a_long_prompts_chunks_shrink_beside_streams_so_a_step_costs_the_same(to
 
 
 def test_the_prefill_beside_decode_default_follows_the_backend():
-    """64 tokens on the CPU, a whole chunk on a GPU, the flag over either; 0 is refused."""
+    """128 tokens on the CPU, a whole chunk on a GPU, the flag over either; 0 is refused."""
     from app.cli import parse
     from app.flags import prefill_beside_decode
     from app.serve import validate_flags
 
     _, args, _ = parse(["serve"], environ={})
-    assert prefill_beside_decode(args, "numba") == 64 and prefill_beside_decode(args, "cuda") == 0
+    assert prefill_beside_decode(args, "numba") == 128 and prefill_beside_decode(args, "cuda") == 0
     _, args, _ = parse(["serve", "--prefill-beside-decode", "32"], environ={})
     assert prefill_beside_decode(args, "cuda") == 32
     args.prefill_beside_decode = 0
