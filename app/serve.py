@@ -125,7 +125,8 @@ def load(args, state: ServerState) -> Engine:
     engine = Engine(runner, state.tokenizer, EngineConfig(
         max_model_len=state.max_model_len, max_seqs=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, prefill_beside_decode=prefill_beside_decode(args, backend.name),
-        max_queue=args.max_queue, swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching, speculative=speculative))
+        max_queue=args.max_queue, swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching,
+        speculative=speculative))
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
              f" ({backend.dtype}, weights {model.weight_bytes / 2**20:.0f} MiB),"
              f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB:"
