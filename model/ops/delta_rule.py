@@ -1,0 +1,65 @@
+"""The linear-attention layers of hybrid models (Qwen3.5, Qwen3-Next), in float32 NumPy: the
+reference the CPU and CUDA kernels are held to.
+
+A gated delta-net layer keeps, per request, a fixed-size state instead of K/V: a (k_dim, v_dim)
+matrix per value head, and the last kernel-1 inputs of its short causal convolution. Both are
+updated one token at a time here (the recurrent form): a prompt fed whole or in chunks of any
+size goes through the same float operations in the same order, so its state and outputs keep
+their bits however the scheduler splits it. The chunked (WY) form that GPU prefill kernels use
+is the same sum regrouped, with different rounding.
+"""
+
+import numpy as np
+
+
+def causal_conv(x: np.ndarray, history: np.ndarray, weight: np.ndarray, bias: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Depthwise causal convolution and SiLU over one request's new tokens.
+
+    x: (tokens, channels); history: (kernel - 1, channels), the inputs before x (zeros at a
+    prompt's start); weight: (channels, kernel), oldest tap first. Returns (the outputs,
+    (tokens, channels); the history after x)."""
+    kernel = weight.shape[1]
+    padded = np.concatenate([history, x]).astype(np.float32)
+    out = np.zeros(x.shape, dtype=np.float32)
+    for tap in range(kernel):
+        out += padded[tap:tap + len(x)] * weight[:, tap]
+    if bias is not None:
+        out += bias
+    return silu(out), padded[len(padded) - (kernel - 1):].copy()
+
+
+def gated_delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                     state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The gated delta rule over one request's new tokens, token by token.
+
+    q, k: (tokens, heads, k_dim), already L2-normalised (q also scaled); v: (tokens, heads,
+    v_dim); g: (tokens, heads), the log of each token's decay; beta: (tokens, heads), its write
+    strength; state: (heads, k_dim, v_dim). For each token: the state decays by exp(g), the
+    value it holds for k is moved toward v by beta (S += k (beta (v - S^T k))^T), and the output
+    is S^T q. Returns (the outputs, (tokens, heads, v_dim); the state after the last token)."""
+    state = state.astype(np.float32, copy=True)
+    out = np.empty(v.shape, dtype=np.float32)
+    for t in range(len(q)):
+        state *= np.exp(g[t])[:, None, None]
+        held = np.einsum("hkv,hk->hv", state, k[t])
+        state += k[t][:, :, None] * (beta[t][:, None] * (v[t] - held))[:, None, :]
+        out[t] = np.einsum("hkv,hk->hv", state, q[t])
+    return out, state
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """x over its last axis divided by its length (eps inside the square root, as the models
+    were trained)."""
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + np.float32(eps))
+
+
+def gated_rms_norm(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm of x (over its last axis) times weight, times SiLU of gate: a delta-net layer's
+    output norm, gated by its z projection."""
+    normed = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))
+    return (normed * weight) * silu(gate)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
