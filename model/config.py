@@ -13,6 +13,7 @@ from pathlib import Path
 
 from model.errors import ModelError
 from model.families import FAMILIES, Family
+from model.families.family import DeltaNet
 from model.rope import KINDS, scaling_kind
 
 # config.json's quantization_config.quant_method -> the name people know the format by; any
@@ -56,6 +57,9 @@ class ModelConfig:
     norm_topk_prob: bool = False  # the top-k routing weights rescaled to sum to 1
     moe_layers: tuple[bool, ...] | None = None  # which layers route to experts (the rest dense); None: all
     qk_norm_whole: bool = False  # q and k normalised over the whole projection, not per head
+    linear_layers: tuple[bool, ...] | None = None  # a hybrid model's gated delta-net layers; None: none
+    delta_net: DeltaNet | None = None  # their shape
+    attention_gate: bool = False  # the attention's output times a sigmoid of q_proj's gate half
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
@@ -167,6 +171,15 @@ class ModelConfig:
         slides, else 0 (some layer reads the whole context)."""
         windows = self.layer_windows or (0,)
         return 0 if not all(windows) else min(windows)
+
+    def linear(self, layer: int) -> bool:
+        """Whether layer is a gated delta net (linear attention: a state slot, no K/V)."""
+        return self.linear_layers is not None and self.linear_layers[layer]
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers that keep K/V."""
+        return [i for i in range(self.num_layers) if not self.linear(i)]
 
     def sparse(self, layer: int) -> bool:
         """Whether layer routes to experts."""

@@ -1,10 +1,17 @@
-"""Paged K/V storage: fixed-size blocks of token slots, addressed only through block tables.
+"""Paged K/V storage: fixed-size blocks of token slots, addressed only through block tables;
+and, for a hybrid model's delta-net layers, one state slot per running request.
 
-The engine decides which block ids a request holds; this class owns the memory behind them.
-Per layer, K and V are (kv_heads, num_blocks, block_size, head_dim) arrays: kv-head-major, so
-attention gathers whole blocks and multiplies contiguous matrices. A token at position p of a
-request lives in flat slot table[p // block_size] * block_size + p % block_size.
+The engine decides which block ids and which state slot a request holds; this class owns the
+memory behind them. Per attention layer, K and V are (kv_heads, num_blocks, block_size,
+head_dim) arrays: kv-head-major, so attention gathers whole blocks and multiplies contiguous
+matrices. A token at position p of a request lives in flat slot
+table[p // block_size] * block_size + p % block_size. Per delta-net layer (None in the K/V
+lists), a slot holds the recurrent state (value_heads, key_dim, value_dim) and the convolution's
+last inputs (conv_kernel - 1, conv_channels), float32 on every backend: the state is summed into
+at every token, for as long as the request lives.
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,18 +21,47 @@ from model.ops.protocol import Ops
 DEFAULT_BLOCK_SIZE = 16
 
 
+@dataclass
+class StateRows:
+    """Each row of a step that carries delta-net state: where its tokens lie in the step, its
+    slot, and whether it starts a prompt (its slot is zeroed first)."""
+
+    starts: np.ndarray  # int64 (rows,): the row's first token in the step
+    counts: np.ndarray  # int64 (rows,)
+    slots: np.ndarray  # int64 (rows,)
+    fresh: np.ndarray  # bool (rows,)
+
+
 class KVCache:
-    def __init__(self, ops: Ops, config: ModelConfig, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE):
+    def __init__(self, ops: Ops, config: ModelConfig, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 state_slots: int = 0):
         self.ops = ops
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.state_slots = state_slots if config.delta_net else 0
         shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
-        self.k = [ops.zeros(shape, ops.storage_dtype) for _ in range(config.num_layers)]
-        self.v = [ops.zeros(shape, ops.storage_dtype) for _ in range(config.num_layers)]
+        self.k = [None if config.linear(i) else ops.zeros(shape, ops.storage_dtype) for i in range(config.num_layers)]
+        self.v = [None if config.linear(i) else ops.zeros(shape, ops.storage_dtype) for i in range(config.num_layers)]
+        net = config.delta_net
+        self.conv = [ops.zeros((self.state_slots, net.conv_kernel - 1, net.conv_channels)) if config.linear(i)
+                     else None for i in range(config.num_layers)]
+        self.recurrent = [ops.zeros((self.state_slots, net.value_heads, net.key_dim, net.value_dim))
+                          if config.linear(i) else None for i in range(config.num_layers)]
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, itemsize: int = 4) -> int:
-        return 2 * config.num_layers * block_size * config.kv_size * itemsize
+        return 2 * len(config.attention_layers) * block_size * config.kv_size * itemsize
+
+    @staticmethod
+    def bytes_per_state_slot(config: ModelConfig) -> int:
+        """One request's delta-net state over every such layer (float32); 0 for other models."""
+        if config.delta_net is None:
+            return 0
+        return 4 * config.delta_net.state_floats * (config.num_layers - len(config.attention_layers))
+
+    @property
+    def _layers(self) -> list[tuple]:
+        return [(k, v) for k, v in zip(self.k, self.v) if k is not None]
 
     def slots(self, block_table, start: int, count: int) -> np.ndarray:
         """Cache slots of positions start .. start + count - 1 of one request."""
@@ -37,7 +73,7 @@ class KVCache:
         """Blocks' K and V on the cache's device: (layers, 2, kv_heads, len(block_ids), block_size,
         head_dim)."""
         xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)  # on the cache's device
-        return xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in zip(self.k, self.v)])
+        return xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in self._layers])
 
     def gather_block_major(self, block_ids):
         """Blocks' K and V on the cache's device, block-major: (len(block_ids), layers, 2,
@@ -45,9 +81,10 @@ class KVCache:
         into one array, so a spill (which happens when memory is short) needs its own size plus
         one layer's, where stacking the layers and then moving the axis needed three times it."""
         xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)
-        kv_heads, _, block_size, head_dim = self.k[0].shape
-        out = xp.empty((len(block_ids), len(self.k), 2, kv_heads, block_size, head_dim), dtype=self.k[0].dtype)
-        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+        kv_heads, _, block_size, head_dim = self._layers[0][0].shape
+        out = xp.empty((len(block_ids), len(self._layers), 2, kv_heads, block_size, head_dim),
+                       dtype=self._layers[0][0].dtype)
+        for layer, (k, v) in enumerate(self._layers):
             out[:, layer, 0] = xp.moveaxis(k[:, ids], 1, 0)
             out[:, layer, 1] = xp.moveaxis(v[:, ids], 1, 0)
         return out
@@ -60,6 +97,17 @@ class KVCache:
         """Write blocks laid out as gather_blocks does (on the host or the device) back, possibly
         under other block ids."""
         ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
-        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+        for layer, (k, v) in enumerate(self._layers):
             k[:, ids] = self.ops.asarray(data[layer, 0], data.dtype)
             v[:, ids] = self.ops.asarray(data[layer, 1], data.dtype)
+
+    def save_state(self, slot: int) -> list:
+        """A slot's delta-net state copied to the host (a preempted request's spill)."""
+        return [(self.ops.to_host(c[slot]).copy(), self.ops.to_host(r[slot]).copy())
+                for c, r in zip(self.conv, self.recurrent) if c is not None]
+
+    def load_state(self, slot: int, saved: list) -> None:
+        """save_state's copy written back, possibly into another slot."""
+        layers = [(c, r) for c, r in zip(self.conv, self.recurrent) if c is not None]
+        for (c, r), (conv, recurrent) in zip(layers, saved):
+            c[slot], r[slot] = self.ops.asarray(conv), self.ops.asarray(recurrent)

@@ -47,8 +47,10 @@ class Llama:
             arrays.append(self.w.lm_head)
         return sum(a.nbytes for a in arrays if a is not None)
 
-    def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index, pooled_index=None):
-        """Hidden states for all tokens of a step, K/V written to the cache, and logits (fp32)
+    def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index, pooled_index=None,
+                state_rows=None):
+        """Hidden states for all tokens of a step, K/V written to the cache (and a hybrid model's
+        delta-net state to the slots of state_rows, kv_cache.StateRows), and logits (fp32)
         for the tokens at logit_index only; with pooled_index, (those logits, the final
         normalised hidden states of the tokens at pooled_index: embedding rows').
 
@@ -62,6 +64,12 @@ class Llama:
         for i, layer in enumerate(w.layers):
             cos, sin = rows[self.layer_rope[i]]
             x, h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
+            if layer.delta_net is not None:
+                net = ops.gated_delta_net(ops.linear(h, layer.delta_net.in_proj), layer.delta_net, c.delta_net,
+                                          cache.conv[i], cache.recurrent[i], state_rows, eps)
+                x, h = ops.add_rms_norm(x, ops.linear(net, layer.delta_net.out_proj), layer.mlp_norm, eps)
+                delta = self.mlp(h, layer)
+                continue
             qkv = ops.linear(h, layer.wqkv, layer.bqkv)
             if layer.q_norm is None:
                 q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
@@ -71,29 +79,38 @@ class Llama:
                     q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
                 q = q.reshape(tokens, c.num_heads, c.head_dim)
                 k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
-                v = qkv[:, c.q_size + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
+                v = qkv[:, c.q_size + c.kv_size:c.q_size + 2 * c.kv_size].reshape(tokens, c.num_kv_heads, c.head_dim)
                 if not c.qk_norm_whole:
                     q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
                 q = ops.rope(q, cos, sin)
                 ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, self.windows[i],
                                        c.attn_softcap)
+            if c.attention_gate:
+                attn = ops.sigmoid_mul(attn, qkv[:, c.q_size + 2 * c.kv_size:])
             out = ops.linear(attn, layer.wo)
             if layer.post_attn_norm is not None:
                 out = ops.rms_norm(out, layer.post_attn_norm, eps)
             x, h = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
-            if layer.experts is not None:
-                delta = ops.moe(h, layer.experts, c.gelu)
-            else:
-                gate_up = ops.linear(h, layer.w_gate_up)
-                delta = ops.linear(ops.gelu_and_mul(gate_up) if c.gelu else ops.silu_and_mul(gate_up), layer.w_down)
-            if layer.post_mlp_norm is not None:
-                delta = ops.rms_norm(delta, layer.post_mlp_norm, eps)
+            delta = self.mlp(h, layer)
         _, h = ops.add_rms_norm(x[logit_index], delta[logit_index], w.norm, eps)
         logits = ops.logits(h, w.lm_head, c.final_softcap)
         if pooled_index is None:
             return logits
         return logits, ops.add_rms_norm(x[pooled_index], delta[pooled_index], w.norm, eps)[1]
+
+    def mlp(self, h, layer):
+        """The MLP (or the mixture of experts) of a normalised residual, its output normalised
+        where the family has a post-MLP norm."""
+        ops, c = self.ops, self.config
+        if layer.experts is not None:
+            delta = ops.moe(h, layer.experts, c.gelu)
+        else:
+            gate_up = ops.linear(h, layer.w_gate_up)
+            delta = ops.linear(ops.gelu_and_mul(gate_up) if c.gelu else ops.silu_and_mul(gate_up), layer.w_down)
+        if layer.post_mlp_norm is not None:
+            delta = ops.rms_norm(delta, layer.post_mlp_norm, eps=c.rms_norm_eps)
+        return delta
 
 
 def embedding_scale(config: ModelConfig) -> float:

@@ -12,7 +12,7 @@ import numpy as np
 
 from model.config import ModelConfig
 from model.errors import is_failure, one_line
-from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
+from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, StateRows
 from model.llama import Llama
 from model.ops.numpy_ops import NumpyOps
 from model.ops.protocol import Ops, SampleBatch, SampleResult
@@ -42,6 +42,7 @@ class Row:
     prompt_logprobs: int | None = None  # a prefill chunk whose prompt tokens are scored: each with its top n
     num_draft: int = 0  # a decode row's speculative guesses: its last num_draft tokens, each position sampled
     draft_limit: int = 0  # guesses the runner's draft model may add to this decode row (model/draft.py)
+    state_slot: int | None = None  # a hybrid model's: where the request's delta-net state lives
 
     def histories(self) -> list[Sequence[int]]:
         """The output before each sampled position: a verified guess is sampled as plain
@@ -99,11 +100,12 @@ def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | Non
 
 class ModelRunner:
     def __init__(self, config: ModelConfig, model: Llama, num_blocks: int,
-                 block_size: int = DEFAULT_BLOCK_SIZE, seed: int | None = None):
+                 block_size: int = DEFAULT_BLOCK_SIZE, seed: int | None = None, state_slots: int = 1):
+        """state_slots: a hybrid model's requests that may run at once (each holds one)."""
         self.config = config
         self.model = model
         self.ops = model.ops
-        self.cache = KVCache(self.ops, config, num_blocks, block_size)
+        self.cache = KVCache(self.ops, config, num_blocks, block_size, state_slots)
         self.rng = np.random.default_rng(seed)
         self.graphs = None  # model.cuda_graphs.DecodeGraphs once captured
         # a device runs the steps: the engine may plan and launch the next before this one lands
@@ -122,9 +124,10 @@ class ModelRunner:
 
     @classmethod
     def from_dir(cls, model_dir: Path, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 ops: Ops | None = None, max_model_len: int | None = None, seed: int | None = None) -> "ModelRunner":
+                 ops: Ops | None = None, max_model_len: int | None = None, seed: int | None = None,
+                 state_slots: int = 1) -> "ModelRunner":
         model = load_model(model_dir, ops, max_model_len)
-        return cls(model.config, model, num_blocks, block_size, seed)
+        return cls(model.config, model, num_blocks, block_size, seed, state_slots)
 
     @property
     def block_size(self) -> int:
@@ -160,8 +163,22 @@ class ModelRunner:
         self.fill_ahead(device_tokens, starts, rows)
         out = self.model.forward(device_tokens, ops.asarray(positions, np.int64), ops.asarray(slots, np.int32), meta,
                                  self.cache, ops.asarray(logit_index, np.int64),
-                                 ops.asarray(pooled_index, np.int64) if pooled_index.size else None)
+                                 ops.asarray(pooled_index, np.int64) if pooled_index.size else None,
+                                 self.state_rows(rows, starts) if self.config.delta_net else None)
         return out if pooled_index.size else (out, None)
+
+    def state_rows(self, rows: list[Row], starts) -> StateRows:
+        """Where each row's delta-net state lives; a row at position 0 starts from zeros. A
+        guess would advance the state past tokens verification may reject, so none come here."""
+        for r in rows:
+            if r.state_slot is None or not 0 <= r.state_slot < self.cache.state_slots or r.num_draft:
+                raise ValueError(f"row {r.request_id!r} of a hybrid model needs a state slot below"
+                                 f" {self.cache.state_slots} (it has {r.state_slot}) and no speculative guesses")
+        slots = np.array([r.state_slot for r in rows], dtype=np.int64)
+        if len(set(slots.tolist())) < len(rows):
+            raise ValueError("two rows of one step share a state slot")
+        return StateRows(np.asarray(starts, np.int64), np.array([len(r.token_ids) for r in rows], np.int64), slots,
+                         np.array([r.start_pos == 0 for r in rows]))
 
     def fill_ahead(self, device_tokens, starts, rows) -> None:
         """Rows whose input is AHEAD take the token the step before sampled for their request,

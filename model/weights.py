@@ -74,19 +74,44 @@ class Experts:
 
 
 @dataclass
+class DeltaNetWeights:
+    """A gated delta-net layer (model/ops/delta_rule.py): its input projections as one GEMM, and
+    the small float32 tensors its recurrence reads."""
+
+    in_proj: np.ndarray  # (DeltaNet.projections, hidden): q, k, v, then z, b and a
+    conv: np.ndarray  # (conv_channels, kernel), oldest tap first
+    dt_bias: np.ndarray  # (value_heads,)
+    decay: np.ndarray  # (value_heads,): -exp(A_log), each head's decay per unit of softplus(a + dt_bias)
+    norm: np.ndarray  # (value_dim,): the gated output norm's weight (w itself, never 1 + w)
+    out_proj: np.ndarray  # (hidden, values)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in vars(self).values())
+
+    def prepared(self, prepare: Callable, keep_float: Callable) -> "DeltaNetWeights":
+        """The two projections through prepare (ops.weight), the rest through keep_float."""
+        return DeltaNetWeights(prepare(self.in_proj), *(keep_float(float32(v)) for v in
+                                                       (self.conv, self.dt_bias, self.decay, self.norm)),
+                               prepare(self.out_proj))
+
+
+@dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # (hidden,)
-    wqkv: np.ndarray  # (q + 2 kv, hidden): q, k and v projections in one GEMM
+    wqkv: np.ndarray | None  # (q + 2 kv, hidden): q, k and v projections in one GEMM (then q's gate, where
+    # the family gates the output); None in a delta-net layer
     bqkv: np.ndarray | None  # (q + 2 kv,) where the family has q/k/v biases
     q_norm: np.ndarray | None  # (head_dim,) with q/k norms; (q,) over the whole projection
     k_norm: np.ndarray | None
-    wo: np.ndarray  # (hidden, q)
+    wo: np.ndarray | None  # (hidden, q)
     mlp_norm: np.ndarray
     w_gate_up: np.ndarray | None  # (2 * intermediate, hidden): gate and up in one GEMM; None with experts
     w_down: np.ndarray | None  # (hidden, intermediate)
     post_attn_norm: np.ndarray | None = None  # the attention's output normalised before the residual add
     post_mlp_norm: np.ndarray | None = None  # the same for the MLP's
     experts: Experts | None = None  # a mixture of experts' layer: in place of w_gate_up and w_down
+    delta_net: DeltaNetWeights | None = None  # a hybrid model's linear-attention layer: in place of attention
 
 
 @dataclass
@@ -100,7 +125,8 @@ class Weights:
 def prepared(layer: LayerWeights, prepare: Callable, keep_float: Callable = float32) -> LayerWeights:
     """A layer as read (float32 arrays, a GGUF's blocks) as the ops keep it (ops.weight on each;
     a router through keep_float, ops.asarray: Experts.prepared)."""
-    return replace(layer, **{k: v.prepared(prepare, keep_float) if isinstance(v, Experts) else prepare(v)
+    return replace(layer, **{k: v.prepared(prepare, keep_float) if isinstance(v, (Experts, DeltaNetWeights))
+                             else prepare(v)
                              for k, v in vars(layer).items() if v is not None})
 
 
@@ -169,18 +195,9 @@ class _LayerReader:
 
     def layer(self, i: int) -> LayerWeights:
         c, f = self.config, self.config.family
-        H, Q, KV, D, I = c.hidden_size, c.q_size, c.kv_size, c.head_dim, c.intermediate_size
+        H, I = c.hidden_size, c.intermediate_size
         p = f"model.layers.{i}."
-        a = p + "self_attn."
-        bias = None
-        if c.attention_bias:
-            bias = self.fused([(a + "q_proj.bias", (Q,)), (a + "k_proj.bias", (KV,)), (a + "v_proj.bias", (KV,))])
         experts, w_gate_up, w_down = None, None, None
-        if f.qkv:
-            wqkv = self.take(p + f.qkv, (Q + 2 * KV, H))
-        else:
-            wqkv = self.fused([(a + "q_proj.weight", (Q, H)), (a + "k_proj.weight", (KV, H)),
-                               (a + "v_proj.weight", (KV, H))])
         if c.sparse(i):
             experts = self.experts(i)
         else:
@@ -189,33 +206,66 @@ class _LayerReader:
             else:
                 w_gate_up = self.fused([(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))])
             w_down = self.take(p + "mlp.down_proj.weight", (H, I))
-        norm = (Q, KV) if c.qk_norm_whole else (D, D)
-        layer = LayerWeights(
-            attn_norm=self.norm(p + "input_layernorm.weight", (H,)),
-            wqkv=wqkv,
-            bqkv=bias,
-            q_norm=self.norm(a + "q_norm.weight", (norm[0],)) if c.qk_norm else None,
-            k_norm=self.norm(a + "k_norm.weight", (norm[1],)) if c.qk_norm else None,
-            wo=self.take(a + "o_proj.weight", (H, Q)),
-            mlp_norm=self.norm(p + f.mlp_norm, (H,)),
-            w_gate_up=w_gate_up,
-            w_down=w_down,
-            experts=experts,
-        )
+        mixer = dict(delta_net=self.delta_net(i)) if c.linear(i) else self.attention(i)
+        layer = LayerWeights(**{"wqkv": None, "bqkv": None, "q_norm": None, "k_norm": None, "wo": None, **mixer},
+                             attn_norm=self.norm(p + "input_layernorm.weight", (H,)),
+                             mlp_norm=self.norm(p + f.mlp_norm, (H,)), w_gate_up=w_gate_up, w_down=w_down,
+                             experts=experts)
         if f.post_norms:
             layer.post_attn_norm = self.norm(p + f.post_norms[0], (H,))
             layer.post_mlp_norm = self.norm(p + f.post_norms[1], (H,))
+        return layer
+
+    def attention(self, i: int) -> dict:
+        """Layer i's attention tensors, as LayerWeights fields: q/k/v fused (and q_proj's gate
+        after them, where the family gates the output), its biases, q/k norms, output."""
+        c, f = self.config, self.config.family
+        H, Q, KV, D = c.hidden_size, c.q_size, c.kv_size, c.head_dim
+        a = f"model.layers.{i}.self_attn."
+        q_rows = 2 * Q if c.attention_gate else Q  # a gate after each head's query rows
+        bias = None
+        if c.attention_bias:
+            bias = self.fused([(a + "q_proj.bias", (q_rows,)), (a + "k_proj.bias", (KV,)),
+                               (a + "v_proj.bias", (KV,))])
+        if f.qkv:
+            wqkv = self.take(f"model.layers.{i}.{f.qkv}", (Q + 2 * KV, H))
+        else:
+            wqkv = self.fused([(a + "q_proj.weight", (q_rows, H)), (a + "k_proj.weight", (KV, H)),
+                               (a + "v_proj.weight", (KV, H))])
+        norm = (Q, KV) if c.qk_norm_whole else (D, D)
+        q_norm = self.norm(a + "q_norm.weight", (norm[0],)) if c.qk_norm else None
+        k_norm = self.norm(a + "k_norm.weight", (norm[1],)) if c.qk_norm else None
         order = rotary_row_order(D, rotary_dim(c))
-        if order is None:
-            return layer
+        if order is None and not c.attention_gate:
+            return dict(wqkv=wqkv, bqkv=bias, q_norm=q_norm, k_norm=k_norm, wo=self.take(a + "o_proj.weight", (H, Q)))
         # A partial rotation: each q/k head's rotated pairs moved to where the kernels rotate
-        # (model/rope.py); v's rows stay.
-        rows = np.concatenate([(np.arange(n)[:, None] * D + order).ravel() + first
-                               for n, first in ((c.num_heads, 0), (c.num_kv_heads, Q))] + [Q + KV + np.arange(KV)])
-        return replace(layer, wqkv=take_rows(layer.wqkv, rows),
-                       bqkv=None if bias is None else take_rows(bias, rows),
-                       q_norm=None if layer.q_norm is None else layer.q_norm[order],
-                       k_norm=None if layer.k_norm is None else layer.k_norm[order])
+        # (model/rope.py); v's rows stay. A gate: each head's query rows first, its gate rows last.
+        within = np.arange(D) if order is None else order
+        stride = 2 * D if c.attention_gate else D
+        heads = [(np.arange(c.num_heads)[:, None] * stride + within).ravel(),
+                 (np.arange(c.num_kv_heads)[:, None] * D + within).ravel() + q_rows, q_rows + KV + np.arange(KV)]
+        if c.attention_gate:
+            heads.append((np.arange(c.num_heads)[:, None] * stride + D + np.arange(D)).ravel())
+        rows = np.concatenate(heads)
+        return dict(wqkv=take_rows(wqkv, rows), bqkv=None if bias is None else take_rows(bias, rows),
+                    q_norm=q_norm if q_norm is None or order is None else q_norm[order],
+                    k_norm=k_norm if k_norm is None or order is None else k_norm[order],
+                    wo=self.take(a + "o_proj.weight", (H, Q)))
+
+    def delta_net(self, i: int) -> DeltaNetWeights:
+        """Layer i's gated delta net: q/k/v, z, b and a projections fused into one GEMM."""
+        c, shape = self.config, self.config.delta_net
+        H, heads = c.hidden_size, shape.value_heads
+        d = f"model.layers.{i}.linear_attn."
+        return DeltaNetWeights(
+            in_proj=self.fused([(d + "in_proj_qkv.weight", (shape.conv_channels, H)),
+                                (d + "in_proj_z.weight", (shape.values, H)), (d + "in_proj_b.weight", (heads, H)),
+                                (d + "in_proj_a.weight", (heads, H))]),
+            conv=float32(self.take(d + "conv1d.weight", (shape.conv_channels, 1, shape.conv_kernel)))[:, 0],
+            dt_bias=float32(self.take(d + "dt_bias", (heads,))),
+            decay=-np.exp(float32(self.take(d + "A_log", (heads,)))),
+            norm=float32(self.take(d + "norm.weight", (shape.value_dim,))),
+            out_proj=self.take(d + "out_proj.weight", (H, shape.values)))
 
     def experts(self, i: int) -> Experts:
         """Layer i's router and experts, each expert's tensors read into its rows of the stack

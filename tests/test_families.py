@@ -63,6 +63,8 @@ def rel_err(a, b) -> float:
 def test_family_matches_transformers(checkpoints, name, backend):
     """Prefill in two chunks, then one token a step: every position's logits within 1e-4 of
     transformers' (float32 both), and the greedy continuation token for token."""
+    if name == "qwen3.5" and backend == "cuda-harness":
+        pytest.skip("the delta-net layers have no CUDA kernels yet")
     path, fixture, context = checkpoints(name)
     runner = ModelRunner.from_dir(path, num_blocks=16, block_size=4, ops=BACKENDS[backend](),
                                   max_model_len=context)
@@ -181,7 +183,8 @@ def assert_matches(runner, fixture):
     half = len(ids) // 2
 
     def step(tokens, start):
-        return runner.ops.to_host(runner.logits(StepPlan([Row("a", tokens, start, table, sample=True)])))[0]
+        row = Row("a", tokens, start, table, sample=True, state_slot=0)  # a hybrid's state slot; others ignore it
+        return runner.ops.to_host(runner.logits(StepPlan([row])))[0]
 
     assert rel_err(step(ids[:half], 0), want[half - 1]) < 1e-4
     for pos in range(half, len(ids)):

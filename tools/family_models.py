@@ -68,6 +68,12 @@ FAMILIES = {
     # q/k norms over the whole projection, the top-k weights as the softmax gave them
     "olmoe": (_family("olmoe", "OlmoeForCausalLM", intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                       norm_topk_prob=False), 256),
+    # a hybrid: three gated delta nets, then full attention with an output gate and a quarter rotated
+    "qwen3.5": (_family("qwen3_5_text", "Qwen3_5ForCausalLM", num_hidden_layers=4, rope_theta=None, rms_norm_eps=1e-6,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+                        layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
+                        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
+                        linear_num_value_heads=8), 256),
 }
 
 
@@ -93,6 +99,16 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     for n in range(c["num_hidden_layers"]):
         p, a = f"model.layers.{n}.", f"model.layers.{n}.self_attn."
         shapes[p + "input_layernorm.weight"] = shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if kind == "qwen3_5_text":
+            shapes.update({p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                           p + "mlp.down_proj.weight": (h, i)})
+            if c["layer_types"][n] == "linear_attention":
+                shapes.update(delta_net_shapes(c, f"model.layers.{n}.linear_attn."))
+            else:  # q_proj: each head's query rows, then its gate's
+                shapes.update({a + "q_proj.weight": (2 * q, h), a + "k_proj.weight": (kv, h),
+                               a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q),
+                               a + "q_norm.weight": (c["head_dim"],), a + "k_norm.weight": (c["head_dim"],)})
+            continue
         if kind.startswith("gemma"):
             shapes[p + "pre_feedforward_layernorm.weight"] = shapes[p + "post_feedforward_layernorm.weight"] = (h,)
         if kind == "phi3":
@@ -122,13 +138,33 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def delta_net_shapes(c: dict, d: str) -> dict[str, tuple[int, ...]]:
+    """A gated delta-net layer's tensors (Qwen3.5's linear_attn), under prefix d."""
+    keys = c["linear_num_key_heads"] * c["linear_key_head_dim"]
+    values, heads = c["linear_num_value_heads"] * c["linear_value_head_dim"], c["linear_num_value_heads"]
+    h = c["hidden_size"]
+    return {d + "in_proj_qkv.weight": (2 * keys + values, h), d + "in_proj_z.weight": (values, h),
+            d + "in_proj_b.weight": (heads, h), d + "in_proj_a.weight": (heads, h),
+            d + "conv1d.weight": (2 * keys + values, 1, c["linear_conv_kernel_dim"]), d + "dt_bias": (heads,),
+            d + "A_log": (heads,), d + "norm.weight": (c["linear_value_head_dim"],), d + "out_proj.weight": (h, values)}
+
+
 def random_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """float32 tensors scaled so that logits are neither flat nor one-hot."""
     rng = np.random.default_rng(seed)
-    unit = 0.0 if config["model_type"].startswith("gemma") else 1.0  # Gemma stores w of 1 + w
+    # Gemma and Qwen3.5 store w of 1 + w (but for Qwen3.5's gated delta-net norms)
+    unit = 0.0 if config["model_type"].startswith(("gemma", "qwen3_5")) else 1.0
     out = {}
     for name, shape in tensor_shapes(config).items():
-        if name.endswith("norm.weight"):
+        if name.endswith("linear_attn.norm.weight"):
+            t = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith("A_log"):  # decays of 0.6-0.95 a token: a memory of a few dozen tokens
+            t = np.log(rng.uniform(0.05, 0.5, shape))
+        elif name.endswith("dt_bias"):
+            t = 0.5 * rng.standard_normal(shape)
+        elif name.endswith("conv1d.weight"):
+            t = 0.5 * rng.standard_normal(shape)
+        elif name.endswith("norm.weight"):
             t = unit + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             t = 0.5 * rng.standard_normal(shape)

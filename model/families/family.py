@@ -9,6 +9,7 @@ hooks, never by its name, so that a new family is one new module in this package
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 
@@ -44,6 +45,9 @@ class Family:
     gguf_rope_order: bool = False  # llama.cpp stores q/k rows in its rope order (so: all dims rotate)
     gguf_sliding_window: bool = False  # a GGUF's sliding window is read by gguf_switches (or ignored)
 
+    # hybrid models: the full-attention layers' output gated (q_proj holds a gate beside each head)
+    attention_gate: bool = False
+
     # a vision-language model whose language model this family serves
     wrapper_type: str | None = None  # its config.json's model_type
     text_defaults: dict | None = None  # its text_config's defaults, given only where they differ
@@ -76,3 +80,39 @@ class Family:
 def every_nth_full(layers: int, n: int) -> list[str]:
     """Layer types where every n-th layer attends to the whole context and the rest slide."""
     return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers)]
+
+
+@dataclass(frozen=True)
+class DeltaNet:
+    """The shape of a hybrid model's gated delta-net layers (linear attention, as Qwen3.5 has
+    them): per request each keeps a (key_dim, value_dim) state per value head and the last
+    conv_kernel - 1 inputs of its short convolution, in place of K/V."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int  # per head
+    value_dim: int
+    conv_kernel: int
+
+    @property
+    def keys(self) -> int:
+        return self.key_heads * self.key_dim
+
+    @property
+    def values(self) -> int:
+        return self.value_heads * self.value_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """q, k and v go through the convolution together."""
+        return 2 * self.keys + self.values
+
+    @property
+    def projections(self) -> int:
+        """Rows of the fused input projection: q, k, v, the output gate z, then b and a per value head."""
+        return self.conv_channels + self.values + 2 * self.value_heads
+
+    @property
+    def state_floats(self) -> int:
+        """One request's state in one layer: the recurrent matrices and the convolution's history."""
+        return self.value_heads * self.key_dim * self.value_dim + (self.conv_kernel - 1) * self.conv_channels

@@ -11,6 +11,8 @@ is the same sum regrouped, with different rounding.
 
 import numpy as np
 
+from model.families.family import DeltaNet
+
 
 def causal_conv(x: np.ndarray, history: np.ndarray, weight: np.ndarray, bias: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -63,3 +65,51 @@ def gated_rms_norm(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: flo
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x), without overflow for large x."""
+    return np.logaddexp(np.float32(0.0), x).astype(np.float32)
+
+
+def convolve_rows(x: np.ndarray, history: np.ndarray, weight: np.ndarray, rows) -> np.ndarray:
+    """causal_conv over each row of a step (kv_cache.StateRows), each carrying its slot's history."""
+    out = np.empty(x.shape, dtype=np.float32)
+    for start, count, slot in zip(rows.starts, rows.counts, rows.slots):
+        out[start:start + count], history[slot] = causal_conv(x[start:start + count], history[slot], weight, None)
+    return out
+
+
+def delta_rule_rows(q, k, v, g, beta, state: np.ndarray, rows) -> np.ndarray:
+    """gated_delta_rule over each row of a step, each from and into its slot's state."""
+    out = np.empty(v.shape, dtype=np.float32)
+    for start, count, slot in zip(rows.starts, rows.counts, rows.slots):
+        span = slice(start, start + count)
+        out[span], state[slot] = gated_delta_rule(q[span], k[span], v[span], g[span], beta[span], state[slot])
+    return out
+
+
+def gated_delta_net(proj: np.ndarray, w, shape: DeltaNet, history: np.ndarray, state: np.ndarray, rows, eps: float,
+                    convolve=convolve_rows, recur=delta_rule_rows) -> np.ndarray:
+    """A delta-net layer between its two projections: proj, (tokens, shape.projections), is the
+    fused input projection of a step's tokens (q, k, v, z, b, a); w, its model.weights.
+    DeltaNetWeights; history and state, the layer's slots (updated in place, a fresh row's zeroed
+    first). Returns the gated, normalised output (tokens, values), for out_proj. convolve and
+    recur are the two steps that carry state; a backend passes its kernels for them."""
+    fresh = rows.slots[rows.fresh]
+    history[fresh], state[fresh] = 0.0, 0.0
+    tokens, n = len(proj), shape.conv_channels
+    mixed = convolve(proj[:, :n], history, w.conv, rows)
+    q = l2_normalize(mixed[:, :shape.keys].reshape(tokens, shape.key_heads, shape.key_dim))
+    k = l2_normalize(mixed[:, shape.keys:2 * shape.keys].reshape(tokens, shape.key_heads, shape.key_dim))
+    q = q * np.float32(shape.key_dim ** -0.5)
+    if shape.value_heads != shape.key_heads:  # value head j reads key head j // (value_heads / key_heads)
+        repeat = shape.value_heads // shape.key_heads
+        q, k = np.repeat(q, repeat, axis=1), np.repeat(k, repeat, axis=1)
+    v = mixed[:, 2 * shape.keys:].reshape(tokens, shape.value_heads, shape.value_dim)
+    z = proj[:, n:n + shape.values].reshape(tokens, shape.value_heads, shape.value_dim)
+    b, a = proj[:, n + shape.values:n + shape.values + shape.value_heads], proj[:, n + shape.values + shape.value_heads:]
+    beta = np.float32(1.0) / (np.float32(1.0) + np.exp(-b))
+    g = w.decay * softplus(a + w.dt_bias)
+    out = recur(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), g, beta, state, rows)
+    return gated_rms_norm(out, z, w.norm, eps).reshape(tokens, shape.values)

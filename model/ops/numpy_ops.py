@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.ops import delta_rule
 from model.ops.moe import ExpertPlan, combine, route
 from model.ops.protocol import Download, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
@@ -207,6 +208,13 @@ class NumpyOps:
         np.divide(gate, out, out=out)
         out *= up
         return out
+
+    def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        """x times the logistic sigmoid of gate (a gated attention's output)."""
+        return x / (np.float32(1.0) + np.exp(-gate))
+
+    def gated_delta_net(self, proj, weights, shape, history, state, rows, eps: float) -> np.ndarray:
+        return delta_rule.gated_delta_net(proj, weights, shape, history, state, rows, eps)
 
     def gelu_and_mul(self, gate_up: np.ndarray) -> np.ndarray:
         """GeGLU with GELU's tanh form (Gemma's gelu_pytorch_tanh)."""
