@@ -102,11 +102,14 @@ def load(args, state: ServerState) -> Engine:
                                    state.max_model_len)
     else:
         kv_cache_gib = args.kv_cache_gib or 1.0
-        num_blocks = int(kv_cache_gib * GIB // block_bytes)
+        state_bytes = args.max_num_seqs * KVCache.bytes_per_state_slot(config)  # a hybrid's, one per request
+        num_blocks = int((kv_cache_gib * GIB - state_bytes) // block_bytes)
         if num_blocks < 2:
-            raise ValueError(f"--kv-cache-gib {kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes")
+            raise ValueError(f"--kv-cache-gib {kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes"
+                             + (f" beside {args.max_num_seqs} requests' state ({state_bytes / GIB:.2f} GiB)"
+                                if state_bytes else ""))
     try:
-        runner = ModelRunner(config, model, num_blocks)
+        runner = ModelRunner(config, model, num_blocks, state_slots=args.max_num_seqs)
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         raise ValueError(f"out of memory allocating the KV cache of {num_blocks} blocks ({one_line(e)});"
                          " lower --gpu-memory-utilization or --kv-cache-gib") from None

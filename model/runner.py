@@ -137,6 +137,11 @@ class ModelRunner:
     def num_blocks(self) -> int:
         return self.cache.num_blocks
 
+    @property
+    def state_slots(self) -> int:
+        """A hybrid model's requests that may run at once; 0 for other models."""
+        return self.cache.state_slots
+
     def logits(self, plan: StepPlan):
         """Run the forward pass; fp32 logits (sampling rows, vocab) on the ops device."""
         return self.forward(plan)[0]

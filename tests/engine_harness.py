@@ -118,3 +118,11 @@ def assert_planner_consistent(p) -> None:
     for r in [*q.prefilling, *q.decoding]:
         assert (r.schedule.dropped_blocks + len(r.schedule.block_table)) * p.pool.block_size >= r.target
     assert q.num_running <= p.config.max_seqs
+    slots = p.tables.slots
+    if slots is None:
+        assert all(r.schedule.state_slot is None for r in q.requests.values())
+    else:  # a hybrid model's: a slot exactly while it holds blocks, each slot held once
+        for r in q.requests.values():
+            assert (r.schedule.state_slot is not None) == bool(r.schedule.block_table), r.id
+        slots.assert_consistent([r.schedule.state_slot for r in q.requests.values()
+                                 if r.schedule.state_slot is not None])

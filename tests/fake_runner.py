@@ -18,8 +18,11 @@ class FakeRunner:
 
     def __init__(self, num_blocks: int, block_size: int = 4, vocab: int = 400, first_token: int = 3,
                  step_cost: float = 0.0, eos_id: int | None = None, eos_after: int | None = None,
-                 overlaps: bool = False):
+                 overlaps: bool = False, state_slots: int = 0):
         self.num_blocks, self.block_size = num_blocks, block_size
+        # a hybrid model's: per slot, (the hash chain of the tokens its state has seen, how many)
+        self.state_slots = state_slots
+        self.states: dict[int, tuple[int, int]] = {}
         self.vocab, self.first_token = vocab, first_token
         self.kv = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self.ctx = np.zeros(num_blocks * block_size, dtype=np.int64)  # per slot: hash of the prefix
@@ -72,9 +75,13 @@ class FakeRunner:
             if self.steps in self.fail_steps:
                 raise RuntimeError("injected runner failure")
             out = []
+            slots = [row.state_slot for row in plan.rows]
+            assert not self.state_slots or len(set(slots)) == len(slots), f"rows share a state slot: {slots}"
             for row in plan.rows:
                 table = row.block_table
                 h = int(self.ctx[self.slot(table, row.start_pos - 1)]) if row.start_pos else 0
+                if self.state_slots:
+                    self.carry_state(row, h)
                 for i, token in enumerate(row.token_ids):
                     h = self.chain(h, token, row.start_pos + i)
                     self.kv[self.slot(table, row.start_pos + i)] = token
@@ -94,6 +101,17 @@ class FakeRunner:
                         token = self.first_token + (token + 1 - self.first_token) % (self.vocab - self.first_token)
                     out.append(Sampled(row.request_id, token))
             return out
+
+    def carry_state(self, row, h: int) -> None:
+        """A hybrid row reads its slot's state: it must be what the request's own history left
+        there (zeros at a prompt's start), then holds the row's tokens too."""
+        assert row.state_slot is not None and 0 <= row.state_slot < self.state_slots, row
+        if row.start_pos:
+            assert self.states.get(row.state_slot) == (h, row.start_pos), \
+                f"{row.request_id} read a delta-net state computed under another history"
+        for i, token in enumerate(row.token_ids):
+            h = self.chain(h, token, row.start_pos + i)
+        self.states[row.state_slot] = (h, row.start_pos + len(row.token_ids))
 
     @staticmethod
     def chain(h: int, token: int, pos: int) -> int:

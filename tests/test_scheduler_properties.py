@@ -25,8 +25,10 @@ Checked after every tick:
 - "error" only for the rows of a failed runner step, or a request that outgrew the whole pool,
   and then exactly one token past what the pool holds
 - every block the prefix cache can hand out holds K/V computed under the prefix that finds it
-- drained (run to idle at the end of every example): pool used 0, swap used 0, every request
-  retired, and no abort of a request that was live stays pending
+- a hybrid model's (state slots): a request holds a slot exactly while it holds blocks, each slot
+  one request's; a row's slot holds the state of its own history (FakeRunner.carry_state)
+- drained (run to idle at the end of every example): pool used 0, swap used 0, slots used 0,
+  every request retired, and no abort of a request that was live stays pending
 """
 
 import functools
@@ -208,18 +210,21 @@ class PlannerMachine(RuleBasedStateMachine):
                 extra_batch=st.one_of(st.just(1024), st.integers(0, 16)),
                 immunity=st.sampled_from([0, 2, 16]), eos_after=st.one_of(st.none(), st.integers(3, 12)),
                 alphabet=st.sampled_from([2, 3, 8, 0]),  # 0: the whole vocabulary
-                max_model_len=st.one_of(st.just(4096), st.integers(16, 80)), overlaps=st.booleans())
+                max_model_len=st.one_of(st.just(4096), st.integers(16, 80)), overlaps=st.booleans(),
+                state_slots=st.one_of(st.just(0), st.integers(1, 8)))
     @guarded
     def setup(self, num_blocks, block_size, swap_blocks, prefix_caching, max_seqs, prefill_chunk,
-              extra_batch, immunity, eos_after, alphabet, max_model_len, overlaps):
+              extra_batch, immunity, eos_after, alphabet, max_model_len, overlaps, state_slots):
         eos = self.tok.hf.token_to_id("<|im_end|>")
         mbt = max_seqs + extra_batch
+        if state_slots:  # a hybrid model: as the engine configures one (app/engine/engine.py hybrid)
+            prefix_caching, swap_blocks = False, 0
         self.runner = RecordingRunner(num_blocks, block_size, vocab=self.tok.vocab_size, eos_id=eos,
                                       eos_after=eos_after, max_batched_tokens=mbt, max_seqs=max_seqs,
-                                      overlaps=overlaps)
+                                      overlaps=overlaps, state_slots=state_slots)
         self.h = Driver(self.runner, prefix_caching=prefix_caching, max_model_len=max_model_len,
                         max_seqs=max_seqs, max_batched_tokens=mbt, prefill_chunk=prefill_chunk,
-                        swap_blocks=swap_blocks, immunity_tokens=immunity)
+                        swap_blocks=swap_blocks, immunity_tokens=immunity, state_slots=state_slots)
         self.alphabet = alphabet or self.tok.vocab_size - self.runner.first_token
         self.bases = [[3 + (i * 7 + k * 13 + i * i * k) % self.alphabet for i in range(40)] for k in range(3)]
         self.histories = []  # prompt + expected output of each request submitted
@@ -382,6 +387,7 @@ class PlannerMachine(RuleBasedStateMachine):
             raise AssertionError("the planner did not go idle")
         s, pool = self.h.planner, self.h.pool
         assert pool.used == 0 and pool.available == pool.num_blocks, pool.used
+        assert s.tables.slots is None or s.tables.slots.used == 0, s.tables.slots.free
         q = s.queues
         assert s.preemption.swap_used == 0, s.preemption.swap_used
         assert not (q.waiting or q.prefilling or q.decoding or q.preempted or q.finished or s.in_flight)

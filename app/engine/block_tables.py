@@ -11,11 +11,13 @@ a later step, which the device runs after it, is the first that can write it.
 
 from app.engine.block_pool import BlockPool
 from app.engine.request import Request, State
+from app.engine.state_slots import StateSlots
 
 
 class BlockTables:
-    def __init__(self, pool: BlockPool, window: int = 0):
+    def __init__(self, pool: BlockPool, window: int = 0, slots: StateSlots | None = None):
         self.pool = pool
+        self.slots = slots  # a hybrid model's: a request holds a state slot while it holds blocks
         # the positions back every layer attends to; blocks freed behind it (0: never). A window
         # of a block or less is not freed behind: the prefix cache names a block by its parent.
         self.window = window if window > pool.block_size else 0
@@ -33,6 +35,10 @@ class BlockTables:
         request is not planned until those are done (schedule.host_loads), and they are offered
         to the device cache again as its first step lands."""
         s = request.schedule
+        if self.slots is not None and s.state_slot is None:
+            s.state_slot = self.slots.take()
+            if s.state_slot is None:
+                return False
         scores = request.params.prompt_logprobs is not None and s.state is State.WAITING
         hits = [] if scores else self.pool.match_prefix(tokens, host)
         device = [b for b in hits if isinstance(b, int)]
@@ -41,6 +47,7 @@ class BlockTables:
             self.pool.host.claim(entry)
         fresh = self.pool.allocate_many(self.pool.blocks_for(target) - len(device))
         if fresh is None:
+            self.release_slot(request)
             self.pool.release(device)
             for _, entry in host_hits:
                 self.pool.host.unclaim(entry)
@@ -73,6 +80,12 @@ class BlockTables:
     def release(self, request: Request) -> None:
         self.pool.release(request.schedule.block_table)
         request.schedule.block_table = []
+        self.release_slot(request)
+
+    def release_slot(self, request: Request) -> None:
+        if request.schedule.state_slot is not None:
+            self.slots.release(request.schedule.state_slot)
+            request.schedule.state_slot = None
 
     def trim(self, request: Request) -> None:
         """The blocks past its next row's position go back (written by rejected guesses)."""

@@ -26,7 +26,7 @@ import itertools
 import math
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -54,6 +54,20 @@ class EngineConfig(PlannerConfig):
     decode_log_interval: int = 40  # steps between Decode status lines; 0: none
 
 
+def hybrid(config: EngineConfig, state_slots: int) -> EngineConfig:
+    """config for a model with state slots (delta-net layers): its state is one per request, not
+    per block, so prefixes are not cached and a preempted request recomputes (one log line says
+    so); speculation is refused, since a rejected guess would have advanced the state."""
+    if not state_slots:
+        return config
+    if config.speculative:
+        raise ValueError("speculative decoding is not available for hybrid models (delta-net layers) yet:"
+                         " drop --speculative-config")
+    if config.prefix_caching or config.swap_blocks:
+        log.info("hybrid model: prefix caching off, and preempted requests recompute their state")
+    return replace(config, prefix_caching=False, swap_blocks=0, state_slots=state_slots)
+
+
 class Engine:
     def __init__(self, runner, tokenizer, config: EngineConfig):
         self.runner = runner
@@ -61,6 +75,7 @@ class Engine:
         # row depends on what the model kept (a device still runs each step off the event loop)
         self.overlaps = runner.overlaps and not config.speculative
         self.tokenizer = tokenizer
+        config = hybrid(config, getattr(runner, "state_slots", 0))
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, config.prefix_caching)
         self.stats = Stats()

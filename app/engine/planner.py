@@ -36,6 +36,7 @@ from app.engine.queues import Queues
 from app.engine.request import Request, State
 from app.engine.schedule import Admitted, PlannerView, Reload, Schedule, Spill, TickStart
 from app.engine.speculation import SpeculativeConfig, Speculation
+from app.engine.state_slots import StateSlots
 from app.engine.stats import Stats
 from model.runner import AHEAD, Row, StepPlan
 
@@ -53,6 +54,7 @@ class PlannerConfig:
     swap_blocks: int = 0  # host spill pool, in blocks; 0 means preempt by recompute
     immunity_tokens: int = 16  # a resumed request is not preempted again for this many tokens
     speculative: SpeculativeConfig | None = None  # decode rows carry guesses to verify (speculation.py)
+    state_slots: int = 0  # a hybrid model's requests that may hold delta-net state at once; 0: not hybrid
 
     def __post_init__(self):
         if self.max_batched_tokens < self.max_seqs:
@@ -66,7 +68,10 @@ class Planner:
         self.config = config
         self.break_even = break_even  # the model's: where a prompt token's attention is half its cost
         self.pool = pool
-        self.tables = BlockTables(pool, window)
+        if config.state_slots and (pool.prefix_caching or config.swap_blocks or config.speculative):
+            raise ValueError("a hybrid model's state is neither cached per block, spilled nor guessed ahead:"
+                             " prefix caching, swap space and speculation must be off")
+        self.tables = BlockTables(pool, window, StateSlots(config.state_slots) if config.state_slots else None)
         self.queues = Queues()
         self.moves: list = []  # block copies decided since the last take_moves(), in order
         self.preemption = Preemption(self.queues, self.tables, stats, config.max_seqs, config.swap_blocks,
@@ -222,7 +227,7 @@ class Planner:
         """ahead: fed the token the step in flight samples, at the position after it."""
         last = AHEAD if ahead else request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
         return Row(request.id, [last], request.num_tokens - 1 + ahead, self.tables.table(request), sample=True,
-                   prompt_ids=request.prompt_ids, output_ids=request.output_ids)
+                   prompt_ids=request.prompt_ids, output_ids=request.output_ids, state_slot=request.schedule.state_slot)
 
     def plan_prefill(self, decode_rows: int, flying: dict) -> list[tuple[Request, Row]]:
         """Up to prefill_chunk tokens, round-robin: each prefilling request in turn gets a chunk,
@@ -250,7 +255,8 @@ class Planner:
                 request.id, request.all_ids[start:end], start, self.tables.table(request),
                 sample=last and not p.embed and request.max_tokens > 0, prompt_ids=request.prompt_ids,
                 output_ids=request.output_ids, embed=last and p.embed,
-                prompt_logprobs=None if request.output_ids else p.prompt_logprobs)))
+                prompt_logprobs=None if request.output_ids else p.prompt_logprobs,
+                state_slot=request.schedule.state_slot)))
         for request, _ in planned:
             self.queues.move(request, State.PREFILLING)  # to the back of the line
         return planned

@@ -78,6 +78,7 @@ class ScheduleState:
     block_table: list[int] = field(default_factory=list)  # its blocks from logical block dropped_blocks on
     dropped_blocks: int = 0  # leading blocks freed: wholly before every layer's sliding window
     num_computed: int = 0  # tokens whose K/V is in the cache
+    state_slot: int | None = None  # a hybrid model's delta-net state, while it holds blocks (state_slots.py)
     num_offered: int = 0  # tokens whose full blocks were offered to the prefix cache
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     host_cached: int = 0  # of those, from its host tier (loaded into fresh blocks)
