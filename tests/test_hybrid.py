@@ -1,0 +1,167 @@
+"""Hybrid models (Qwen3.5's gated delta nets beside full attention) served: the state a request
+carries in its slot is the same bits however its prompt is split into chunks and whatever rows
+run beside it, and the engine's scheduling (batching, chunk sizes, preemption, aborts) never
+changes what a request gets. Logits against transformers are in test_families.py."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine_harness import Harness
+from model.ops.numba_ops import NumbaOps
+from model.ops.numpy_ops import NumpyOps
+from model.runner import ModelRunner, Row, StepPlan
+from model.sampling import SamplingParams
+from model.tokenizer import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+from family_models import make_family  # noqa: E402
+
+# the packed path is batch-invariant (integer GEMMs): its bits are held equal; NumPy's float32
+# GEMMs (OpenBLAS) round by row count, so the reference agrees to float32 rounding
+BACKENDS = {"numpy": NumpyOps, "numba": lambda: NumbaOps("q8_0")}
+
+
+def same(backend, got, want):
+    if backend == "numba":
+        return np.array_equal(got, want)
+    return np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(tmp_path_factory, tiny_dir):
+    """The tiny random Qwen3.5 of tools/family_models.py, with the tiny model's tokenizer (400
+    tokens: every id the model's 256 can sample decodes)."""
+    path, _ = make_family("qwen3.5", tmp_path_factory.mktemp("qwen3.5"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_dir / name, path / name)
+    return path
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 256, n)]
+
+
+def runner_for(path, backend, slots=4):
+    return ModelRunner.from_dir(path, num_blocks=64, block_size=4, ops=BACKENDS[backend](), state_slots=slots)
+
+
+def state(runner, slot):
+    """Every delta-net layer's state in slot, flat."""
+    c = runner.cache
+    return np.concatenate([a[slot].ravel() for a in (*c.conv, *c.recurrent) if a is not None])
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_prompt_fed_whole_or_in_random_chunks_keeps_its_bits(hybrid_dir, backend):
+    """The state after the prompt and the logits after it: the same bits in one prefill and in
+    random chunks (in another slot, under other blocks)."""
+    runner = runner_for(hybrid_dir, backend)
+    ids = prompt(45)
+    whole = runner.ops.to_host(runner.logits(StepPlan([Row("a", ids, 0, list(range(12)), True, state_slot=1)])))
+    cuts = sorted(np.random.default_rng(3).choice(np.arange(1, len(ids)), 6, replace=False).tolist())
+    table = list(range(63, 51, -1))
+    for start, end in zip([0, *cuts], [*cuts, len(ids)]):
+        row = Row("b", ids[start:end], start, table, sample=end == len(ids), state_slot=3)
+        out = runner.logits(StepPlan([row]))
+    assert same(backend, runner.ops.to_host(out), whole)
+    assert same(backend, state(runner, 3), state(runner, 1))
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_rows_beside_each_other_get_the_bits_they_get_alone(hybrid_dir, backend):
+    """A prompt's chunk, a fresh prompt and a decode token in one step: each row's logits and
+    state as when it runs alone."""
+    def rows():
+        return [Row("p", prompt(9, 1)[4:], 4, [0, 1, 2], True, state_slot=0),
+                Row("f", prompt(13, 2), 0, [3, 4, 5, 6], True, state_slot=1),
+                Row("d", [prompt(7, 3)[-1]], 6, [7, 8], True, state_slot=2)]
+
+    def warm(runner):  # the first prompt's first 4 tokens, and the decode row's 6 before it
+        runner.logits(StepPlan([Row("p", prompt(9, 1)[:4], 0, [0, 1, 2], state_slot=0)]))
+        runner.logits(StepPlan([Row("d", prompt(7, 3)[:6], 0, [7, 8], state_slot=2)]))
+
+    together = runner_for(hybrid_dir, backend)
+    warm(together)
+    batch = together.ops.to_host(together.logits(StepPlan(rows())))
+    for i, row in enumerate(rows()):
+        alone = runner_for(hybrid_dir, backend)
+        warm(alone)
+        assert same(backend, alone.ops.to_host(alone.logits(StepPlan([row])))[0], batch[i]), row.request_id
+        assert same(backend, state(alone, row.state_slot), state(together, row.state_slot)), row.request_id
+
+
+def test_a_row_without_a_slot_or_with_guesses_is_refused(hybrid_dir):
+    runner = runner_for(hybrid_dir, "numpy", slots=2)
+    for row in (Row("a", [5, 6], 0, [0], True), Row("a", [5, 6], 0, [0], True, state_slot=2),
+                Row("a", [5, 6], 0, [0], True, state_slot=0, num_draft=1)):
+        with pytest.raises(ValueError, match="state slot"):
+            runner.logits(StepPlan([row]))
+    with pytest.raises(ValueError, match="share a state slot"):
+        runner.logits(StepPlan([Row("a", [5], 0, [0], True, state_slot=1), Row("b", [6], 0, [1], True, state_slot=1)]))
+
+
+def generate(path, prompts, max_tokens=12, slots=4, num_blocks=64, seeds=None, abort=None, **config):
+    runner = ModelRunner.from_dir(path, num_blocks=num_blocks, block_size=4, ops=NumbaOps("q8_0"), state_slots=slots)
+    h = Harness(runner, Tokenizer(path), **config)
+    assert h.planner.config.state_slots == slots and not h.pool.prefix_caching
+    rids = []
+    for i, p in enumerate(prompts):
+        sampling = SamplingParams(temperature=0.0) if seeds is None else SamplingParams(temperature=1.0, seed=seeds[i])
+        rids.append(h.submit(p, max_tokens=max_tokens, ignore_eos=True, sampling=sampling))
+    if abort is not None:  # a request aborted once it has a token, while the others run
+        while not h.tokens(rids[abort]):
+            h.tick()
+        h.engine.abort(rids[abort])
+    h.run()
+    assert h.pool.used == 0 and h.planner.tables.slots.used == 0
+    return [h.tokens(r) for r in rids], h
+
+
+PROMPTS = [prompt(n, seed) for n, seed in ((23, 10), (5, 11), (31, 12), (14, 13))]
+
+
+@pytest.fixture(scope="module")
+def alone(hybrid_dir):
+    """Each prompt greedy and seeded, run alone with whole-prompt chunks."""
+    return ([generate(hybrid_dir, [p], prefill_chunk=64)[0][0] for p in PROMPTS],
+            [generate(hybrid_dir, [p], seeds=[i], prefill_chunk=64)[0][0] for i, p in enumerate(PROMPTS)])
+
+
+@pytest.mark.parametrize("config", [dict(prefill_chunk=7), dict(prefill_chunk=64, max_seqs=2),
+                                    dict(prefill_chunk=5, slots=2, max_seqs=4)],
+                         ids=["small-chunks", "two-at-once", "fewer-slots-than-seqs"])
+def test_batching_and_chunking_change_nothing(hybrid_dir, alone, config):
+    """Greedy and seeded requests together get what each gets alone; with fewer slots than
+    --max-num-seqs, admission waits for a slot."""
+    slots = config.pop("slots", 4)
+    assert generate(hybrid_dir, PROMPTS, slots=slots, **config)[0] == alone[0]
+    tokens, h = generate(hybrid_dir, PROMPTS, seeds=range(len(PROMPTS)), slots=slots, **config)
+    assert tokens == alone[1]
+
+
+def test_preemption_recomputes_the_state(hybrid_dir, alone):
+    """A pool too small for every request at once: victims give their slot back and recompute
+    their state from their tokens, and get what they get alone."""
+    tokens, h = generate(hybrid_dir, PROMPTS, num_blocks=14, prefill_chunk=64, immunity_tokens=2,
+                         swap_blocks=64)
+    assert h.stats.preemptions > 0 and h.planner.config.swap_blocks == 0
+    assert tokens == alone[0]
+
+
+def test_an_abort_frees_its_slot_and_harms_no_one(hybrid_dir, alone):
+    tokens, _ = generate(hybrid_dir, PROMPTS, slots=2, abort=1, prefill_chunk=64)
+    assert [t for i, t in enumerate(tokens) if i != 1] == [t for i, t in enumerate(alone[0]) if i != 1]
+    assert 1 <= len(tokens[1]) < 12 and tokens[1] == alone[0][1][:len(tokens[1])]
+
+
+def test_speculation_is_refused_for_a_hybrid(hybrid_dir):
+    from app.engine.speculation import SpeculativeConfig
+
+    runner = ModelRunner.from_dir(hybrid_dir, num_blocks=16, block_size=4, state_slots=2)
+    with pytest.raises(ValueError, match="not available for hybrid models"):
+        Harness(runner, Tokenizer(hybrid_dir), speculative=SpeculativeConfig.parse('{"method": "ngram"}', None))
