@@ -13,7 +13,7 @@ import logging
 import numpy as np
 
 from model.errors import ModelError
-from model.ops import numba_attention, numba_rowwise, numba_sampler
+from model.ops import delta_rule, numba_attention, numba_delta_rule, numba_rowwise, numba_sampler
 from model.ops.moe import ExpertPlan, router_logits
 from model.ops.numba_kernels import QUANTIZED_KV
 from model.ops.numpy_ops import NumpyOps, soft_capped
@@ -130,6 +130,10 @@ class NumbaOps(NumpyOps):
 
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int) -> numba_attention.AttentionPlan:
         return numba_attention.AttentionPlan(list(query_lens), list(context_lens), block_tables, block_size)
+
+    def gated_delta_net(self, proj, weights, shape, history, state, rows, eps: float) -> np.ndarray:
+        return delta_rule.gated_delta_net(proj, weights, shape, history, state, rows, eps,
+                                          numba_delta_rule.convolve_rows, numba_delta_rule.delta_rule_rows)
 
     def paged_attention(self, q, cache_k, cache_v, meta: numba_attention.AttentionPlan, scale: float,
                         window: int = 0, softcap: float = 0.0) -> np.ndarray:
