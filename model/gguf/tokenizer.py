@@ -19,12 +19,17 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5's: Qwen2's with combining marks (\p{M}) kept inside words, and no NFC before it
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # tokenizer.ggml.pre -> pre-tokenizer family
 _PRE_FAMILIES = {
     "smollm": "digits", "starcoder": "digits", "refact": "digits", "codeshell": "digits",
     "llama-bpe": "llama3", "llama3": "llama3", "llama-v3": "llama3", "dbrx": "llama3",
     "smaug-bpe": "llama3",
-    "qwen2": "qwen2", "stablelm2": "qwen2",
+    "qwen2": "qwen2", "stablelm2": "qwen2", "qwen35": "qwen35",
     "default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "mpt": "gpt2", "olmo": "gpt2",
     "jais": "gpt2",
 }
@@ -58,13 +63,13 @@ def build_tokenizer(v: GGUFVocab, path: Path):
                 pre_tokenizers.Digits(individual_digits=True),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ])
-        elif family in ("llama3", "qwen2"):
-            pattern = _LLAMA3_SPLIT if family == "llama3" else _QWEN2_SPLIT
+        elif family in ("llama3", "qwen2", "qwen35"):
+            pattern = {"llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "qwen35": _QWEN35_SPLIT}[family]
             tok.pre_tokenizer = pre_tokenizers.Sequence([
                 pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ])
-            if family == "qwen2":
+            if family == "qwen2":  # Qwen3.5's keeps combining marks as written
                 tok.normalizer = normalizers.NFC()
         else:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
