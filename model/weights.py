@@ -257,13 +257,20 @@ class _LayerReader:
         c, shape = self.config, self.config.delta_net
         H, heads = c.hidden_size, shape.value_heads
         d = f"model.layers.{i}.linear_attn."
+        channels, kernel = shape.conv_channels, shape.conv_kernel
+        conv = self.tensors.entries.get(d + "conv1d.weight")  # a checkpoint's (channels, 1, kernel), a GGUF's 2-D
+        conv_shape = (channels, 1, kernel) if conv is not None and len(conv.shape) == 3 else (channels, kernel)
+        if d + "A_log" in self.tensors.entries:
+            decay = -np.exp(float32(self.take(d + "A_log", (heads,))))
+        else:  # a GGUF's, -exp(A_log) already
+            decay = float32(self.take(d + "decay", (heads,)))
         return DeltaNetWeights(
-            in_proj=self.fused([(d + "in_proj_qkv.weight", (shape.conv_channels, H)),
+            in_proj=self.fused([(d + "in_proj_qkv.weight", (channels, H)),
                                 (d + "in_proj_z.weight", (shape.values, H)), (d + "in_proj_b.weight", (heads, H)),
                                 (d + "in_proj_a.weight", (heads, H))]),
-            conv=float32(self.take(d + "conv1d.weight", (shape.conv_channels, 1, shape.conv_kernel)))[:, 0],
+            conv=float32(self.take(d + "conv1d.weight", conv_shape)).reshape(channels, kernel),
             dt_bias=float32(self.take(d + "dt_bias", (heads,))),
-            decay=-np.exp(float32(self.take(d + "A_log", (heads,)))),
+            decay=decay,
             norm=float32(self.take(d + "norm.weight", (shape.value_dim,))),
             out_proj=self.take(d + "out_proj.weight", (H, shape.values)))
 

@@ -15,7 +15,8 @@ from family_models import FAMILIES, random_tensors
 
 ARCHES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
           "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "smollm3": gguf.MODEL_ARCH.SMOLLM3,
-          "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE}
+          "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE,
+          "qwen3_5_text": gguf.MODEL_ARCH.QWEN35}
 ROPE_ORDER = ("smollm3", "mixtral")  # llama.cpp's converter permutes q/k rows of these (architecture llama)
 
 
@@ -32,6 +33,41 @@ def experts_stacked(tensors: dict[str, np.ndarray], experts: int) -> dict[str, n
         stacks.setdefault(".".join(parts[:at + 1] + parts[at + 2:]), {})[int(parts[at + 1])] = array
     for name, by_expert in stacks.items():
         out[name] = np.stack([by_expert[e] for e in range(experts)])
+    return out
+
+
+def qwen35_tensors(c: dict, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Qwen3.5's tensors as llama.cpp's converter writes them (conversion/qwen.py: Qwen3NextModel
+    and _LinearAttentionVReorderBase): norms as 1 + w but the delta nets' gated one, -exp(A_log),
+    dt_bias as dt_proj.bias, the convolution squeezed, and the value heads reordered from grouped
+    by key head to tiled over the key heads, wherever they index rows, columns or channels."""
+    keys, per = c["linear_num_key_heads"], c["linear_num_value_heads"] // c["linear_num_key_heads"]
+    key_dim, value_dim = c["linear_key_head_dim"], c["linear_value_head_dim"]
+
+    def tiled(a: np.ndarray, size: int, axis: int = 0) -> np.ndarray:
+        a = np.moveaxis(a, axis, 0)
+        a = a.reshape(keys, per, size, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+        return np.moveaxis(a, 0, axis)
+
+    out = {}
+    for name, a in tensors.items():
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            a = a + np.float32(1.0)
+        if "linear_attn." in name:
+            qk = 2 * keys * key_dim
+            if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+                a = a.reshape(a.shape[0], -1) if name.endswith("conv1d.weight") else a
+                a = np.concatenate([a[:qk], tiled(a[qk:], value_dim)])
+            elif name.endswith("in_proj_z.weight"):
+                a = tiled(a, value_dim)
+            elif name.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
+                a = tiled(a, 1)
+            elif name.endswith("out_proj.weight"):
+                a = tiled(a, value_dim, axis=1)
+            if name.endswith("A_log"):
+                a = -np.exp(a)
+            name = name.replace(".dt_bias", ".dt_proj.bias")
+        out[name] = np.ascontiguousarray(a, dtype=np.float32)
     return out
 
 
@@ -60,7 +96,8 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     w.add_value_length(c["head_dim"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_rope_freq_base(rope.get("rope_theta") or c["rope_theta"])
-    w.add_rope_dimension_count(int(c.get("partial_rotary_factor", 1.0) * c["hidden_size"]) // heads)
+    partial = c.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    w.add_rope_dimension_count(int(partial * c["head_dim"]))
     experts = c.get("num_experts") or c.get("num_local_experts")
     if experts:
         w.add_expert_count(experts)
@@ -91,6 +128,14 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
         w.add_sliding_window(c["sliding_window"])
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["sliding_window_pattern"])
         w.add_float32(f"{arch}.rope.freq_base_swa", c["rope_local_base_freq"])
+    if kind == "qwen3_5_text":
+        w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
+        w.add_ssm_state_size(c["linear_key_head_dim"])
+        w.add_ssm_group_count(c["linear_num_key_heads"])
+        w.add_ssm_time_step_rank(c["linear_num_value_heads"])
+        w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
+        w.add_full_attention_interval(c["layer_types"].index("full_attention") + 1)
+        w.add_rope_dimension_sections([11, 11, 10, 0])
     tokens, merges = byte_tokens()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -102,6 +147,8 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     names = gguf.get_tensor_name_map(ARCHES[kind], c["num_hidden_layers"])
     dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c["num_hidden_layers"])
     tensors = random_tensors(c)
+    if kind == "qwen3_5_text":
+        tensors = qwen35_tensors(c, tensors)
     for hf, array in (experts_stacked(tensors, experts) if experts else tensors).items():
         if kind.startswith("gemma") and hf.endswith("norm.weight"):
             array = array + np.float32(1.0)

@@ -47,6 +47,7 @@ class Family:
 
     # hybrid models: the full-attention layers' output gated (q_proj holds a gate beside each head)
     attention_gate: bool = False
+    gguf_names: dict | None = None  # GGUF per-layer suffixes of its own -> Hugging Face per-layer names
 
     # a vision-language model whose language model this family serves
     wrapper_type: str | None = None  # its config.json's model_type
@@ -65,6 +66,10 @@ class Family:
         """ModelConfig fields only this family reads (or infers, as llama.cpp does) from a GGUF's
         metadata; field(key, default=None) reads one key."""
         return {}
+
+    def gguf_mixers(self, field, layers: int) -> tuple[bool, ...] | None:
+        """Which layers of a GGUF are delta nets (linear attention); None: none."""
+        return None
 
     def hf_fields(self, c) -> dict:
         """What config.json says for this family beyond the common fields, as transformers
@@ -93,6 +98,7 @@ class DeltaNet:
     key_dim: int  # per head
     value_dim: int
     conv_kernel: int
+    tiled: bool = False  # value head j reads key head j % key_heads (a GGUF's order), not j // (value/key heads)
 
     @property
     def keys(self) -> int:

@@ -78,7 +78,8 @@ def read_gguf(path: Path) -> GGUFModel:
     found = entries(reader.tensors, family, layers, heads, kv_heads, path, experts)
     have = {e.tensor.name for e in found}
     sparse = tuple(f"blk.{i}.{ROUTER}" in have for i in range(layers)) if experts else ()
-    _check_complete(have, family, layers, path, sparse)
+    switches = family.gguf_switches(field, layers, hidden, heads, head_dim)
+    _check_complete(have, family, layers, path, sparse, switches.get("linear_layers"))
     biases = {f"blk.{i}.attn_{x}.bias" for i in range(layers) for x in "qkv"}
     has_bias = any(n in have for n in biases)
     if has_bias and not biases <= have:
@@ -87,6 +88,10 @@ def read_gguf(path: Path) -> GGUFModel:
     vocab = int(tensors["token_embd.weight"].shape[1])
     expert_ffn = int(_field(reader, k("expert_feed_forward_length"), ffn))
     shapes = _hf_shapes(vocab, hidden, ffn, heads, kv_heads, head_dim, family.qk_norm_whole)
+    if switches.get("attention_gate"):  # each head's query rows, then its gate's
+        shapes["self_attn.q_proj.weight"] = (2 * heads * head_dim, hidden)
+    if switches.get("delta_net"):
+        shapes.update(_delta_net_shapes(switches["delta_net"], hidden))
     for e in found:
         want = _expert_shape(e, experts, hidden, expert_ffn) or shapes.get(e.hf_name) or \
             shapes[e.hf_name.split(".", 3)[3]]
@@ -108,7 +113,7 @@ def read_gguf(path: Path) -> GGUFModel:
         attention_bias=has_bias, qk_norm=family.qk_norm,
         eos_token_ids=() if v.eos_id is None else (v.eos_id,), bos_token_id=v.bos_id, torch_dtype="float16",
         architectures=(family.architecture,), partial_rotary_factor=rope_dims / head_dim,
-        qk_norm_whole=family.qk_norm_whole, **moe, **family.gguf_switches(field, layers, hidden, heads, head_dim),
+        qk_norm_whole=family.qk_norm_whole, **moe, **switches,
     )
     return GGUFModel(architecture=arch, config=config, tensors=tuple(found), vocab=v)
 
@@ -151,11 +156,12 @@ def _expert_shape(e: GGUFTensor, experts: int, hidden: int, ffn: int) -> tuple |
     return (experts, hidden) if e.tensor.name.endswith("ffn_gate_inp.weight") else None
 
 
-def _check_complete(have: set[str], family: Family, layers: int, path: Path, sparse: tuple = ()) -> None:
+def _check_complete(have: set[str], family: Family, layers: int, path: Path, sparse: tuple = (),
+                    linear: tuple | None = None) -> None:
     missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in have]
-    required = required_layer_tensors(family)
     moe = (ROUTER, *EXPERT_TENSORS)
     for i in range(layers):
+        required = required_layer_tensors(family, bool(linear and linear[i]))
         wanted = [s for s in required if not (sparse and sparse[i] and s.startswith(("ffn_gate.", "ffn_up.", "ffn_down.")))]
         missing += [f"blk.{i}.{s}" for s in wanted + (list(moe) if sparse and sparse[i] else [])
                     if f"blk.{i}.{s}" not in have]
@@ -163,6 +169,16 @@ def _check_complete(have: set[str], family: Family, layers: int, path: Path, spa
         raise ModelError(
             f"{path.name} lacks tensor {missing[0]} ({len(missing)} missing in all); the file is incomplete"
         )
+
+
+def _delta_net_shapes(net, hidden: int) -> dict:
+    """A delta-net layer's tensors under the names model/families/qwen3_5.py gives a GGUF's."""
+    d = "linear_attn."
+    return {d + "in_proj_qkv.weight": (net.conv_channels, hidden), d + "in_proj_z.weight": (net.values, hidden),
+            d + "in_proj_b.weight": (net.value_heads, hidden), d + "in_proj_a.weight": (net.value_heads, hidden),
+            d + "conv1d.weight": (net.conv_channels, net.conv_kernel), d + "dt_bias": (net.value_heads,),
+            d + "decay": (net.value_heads,), d + "norm.weight": (net.value_dim,),
+            d + "out_proj.weight": (hidden, net.values)}
 
 
 def _hf_shapes(vocab: int, hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int,

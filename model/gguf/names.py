@@ -62,7 +62,7 @@ class GGUFTensor:
 
 def layer_names(family: Family) -> dict[str, str]:
     """GGUF per-layer suffix -> the family's Hugging Face per-layer name."""
-    names = {**_LAYER_TENSORS, "ffn_norm.weight": family.mlp_norm}
+    names = {**_LAYER_TENSORS, "ffn_norm.weight": family.mlp_norm, **(family.gguf_names or {})}
     if family.post_norms:
         names["post_attention_norm.weight"], names["post_ffw_norm.weight"] = family.post_norms
     if family.qkv:
@@ -72,14 +72,20 @@ def layer_names(family: Family) -> dict[str, str]:
     return names
 
 
-def required_layer_tensors(family: Family) -> tuple[str, ...]:
-    """The GGUF per-layer suffixes every (dense) layer of the family must have."""
-    attn = ("attn_qkv.weight",) if family.qkv else ("attn_q.weight", "attn_k.weight", "attn_v.weight")
+def required_layer_tensors(family: Family, linear: bool = False) -> tuple[str, ...]:
+    """The GGUF per-layer suffixes every (dense) layer of the family must have; linear: a
+    hybrid's delta-net layer's."""
+    own = family.gguf_names or {}
+    mlp_norm = next((g for g, h in own.items() if h == family.mlp_norm), "ffn_norm.weight")
     mlp = ("ffn_up.weight",) if family.gate_up else ("ffn_gate.weight", "ffn_up.weight")
+    if linear:
+        return ("attn_norm.weight", *(g for g, h in own.items() if h.startswith("linear_attn.")), mlp_norm, *mlp,
+                "ffn_down.weight")
+    attn = ("attn_qkv.weight",) if family.qkv else ("attn_q.weight", "attn_k.weight", "attn_v.weight")
     extra = ("post_attention_norm.weight", "post_ffw_norm.weight") if family.post_norms else ()
     norms = ("attn_q_norm.weight", "attn_k_norm.weight") if family.qk_norm else ()
     biases = ("attn_q.bias", "attn_k.bias", "attn_v.bias") if family.attention_bias else ()
-    return ("attn_norm.weight", *attn, "attn_output.weight", "ffn_norm.weight", *mlp, "ffn_down.weight", *extra,
+    return ("attn_norm.weight", *attn, "attn_output.weight", mlp_norm, *mlp, "ffn_down.weight", *extra,
             *norms, *biases)
 
 

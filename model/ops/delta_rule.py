@@ -103,9 +103,12 @@ def gated_delta_net(proj: np.ndarray, w, shape: DeltaNet, history: np.ndarray, s
     q = l2_normalize(mixed[:, :shape.keys].reshape(tokens, shape.key_heads, shape.key_dim))
     k = l2_normalize(mixed[:, shape.keys:2 * shape.keys].reshape(tokens, shape.key_heads, shape.key_dim))
     q = q * np.float32(shape.key_dim ** -0.5)
-    if shape.value_heads != shape.key_heads:  # value head j reads key head j // (value_heads / key_heads)
+    if shape.value_heads != shape.key_heads:  # each key head read by value_heads / key_heads value heads
         repeat = shape.value_heads // shape.key_heads
-        q, k = np.repeat(q, repeat, axis=1), np.repeat(k, repeat, axis=1)
+        if shape.tiled:  # value head j reads key head j % key_heads
+            q, k = np.tile(q, (1, repeat, 1)), np.tile(k, (1, repeat, 1))
+        else:  # j // repeat
+            q, k = np.repeat(q, repeat, axis=1), np.repeat(k, repeat, axis=1)
     v = mixed[:, 2 * shape.keys:].reshape(tokens, shape.value_heads, shape.value_dim)
     z = proj[:, n:n + shape.values].reshape(tokens, shape.value_heads, shape.value_dim)
     b, a = proj[:, n + shape.values:n + shape.values + shape.value_heads], proj[:, n + shape.values + shape.value_heads:]
