@@ -97,12 +97,12 @@ def load(args, state: ServerState) -> Engine:
     state.model_path, state.model_type = str(model_dir), config.model_type
     state.architectures = list(config.architectures)
     block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE, backend.ops.storage_dtype.itemsize)
+    state_bytes = args.max_num_seqs * KVCache.bytes_per_state_slot(config)  # a hybrid's, one per request
     if backend.name == "cuda" and args.kv_cache_gib is None:
         num_blocks = gpu_kv_blocks(model, args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens,
-                                   state.max_model_len)
+                                   state.max_model_len) - -(-state_bytes // block_bytes)
     else:
         kv_cache_gib = args.kv_cache_gib or 1.0
-        state_bytes = args.max_num_seqs * KVCache.bytes_per_state_slot(config)  # a hybrid's, one per request
         num_blocks = int((kv_cache_gib * GIB - state_bytes) // block_bytes)
         if num_blocks < 2:
             raise ValueError(f"--kv-cache-gib {kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes"
@@ -123,8 +123,10 @@ def load(args, state: ServerState) -> Engine:
     speculative = speculative_config(args)
     if speculative and speculative.method == "draft_model":
         runner.draft = DraftModel.load(backend, resolve_model(speculative.model), runner, state.tokenizer)
-    if backend.name == "cuda" and not args.enforce_eager:
+    if backend.name == "cuda" and not args.enforce_eager and not config.delta_net:
         capture_graphs(runner, args.max_num_seqs, state.max_model_len)
+    elif backend.name == "cuda" and config.delta_net:
+        log.info("hybrid model: decoding eagerly (its state slots are not in the decode graphs yet)")
     engine = Engine(runner, state.tokenizer, EngineConfig(
         max_model_len=state.max_model_len, max_seqs=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, prefill_beside_decode=prefill_beside_decode(args, backend.name),

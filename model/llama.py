@@ -74,12 +74,13 @@ class Llama:
             if layer.q_norm is None:
                 q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
             else:  # q/k norms: each head normalised before the rotation
-                q, k = qkv[:, :c.q_size], qkv[:, c.q_size:c.q_size + c.kv_size]
+                k_at = c.q_size * (2 if c.attention_gate else 1)  # a gate's rows between q and k
+                q, k = qkv[:, :c.q_size], qkv[:, k_at:k_at + c.kv_size]
                 if c.qk_norm_whole:  # or the whole projection
                     q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
                 q = q.reshape(tokens, c.num_heads, c.head_dim)
                 k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
-                v = qkv[:, c.q_size + c.kv_size:c.q_size + 2 * c.kv_size].reshape(tokens, c.num_kv_heads, c.head_dim)
+                v = qkv[:, k_at + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
                 if not c.qk_norm_whole:
                     q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
                 q = ops.rope(q, cos, sin)
@@ -87,7 +88,7 @@ class Llama:
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, self.windows[i],
                                        c.attn_softcap)
             if c.attention_gate:
-                attn = ops.sigmoid_mul(attn, qkv[:, c.q_size + 2 * c.kv_size:])
+                attn = ops.sigmoid_mul(attn, qkv[:, c.q_size:2 * c.q_size])
             out = ops.linear(attn, layer.wo)
             if layer.post_attn_norm is not None:
                 out = ops.rms_norm(out, layer.post_attn_norm, eps)

@@ -99,8 +99,8 @@ class DeltaNetWeights:
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # (hidden,)
-    wqkv: np.ndarray | None  # (q + 2 kv, hidden): q, k and v projections in one GEMM (then q's gate, where
-    # the family gates the output); None in a delta-net layer
+    wqkv: np.ndarray | None  # (q + 2 kv, hidden): q, k and v projections in one GEMM (q, its gate, k and v
+    # where the family gates the output); None in a delta-net layer
     bqkv: np.ndarray | None  # (q + 2 kv,) where the family has q/k/v biases
     q_norm: np.ndarray | None  # (head_dim,) with q/k norms; (q,) over the whole projection
     k_norm: np.ndarray | None
@@ -239,13 +239,14 @@ class _LayerReader:
         if order is None and not c.attention_gate:
             return dict(wqkv=wqkv, bqkv=bias, q_norm=q_norm, k_norm=k_norm, wo=self.take(a + "o_proj.weight", (H, Q)))
         # A partial rotation: each q/k head's rotated pairs moved to where the kernels rotate
-        # (model/rope.py); v's rows stay. A gate: each head's query rows first, its gate rows last.
+        # (model/rope.py); v's rows stay. A gate: every head's query rows, then every head's gate
+        # rows, each row kept within its tensor (a packed Fused's parts).
         within = np.arange(D) if order is None else order
         stride = 2 * D if c.attention_gate else D
-        heads = [(np.arange(c.num_heads)[:, None] * stride + within).ravel(),
-                 (np.arange(c.num_kv_heads)[:, None] * D + within).ravel() + q_rows, q_rows + KV + np.arange(KV)]
+        heads = [(np.arange(c.num_heads)[:, None] * stride + within).ravel()]
         if c.attention_gate:
             heads.append((np.arange(c.num_heads)[:, None] * stride + D + np.arange(D)).ravel())
+        heads += [(np.arange(c.num_kv_heads)[:, None] * D + within).ravel() + q_rows, q_rows + KV + np.arange(KV)]
         rows = np.concatenate(heads)
         return dict(wqkv=take_rows(wqkv, rows), bqkv=None if bias is None else take_rows(bias, rows),
                     q_norm=q_norm if q_norm is None or order is None else q_norm[order],

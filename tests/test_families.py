@@ -63,8 +63,6 @@ def rel_err(a, b) -> float:
 def test_family_matches_transformers(checkpoints, name, backend):
     """Prefill in two chunks, then one token a step: every position's logits within 1e-4 of
     transformers' (float32 both), and the greedy continuation token for token."""
-    if name == "qwen3.5" and backend == "cuda-harness":
-        pytest.skip("the delta-net layers have no CUDA kernels yet")
     path, fixture, context = checkpoints(name)
     runner = ModelRunner.from_dir(path, num_blocks=16, block_size=4, ops=BACKENDS[backend](),
                                   max_model_len=context)

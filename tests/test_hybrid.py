@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cuda_harness import CpuLauncher
 from engine_harness import Harness
+from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
 from model.ops.numpy_ops import NumpyOps
 from model.runner import ModelRunner, Row, StepPlan
@@ -22,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from family_models import make_family  # noqa: E402
 
 # the packed path is batch-invariant (integer GEMMs): its bits are held equal; NumPy's float32
-# GEMMs (OpenBLAS) round by row count, so the reference agrees to float32 rounding
-BACKENDS = {"numpy": NumpyOps, "numba": lambda: NumbaOps("q8_0")}
+# GEMMs (OpenBLAS) round by row count, and so do the CUDA harness's (cuBLAS's stand-in), so
+# those agree to float32 rounding
+BACKENDS = {"numpy": NumpyOps, "numba": lambda: NumbaOps("q8_0"), "cuda-harness": lambda: CudaOps(np, CpuLauncher())}
 
 
 def same(backend, got, want):

@@ -68,7 +68,8 @@ def bench_prefill(runner, ids, repeats, chunk):
     for 0), each on the cache the steps before it wrote, as the server's chunked prefill runs."""
     table = list(range(-(-len(ids) // runner.block_size)))
     chunk = chunk or len(ids)
-    plans = [StepPlan([Row("p", ids[at:at + chunk], at, table, sample=at + chunk >= len(ids))])
+    slot = runner.state_slots - 1  # a hybrid's state: the last slot (decode rows take the others)
+    plans = [StepPlan([Row("p", ids[at:at + chunk], at, table, sample=at + chunk >= len(ids), state_slot=slot)])
              for at in range(0, len(ids), chunk)]
     runner.step(plans[0])  # warm-up
     times = []
@@ -87,15 +88,15 @@ def bench_decode(runner, ids, batch, context, steps):
     for b in range(batch):
         prompt = ids[b * 3: b * 3 + context]
         table = list(range(b * per_row, (b + 1) * per_row))
-        runner.step(StepPlan([Row(b, prompt, 0, table)]))  # fill the cache, no sampling
-        rows.append(Row(b, [prompt[-1]], context, table, sample=True))
+        runner.step(StepPlan([Row(b, prompt, 0, table, state_slot=b)]))  # fill the cache, no sampling
+        rows.append(Row(b, [prompt[-1]], context, table, sample=True, state_slot=b))
     times = []
     for step in range(steps + 1):
         t = time.perf_counter()
         out = runner.step(StepPlan(rows))
         if step:  # the first step is a warm-up
             times.append(time.perf_counter() - t)
-        rows = [Row(r.request_id, [s.token_id], r.start_pos + 1, r.block_table, sample=True)
+        rows = [Row(r.request_id, [s.token_id], r.start_pos + 1, r.block_table, sample=True, state_slot=r.state_slot)
                 for r, s in zip(rows, out)]
     return batch / statistics.median(times), statistics.median(times)
 
@@ -124,7 +125,7 @@ def main() -> None:
     need = max([*batches, 0]) * -(-(args.context + args.steps + 1) // 16) + 64 + args.prompt_tokens // 16
     backend = resolve(args.backend, args.dtype)
     model = backend.load(model_dir)
-    runner = ModelRunner(model.config, model, num_blocks=need, seed=0)
+    runner = ModelRunner(model.config, model, num_blocks=need, seed=0, state_slots=max([*batches, 0]) + 1)
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, {blas_info()}")
     print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), context {args.context} per decode row")

@@ -2,7 +2,8 @@
 
 Shapes: Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B (their matrices, heads, rope and norms), Qwen3-30B-A3B's
 mixture of experts cut to 8 of its 48 layers (128 experts of 768, 8 a token: every layer as
-the real one's), `tiny` for tests and `tiny-32k` (one layer, a 32k context) for agents' long
+the real one's), a Qwen3.5 hybrid of about 2B (Qwen3.5-2B's hidden size, layers and vocabulary;
+its other widths Qwen3.5's defaults scaled down: a GGUF only), `tiny` for tests and `tiny-32k` (one layer, a 32k context) for agents' long
 prompts. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
 49,152-token byte-level BPE), padded with unused tokens up to the shape's vocabulary, so text
 round-trips. Weights are drawn per tensor from (seed, tensor name), a block of rows at a time,
@@ -58,6 +59,9 @@ class Shape:
     experts: int = 0  # a mixture of experts' experts a layer (in place of the MLP); 0: dense
     experts_used: int = 0
     expert_ffn: int = 0
+    # a hybrid's gated delta nets (key heads, value heads, key dim, value dim, conv kernel): three
+    # of every four layers, the fourth full attention with an output gate and a quarter rotated
+    delta_net: tuple[int, int, int, int, int] | None = None
 
 
 SHAPES = {
@@ -68,6 +72,8 @@ SHAPES = {
     "qwen3-4b": Shape("qwen3", 2560, 36, 32, 8, 128, 9728, 151936, True, 1000000.0, 1e-6, 40960),
     "qwen3-30b-a3b-8l": Shape("qwen3moe", 2048, 8, 32, 4, 128, 6144, 151936, False, 1000000.0, 1e-6, 40960,
                               experts=128, experts_used=8, expert_ffn=768),
+    "qwen3.5-2b": Shape("qwen35", 2048, 24, 8, 2, 256, 6144, 248320, True, 10000000.0, 1e-6, 262144,
+                        delta_net=(16, 16, 128, 128, 4)),
     # Small, but every matrix has rows of 256 so that K-quants apply, it is untied so that
     # token_embd and output take their own Q4_K_M types, and 128 padding tokens are exercised.
     "tiny": Shape("llama", 256, 2, 4, 2, 64, 512, 49280, False, 10000.0, 1e-5, 2048),
@@ -97,6 +103,9 @@ class Tensor:
     def draw(self, seed: int):
         """Float32 blocks of rows, from (seed, hf_name): the same values in either format."""
         rng = np.random.default_rng([seed, zlib.crc32(self.hf_name.encode())])
+        if self.hf_name.endswith("linear_attn.decay"):  # -exp(A_log): decays of 0.6-0.95 a token
+            yield -rng.uniform(0.05, 0.5, self.shape).astype(np.float32)
+            return
         if len(self.shape) == 1:
             yield (1 + 0.05 * rng.standard_normal(self.shape, dtype=np.float32)).astype(np.float32)
             return
@@ -113,6 +122,9 @@ def tensors(s: Shape) -> list[Tensor]:
     out = [Tensor("model.embed_tokens.weight", "token_embd.weight", (s.vocab, s.hidden))]
     for i in range(s.layers):
         hf, gg = f"model.layers.{i}.", f"blk.{i}."
+        if s.delta_net:
+            out += hybrid_layer(s, i)
+            continue
         out += [
             Tensor(hf + "input_layernorm.weight", gg + "attn_norm.weight", (s.hidden,), i),
             Tensor(hf + "self_attn.q_proj.weight", gg + "attn_q.weight", (q, s.hidden), i, s.heads * rope),
@@ -142,6 +154,40 @@ def tensors(s: Shape) -> list[Tensor]:
     return out
 
 
+def hybrid_layer(s: Shape, i: int) -> list[Tensor]:
+    """A Qwen3.5 layer's tensors under llama.cpp's names: a gated delta net (three layers of
+    four) or gated full attention, then the MLP."""
+    hf, gg = f"model.layers.{i}.", f"blk.{i}."
+    key_heads, value_heads, key_dim, value_dim, kernel = s.delta_net
+    channels, values = 2 * key_heads * key_dim + value_heads * value_dim, value_heads * value_dim
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    out = [Tensor(hf + "input_layernorm.weight", gg + "attn_norm.weight", (s.hidden,), i)]
+    d = hf + "linear_attn."
+    if (i + 1) % 4:
+        out += [Tensor(d + "in_proj_qkv.weight", gg + "attn_qkv.weight", (channels, s.hidden), i),
+                Tensor(d + "in_proj_z.weight", gg + "attn_gate.weight", (values, s.hidden), i),
+                Tensor(d + "in_proj_b.weight", gg + "ssm_beta.weight", (value_heads, s.hidden), i),
+                Tensor(d + "in_proj_a.weight", gg + "ssm_alpha.weight", (value_heads, s.hidden), i),
+                Tensor(d + "conv1d.weight", gg + "ssm_conv1d.weight", (channels, kernel), i),
+                Tensor(d + "dt_bias", gg + "ssm_dt.bias", (value_heads,), i),
+                Tensor(d + "decay", gg + "ssm_a", (value_heads,), i),
+                Tensor(d + "norm.weight", gg + "ssm_norm.weight", (value_dim,), i),
+                Tensor(d + "out_proj.weight", gg + "ssm_out.weight", (s.hidden, values), i)]
+    else:
+        a = hf + "self_attn."
+        out += [Tensor(a + "q_proj.weight", gg + "attn_q.weight", (2 * q, s.hidden), i),
+                Tensor(a + "k_proj.weight", gg + "attn_k.weight", (kv, s.hidden), i),
+                Tensor(a + "v_proj.weight", gg + "attn_v.weight", (kv, s.hidden), i),
+                Tensor(a + "o_proj.weight", gg + "attn_output.weight", (s.hidden, q), i),
+                Tensor(a + "q_norm.weight", gg + "attn_q_norm.weight", (s.head_dim,), i),
+                Tensor(a + "k_norm.weight", gg + "attn_k_norm.weight", (s.head_dim,), i)]
+    return out + [
+        Tensor(hf + "post_attention_layernorm.weight", gg + "post_attention_norm.weight", (s.hidden,), i),
+        Tensor(hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", (s.ffn, s.hidden), i),
+        Tensor(hf + "mlp.up_proj.weight", gg + "ffn_up.weight", (s.ffn, s.hidden), i),
+        Tensor(hf + "mlp.down_proj.weight", gg + "ffn_down.weight", (s.hidden, s.ffn), i)]
+
+
 def use_more_bits(layer: int, layers: int) -> bool:
     """llama-quantize's choice of layers for more bits: the first and last eighth, and every
     third layer between."""
@@ -155,8 +201,8 @@ def tensor_type(t: Tensor, kind: str, s: Shape) -> T:
     use_more_bits, Q4_K for every other matrix. Norms stay F32; a matrix whose rows do not fit
     the type's blocks falls back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to
     Q8_0, else F16)."""
-    if len(t.shape) == 1 or t.gguf_name.endswith("ffn_gate_inp.weight"):  # llama.cpp keeps routers F32
-        return T.F32
+    if len(t.shape) == 1 or t.gguf_name.endswith(("ffn_gate_inp.weight", "ssm_conv1d.weight")):
+        return T.F32  # llama.cpp keeps routers and convolutions F32
     qtype = GGUF_TYPES[kind]
     if kind == "q4_k_m":
         output = t.gguf_name == "output.weight" or (s.tied and t.gguf_name == "token_embd.weight")
@@ -239,7 +285,7 @@ def write_gguf(path: Path, s: Shape, kind: str, seed: int, shape_name: str) -> N
     w.add_head_count_kv(s.kv_heads)
     w.add_key_length(s.head_dim)
     w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(s.head_dim)
+    w.add_rope_dimension_count(s.head_dim // 4 if s.delta_net else s.head_dim)
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
     w.add_vocab_size(s.vocab)
@@ -247,6 +293,15 @@ def write_gguf(path: Path, s: Shape, kind: str, seed: int, shape_name: str) -> N
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)
         w.add_expert_feed_forward_length(s.expert_ffn)
+    if s.delta_net:
+        key_heads, value_heads, key_dim, value_dim, kernel = s.delta_net
+        w.add_ssm_conv_kernel(kernel)
+        w.add_ssm_state_size(key_dim)
+        w.add_ssm_group_count(key_heads)
+        w.add_ssm_time_step_rank(value_heads)
+        w.add_ssm_inner_size(value_heads * value_dim)
+        w.add_full_attention_interval(4)
+        w.add_rope_dimension_sections([11, 11, 10, 0])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -292,8 +347,8 @@ def write_hf(out: Path, s: Shape, kind: str, seed: int) -> None:
     for name in ("tokenizer_config.json", "generation_config.json"):
         shutil.copyfile(source / name, out / name)
     generation = json.loads((source / "generation_config.json").read_text())
-    if s.experts:
-        raise SystemExit("a mixture of experts' shape is written as a GGUF only (--format gguf)")
+    if s.experts or s.delta_net:
+        raise SystemExit("a mixture of experts' or a hybrid's shape is written as a GGUF only (--format gguf)")
     model_type, arch = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}[s.arch]
     rope_scaling = None
     if s.llama3_rope:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.errors import ModelError, one_line
 from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
-from model.errors import one_line
 from model.ops.kernels import TENSOR_CORE_TYPES, name_expression, variant
 from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
@@ -157,6 +157,39 @@ class CudaOps:
         out = self.xp.empty((tokens, inter), dtype=self.storage_dtype)
         self.kernel("activation.cu", name)(((inter + THREADS - 1) // THREADS, tokens), (THREADS,),
                                            (out, gate_up, np.int32(inter)))
+        return out
+
+    def sigmoid_mul(self, x, gate):
+        x = self.contiguous(x)
+        tokens, width = x.shape
+        out = self.xp.empty_like(x)
+        self.kernel("delta_net.cu", "sigmoid_mul")(((width + THREADS - 1) // THREADS, tokens), (THREADS,), (
+            out, x, self.contiguous(gate), np.int32(width)))
+        return out
+
+    def gated_delta_net(self, proj, weights, shape, history, state, rows, eps: float):
+        """NumpyOps.gated_delta_net in cuda/delta_net.cu: the convolution a thread per channel
+        and row, then a block per value head and row keeping the state in its slot."""
+        xp, proj = self.xp, self.contiguous(proj)
+        tokens, projections = proj.shape
+        threads = -(-max(shape.key_dim, shape.value_dim) // 32) * 32
+        if threads > 256 or shape.conv_kernel > 8:
+            raise ModelError(f"the CUDA delta net takes heads of up to 256 and convolutions of up to 8 taps,"
+                             f" not {max(shape.key_dim, shape.value_dim)} and {shape.conv_kernel}")
+        fresh = xp.asarray(rows.slots[rows.fresh], dtype=np.int64)
+        if fresh.size:
+            history[fresh], state[fresh] = 0.0, 0.0
+        starts, counts, slots = (xp.asarray(a, dtype=np.int32) for a in (rows.starts, rows.counts, rows.slots))
+        channels = shape.conv_channels
+        mixed = xp.empty((tokens, channels), dtype=np.float32)
+        self.kernel("delta_net.cu", "delta_conv")(((channels + THREADS - 1) // THREADS, len(rows.starts)), (THREADS,), (
+            mixed, history, proj, weights.conv, starts, counts, slots, np.int32(channels), np.int32(projections),
+            np.int32(shape.conv_kernel)))
+        out = xp.empty((tokens, shape.values), dtype=self.storage_dtype)
+        self.kernel("delta_net.cu", "delta_rule")((shape.value_heads, len(rows.starts)), (threads,), (
+            out, state, mixed, proj, weights.dt_bias, weights.decay, weights.norm, starts, counts, slots,
+            np.int32(shape.key_heads), np.int32(shape.value_heads), np.int32(shape.key_dim), np.int32(shape.value_dim),
+            np.int32(shape.tiled), np.int32(projections), np.float32(eps)))
         return out
 
     def moe(self, x, experts, gelu: bool = False):

@@ -26,6 +26,7 @@ KERNELS = {
     "penalties.cu": ("apply_penalties", "count_tokens"),
     "logprobs.cu": ("logprobs",),
     "moe.cu": ("moe_route", "moe_align", "moe_gemm", "moe_combine"),
+    "delta_net.cu": ("delta_conv", "delta_rule", "sigmoid_mul"),
 }
 # fp32 logits whatever the model's storage type; moe_align sorts integers
 UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_align"}
