@@ -79,14 +79,18 @@ def byte_tokens() -> tuple[list[str], list[str]]:
     return ["Ġ", "t", *alphabet[:253], "Ġt"], ["Ġ t"]
 
 
-def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | None = None) -> Path:
-    """quant: the type of every matrix but the embedding (F32 for the rest)."""
+def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | None = None, mtp: bool = False) -> Path:
+    """quant: the type of every matrix but the embedding (F32 for the rest). mtp: a
+    multi-token-prediction block after the layers, as llama.cpp's converter writes Qwen3.5's
+    (block_count one more, nextn_predict_layers 1, its tensors under blk.N)."""
     c, _ = FAMILIES[name]
     kind = c["model_type"]
     arch = gguf.MODEL_ARCH_NAMES[ARCHES[kind]]
     w = gguf.GGUFWriter(str(path), arch)
     heads, rope = c["num_attention_heads"], c.get("rope_parameters") or c.get("rope_scaling") or {}
-    w.add_block_count(c["num_hidden_layers"])
+    w.add_block_count(c["num_hidden_layers"] + mtp)
+    if mtp:
+        w.add_nextn_predict_layers(1)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
     w.add_feed_forward_length(c["intermediate_size"])
@@ -162,6 +166,11 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
             w.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)
         else:
             w.add_tensor(gguf_name, array)
+    if mtp:  # a full-attention block and its own norms and projection, under blk.<layers>
+        n, h = c["num_hidden_layers"], c["hidden_size"]
+        extra = {**extra, **{f"blk.{n}.{t}": np.full(shape, 0.5, np.float32) for t, shape in (
+            ("attn_norm.weight", (h,)), ("attn_q.weight", (8, h)), ("nextn.eh_proj.weight", (h, 2 * h)),
+            ("nextn.enorm.weight", (h,)), ("nextn.hnorm.weight", (h,)), ("nextn.shared_head_norm.weight", (h,)))}}
     for gguf_name, array in extra.items():
         w.add_tensor(gguf_name, array)
     w.write_header_to_file()

@@ -168,6 +168,20 @@ def test_family_gguf_of_q8_0_served_packed(checkpoints, tmp_path, name):
     assert 1e-5 < err < 5e-2, err
 
 
+def test_a_qwen35_gguf_with_its_mtp_block_serves_the_layers(checkpoints, tmp_path):
+    """llama.cpp's converter writes Qwen3.5's multi-token-prediction block after the layers
+    (block_count + 1, nextn_predict_layers 1): it is left unread, and the layers' logits hold."""
+    from model.gguf.names import read_gguf_tensors
+
+    _, fixture, context = checkpoints("qwen3.5")
+    path = write_family_gguf("qwen3.5", tmp_path / "mtp.gguf", mtp=True)
+    assert not any(t.tensor.name.startswith("blk.4.") for t in read_gguf_tensors(path))
+    served = convert_gguf(path, tmp_path / "served")
+    assert ModelConfig.load(served).num_layers == 4
+    runner = ModelRunner.from_dir(served, num_blocks=16, block_size=4, ops=NumbaOps(), max_model_len=context)
+    assert_matches(runner, fixture)
+
+
 def test_gemma2_gguf_reads_what_llama_cpp_reads(tmp_path):
     """Soft caps and the every-other-layer window from the metadata, the query scale inferred."""
     c = ModelConfig.load(convert_gguf(write_family_gguf("gemma2", tmp_path / "g.gguf"), tmp_path / "served"))

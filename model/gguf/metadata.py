@@ -52,7 +52,8 @@ def read_gguf(path: Path) -> GGUFModel:
         )
 
     hidden = int(_require(reader, k("embedding_length"), path))
-    layers = int(_require(reader, k("block_count"), path))
+    mtp = int(_field(reader, k("nextn_predict_layers"), 0) or 0)  # multi-token-prediction blocks, last
+    layers = int(_require(reader, k("block_count"), path)) - mtp
     ffn = int(_require(reader, k("feed_forward_length"), path))
     heads = int(_require(reader, k("attention.head_count"), path))
     kv_heads = int(_field(reader, k("attention.head_count_kv"), heads))
@@ -75,7 +76,7 @@ def read_gguf(path: Path) -> GGUFModel:
 
     tensors = {t.name: t for t in reader.tensors}
     scaling = rope_scaling(lambda name: _field(reader, k(f"rope.{name}")), tensors, rope_dims, theta, path, ctx)
-    found = entries(reader.tensors, family, layers, heads, kv_heads, path, experts)
+    found = entries(reader.tensors, family, layers, heads, kv_heads, path, experts, mtp)
     have = {e.tensor.name for e in found}
     sparse = tuple(f"blk.{i}.{ROUTER}" in have for i in range(layers)) if experts else ()
     switches = family.gguf_switches(field, layers, hidden, heads, head_dim)

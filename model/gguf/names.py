@@ -103,14 +103,16 @@ def read_gguf_tensors(path: Path) -> tuple[GGUFTensor, ...]:
         raise ModelError(f"{path} lacks the GGUF metadata key {arch}.{missing[0]}; it is not a complete Llama-family GGUF")
     heads = int(need["attention.head_count"])
     kv_heads = int(fields.get(f"{arch}.attention.head_count_kv", heads))
-    return tuple(entries(infos, family, int(need["block_count"]), heads, kv_heads, path, experts))
+    mtp = int(fields.get(f"{arch}.nextn_predict_layers") or 0)
+    return tuple(entries(infos, family, int(need["block_count"]) - mtp, heads, kv_heads, path, experts, mtp))
 
 
 def entries(tensors, family: Family, layers: int, heads: int, kv_heads: int, path: Path,
-            experts: int = 0) -> list[GGUFTensor]:
+            experts: int = 0, mtp: int = 0) -> list[GGUFTensor]:
     """Every tensor (gguf's ReaderTensor or index.TensorInfo) under its Hugging Face name (an
     expert stack as one entry per expert, under the checkpoint's names for it); an unknown one
-    means a model Spool would get wrong."""
+    means a model Spool would get wrong. The mtp multi-token-prediction blocks after the layers
+    (nextn_predict_layers: Qwen3.5's, GLM's) are not read."""
     names = layer_names(family)
     moe = (ROUTER, *EXPERT_TENSORS) if experts else ()
     out = []
@@ -123,6 +125,8 @@ def entries(tensors, family: Family, layers: int, heads: int, kv_heads: int, pat
             out.append(GGUFTensor(_GLOBAL_TENSORS[name], t, 0, shape))
             continue
         parts = name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and layers <= int(parts[1]) < layers + mtp:
+            continue
         if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and (parts[2] in names or parts[2] in moe):
             i = int(parts[1])
             if i >= layers:
