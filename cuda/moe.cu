@@ -157,3 +157,17 @@ __global__ void moe_combine(T* __restrict__ out, const T* __restrict__ routed, c
         out[size_t(t) * hidden + i] = from_float<T>(sum);
     }
 }
+
+// One block per token: out[t] += sigmoid(x[t] . gate) * shared[t], a shared expert's output
+// gated by its own one-row projection (fp32 weights, as the router's) and added to the routed
+// experts' sum.
+template <typename T>
+__global__ void moe_shared_add(T* __restrict__ out, const T* __restrict__ shared, const T* __restrict__ x,
+                               const float* __restrict__ gate, int hidden) {
+    size_t row = size_t(blockIdx.x) * hidden;
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dot += to_float(x[row + i]) * gate[i];
+    float weight = 1.0f / (1.0f + __expf(-block_sum(dot)));
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        out[row + i] = from_float<T>(to_float(out[row + i]) + weight * to_float(shared[row + i]));
+}

@@ -57,6 +57,7 @@ class ModelConfig:
     norm_topk_prob: bool = False  # the top-k routing weights rescaled to sum to 1
     moe_layers: tuple[bool, ...] | None = None  # which layers route to experts (the rest dense); None: all
     qk_norm_whole: bool = False  # q and k normalised over the whole projection, not per head
+    shared_expert_size: int = 0  # a shared expert beside the routed ones (gated by a sigmoid): its width
     linear_layers: tuple[bool, ...] | None = None  # a hybrid model's gated delta-net layers; None: none
     delta_net: DeltaNet | None = None  # their shape
     attention_gate: bool = False  # the attention's output times a sigmoid of q_proj's gate half
@@ -93,7 +94,9 @@ class ModelConfig:
                 model_type=model_type,
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
+                # a model whose every layer routes (Qwen3.5-MoE) has no dense width: its shared expert's
+                intermediate_size=int(raw.get("intermediate_size") or raw.get("shared_expert_intermediate_size")
+                                      or raw["intermediate_size"]),
                 num_layers=layers,
                 num_heads=heads,
                 num_kv_heads=kv_heads,
@@ -121,6 +124,7 @@ class ModelConfig:
                 if experts else 0,
                 norm_topk_prob=family.top_k_normalised or bool(raw.get("norm_topk_prob", False)),
                 moe_layers=_moe_layers(raw, layers) if experts else None,
+                shared_expert_size=int(raw.get("shared_expert_intermediate_size") or 0) if experts else 0,
                 qk_norm_whole=family.qk_norm_whole,
             )
             return cls(**{**fields, **family.switches(raw, layers)})  # the family's own over the rest

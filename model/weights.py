@@ -57,6 +57,10 @@ class Experts:
     down: np.ndarray  # (experts x hidden, intermediate)
     top_k: int
     normalize: bool  # the top k's weights rescaled to sum to 1
+    # a shared expert every token goes through, its output times sigmoid(x . shared_gate) (Qwen3.5-MoE)
+    shared_gate_up: np.ndarray | None = None  # (2 x shared intermediate, hidden)
+    shared_down: np.ndarray | None = None  # (hidden, shared intermediate)
+    shared_gate: np.ndarray | None = None  # (1, hidden), float32 as the router
 
     @property
     def count(self) -> int:
@@ -64,13 +68,19 @@ class Experts:
 
     @property
     def nbytes(self) -> int:
-        return self.router.nbytes + self.gate_up.nbytes + self.down.nbytes
+        shared = (self.shared_gate_up, self.shared_down, self.shared_gate)
+        return self.router.nbytes + self.gate_up.nbytes + self.down.nbytes + sum(a.nbytes for a in shared
+                                                                                if a is not None)
 
     def prepared(self, prepare: Callable, keep_float: Callable) -> "Experts":
-        """The experts' matrices through prepare (ops.weight), the router through keep_float
-        (ops.asarray): routing on rounded weights would choose other experts than the checkpoint's."""
+        """The experts' matrices through prepare (ops.weight), the router (and a shared expert's
+        gate) through keep_float (ops.asarray): routing on rounded weights would choose other
+        experts than the checkpoint's."""
+        shared = {} if self.shared_gate is None else dict(
+            shared_gate_up=prepare(self.shared_gate_up), shared_down=prepare(self.shared_down),
+            shared_gate=keep_float(float32(self.shared_gate)))
         return replace(self, router=keep_float(float32(self.router)), gate_up=prepare(self.gate_up),
-                       down=prepare(self.down))
+                       down=prepare(self.down), **shared)
 
 
 @dataclass
@@ -281,12 +291,21 @@ class _LayerReader:
         c = self.config
         E, H, I = c.num_experts, c.hidden_size, c.expert_intermediate_size
         moe, names = c.family.expert_tensors(i)
+        shared = {}
+        if c.shared_expert_size:
+            S, gate = c.shared_expert_size, moe + "shared_expert_gate.weight"
+            entry = self.tensors.entries.get(gate)
+            gate_shape = (H,) if entry is not None and len(entry.shape) == 1 else (1, H)  # a GGUF's is 1-D
+            shared = dict(shared_gate_up=self.fused([(f"{moe}shared_expert.{part}_proj.weight", (S, H))
+                                                     for part in ("gate", "up")]),
+                          shared_down=self.take(moe + "shared_expert.down_proj.weight", (H, S)),
+                          shared_gate=float32(self.take(gate, gate_shape)).reshape(1, H))
         return Experts(
             router=self.take(moe + "gate.weight", (E, H)),
             gate_up=self.fused([(f"{moe}experts.{e}.{names[part]}.weight", (I, H))
                                 for e in range(E) for part in ("gate", "up")]),
             down=self.fused([(f"{moe}experts.{e}.{names['down']}.weight", (H, I)) for e in range(E)]),
-            top_k=c.experts_per_token, normalize=c.norm_topk_prob)
+            top_k=c.experts_per_token, normalize=c.norm_topk_prob, **shared)
 
     def unread(self, name: str, shape: tuple):
         """The tensor for prepare to read in slabs of rows (tensors.rows)."""

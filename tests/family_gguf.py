@@ -16,7 +16,7 @@ from family_models import FAMILIES, random_tensors
 ARCHES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
           "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "smollm3": gguf.MODEL_ARCH.SMOLLM3,
           "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE,
-          "qwen3_5_text": gguf.MODEL_ARCH.QWEN35}
+          "qwen3_5_text": gguf.MODEL_ARCH.QWEN35, "qwen3_5_moe_text": gguf.MODEL_ARCH.QWEN35MOE}
 ROPE_ORDER = ("smollm3", "mixtral")  # llama.cpp's converter permutes q/k rows of these (architecture llama)
 
 
@@ -67,6 +67,8 @@ def qwen35_tensors(c: dict, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
             if name.endswith("A_log"):
                 a = -np.exp(a)
             name = name.replace(".dt_bias", ".dt_proj.bias")
+        if name.endswith("shared_expert_gate.weight"):
+            a = a.reshape(-1)  # llama.cpp's is 1-D
         out[name] = np.ascontiguousarray(a, dtype=np.float32)
     return out
 
@@ -93,7 +95,8 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
         w.add_nextn_predict_layers(1)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
+    if c.get("intermediate_size"):  # none where every layer routes (Qwen3.5-MoE)
+        w.add_feed_forward_length(c["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(c["num_key_value_heads"])
     w.add_key_length(c["head_dim"])
@@ -132,7 +135,9 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
         w.add_sliding_window(c["sliding_window"])
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["sliding_window_pattern"])
         w.add_float32(f"{arch}.rope.freq_base_swa", c["rope_local_base_freq"])
-    if kind == "qwen3_5_text":
+    if "shared_expert_intermediate_size" in c:
+        w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+    if kind.startswith("qwen3_5"):
         w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
         w.add_ssm_state_size(c["linear_key_head_dim"])
         w.add_ssm_group_count(c["linear_num_key_heads"])
@@ -151,7 +156,7 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     names = gguf.get_tensor_name_map(ARCHES[kind], c["num_hidden_layers"])
     dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c["num_hidden_layers"])
     tensors = random_tensors(c)
-    if kind == "qwen3_5_text":
+    if kind.startswith("qwen3_5"):
         tensors = qwen35_tensors(c, tensors)
     for hf, array in (experts_stacked(tensors, experts) if experts else tensors).items():
         if kind.startswith("gemma") and hf.endswith("norm.weight"):

@@ -133,7 +133,7 @@ def test_a_gemma3_vision_language_checkpoint_serves_its_language_model(checkpoin
 
 # Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)
 GGUF_FAMILIES = ["gemma3", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
-                 "qwen3-moe", "qwen3-yarn", "qwen3.5", "smollm3-4"]
+                 "qwen3-moe", "qwen3-yarn", "qwen3.5", "qwen3.5-moe", "smollm3-4"]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])

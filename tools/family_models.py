@@ -74,6 +74,15 @@ FAMILIES = {
                         layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
                         linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
                         linear_num_value_heads=8), 256),
+    # its mixture: every layer routes (softmax top 2 of 8, renormalised), beside a gated shared expert
+    "qwen3.5-moe": (_family("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", num_hidden_layers=4, rope_theta=None,
+                            rms_norm_eps=1e-6, intermediate_size=None,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.25},
+                            layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
+                            linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
+                            linear_num_value_heads=8, num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=32, shared_expert_intermediate_size=48), 256),
 }
 
 
@@ -99,9 +108,21 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     for n in range(c["num_hidden_layers"]):
         p, a = f"model.layers.{n}.", f"model.layers.{n}.self_attn."
         shapes[p + "input_layernorm.weight"] = shapes[p + "post_attention_layernorm.weight"] = (h,)
-        if kind == "qwen3_5_text":
-            shapes.update({p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                           p + "mlp.down_proj.weight": (h, i)})
+        if kind.startswith("qwen3_5"):
+            if kind == "qwen3_5_moe_text":
+                e, s = c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+                shapes[p + "mlp.gate.weight"] = (c["num_experts"], h)
+                for x in range(c["num_experts"]):
+                    shapes.update({f"{p}mlp.experts.{x}.gate_proj.weight": (e, h),
+                                   f"{p}mlp.experts.{x}.up_proj.weight": (e, h),
+                                   f"{p}mlp.experts.{x}.down_proj.weight": (h, e)})
+                shapes.update({p + "mlp.shared_expert.gate_proj.weight": (s, h),
+                               p + "mlp.shared_expert.up_proj.weight": (s, h),
+                               p + "mlp.shared_expert.down_proj.weight": (h, s),
+                               p + "mlp.shared_expert_gate.weight": (1, h)})
+            else:
+                shapes.update({p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                               p + "mlp.down_proj.weight": (h, i)})
             if c["layer_types"][n] == "linear_attention":
                 shapes.update(delta_net_shapes(c, f"model.layers.{n}.linear_attn."))
             else:  # q_proj: each head's query rows, then its gate's

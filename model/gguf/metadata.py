@@ -43,8 +43,10 @@ def read_gguf(path: Path) -> GGUFModel:
 
     experts = int(_field(reader, k("expert_count")) or 0)
     family = gguf_family(arch, bool(experts), path)
-    if any(t.name.endswith("_shexp.weight") for t in reader.tensors):
-        raise ModelError(f"{path.name} has shared experts (Qwen2-MoE's, DeepSeek's), which Spool does not run")
+    shared_names = {g for g, h in (family.gguf_names or {}).items() if "shared_expert" in h}
+    if any(t.name.endswith("_shexp.weight") and t.name.split(".", 2)[-1] not in shared_names for t in reader.tensors):
+        raise ModelError(f"{path.name} has shared experts (Qwen2-MoE's, DeepSeek's), which Spool does not run"
+                         f" for architecture {arch}")
     if _field(reader, k("attention.sliding_window")) and not family.gguf_sliding_window:
         raise ModelError(
             f"{path.name} uses sliding-window attention, which this GGUF converter does not support"
@@ -54,7 +56,9 @@ def read_gguf(path: Path) -> GGUFModel:
     hidden = int(_require(reader, k("embedding_length"), path))
     mtp = int(_field(reader, k("nextn_predict_layers"), 0) or 0)  # multi-token-prediction blocks, last
     layers = int(_require(reader, k("block_count"), path)) - mtp
-    ffn = int(_require(reader, k("feed_forward_length"), path))
+    # a model whose every layer routes (Qwen3.5-MoE) may have no dense width: its shared expert's
+    ffn = int(_field(reader, k("feed_forward_length")) or _field(reader, k("expert_shared_feed_forward_length"))
+              or _require(reader, k("feed_forward_length"), path))
     heads = int(_require(reader, k("attention.head_count"), path))
     kv_heads = int(_field(reader, k("attention.head_count_kv"), heads))
     head_dim = int(_field(reader, k("attention.key_length"), hidden // heads))
@@ -93,6 +97,11 @@ def read_gguf(path: Path) -> GGUFModel:
         shapes["self_attn.q_proj.weight"] = (2 * heads * head_dim, hidden)
     if switches.get("delta_net"):
         shapes.update(_delta_net_shapes(switches["delta_net"], hidden))
+    if switches.get("shared_expert_size"):
+        size = switches["shared_expert_size"]
+        shapes.update({"mlp.shared_expert.gate_proj.weight": (size, hidden), "mlp.shared_expert.up_proj.weight":
+                       (size, hidden), "mlp.shared_expert.down_proj.weight": (hidden, size),
+                       "mlp.shared_expert_gate.weight": (hidden,)})
     for e in found:
         want = _expert_shape(e, experts, hidden, expert_ffn) or shapes.get(e.hf_name) or \
             shapes[e.hf_name.split(".", 3)[3]]

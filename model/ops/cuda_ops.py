@@ -222,6 +222,10 @@ class CudaOps:
         out = xp.empty((tokens, hidden), dtype=self.storage_dtype)
         self.kernel("moe.cu", "moe_combine")((tokens,), (THREADS,), (
             out, down, weights, position, np.int32(hidden), np.int32(k)))
+        if experts.shared_gate is not None:
+            shared = self.linear(self.silu_and_mul(self.linear(x, experts.shared_gate_up)), experts.shared_down)
+            self.kernel("moe.cu", "moe_shared_add")((tokens,), (THREADS,), (
+                out, shared, x, experts.shared_gate, np.int32(hidden)))
         return out
 
     def write_kv(self, cache_k, cache_v, slots, k, v) -> None:

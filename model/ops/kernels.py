@@ -25,7 +25,7 @@ KERNELS = {
     "sampling.cu": ("sample",),
     "penalties.cu": ("apply_penalties", "count_tokens"),
     "logprobs.cu": ("logprobs",),
-    "moe.cu": ("moe_route", "moe_align", "moe_gemm", "moe_combine"),
+    "moe.cu": ("moe_route", "moe_align", "moe_gemm", "moe_combine", "moe_shared_add"),
     "delta_net.cu": ("delta_conv", "delta_rule", "sigmoid_mul"),
 }
 # fp32 logits whatever the model's storage type; moe_align sorts integers

@@ -140,11 +140,16 @@ class NumpyOps:
 
     def moe(self, x: np.ndarray, experts: Experts, gelu: bool = False) -> np.ndarray:
         """The mixture of experts' output for tokens x: routed (model/ops/moe.py), each expert's
-        rows through its gate/up and down as one GEMM each, summed per token."""
+        rows through its gate/up and down as one GEMM each, summed per token; plus a shared
+        expert's output, gated, where the layer has one."""
         plan = route(self.router_logits(x, experts.router), experts.top_k, experts.normalize)
         gate_up = self.grouped_linear(x[plan.tokens], experts.gate_up, plan)
         act = self.gelu_and_mul(gate_up) if gelu else self.silu_and_mul(gate_up)
-        return combine(self.grouped_linear(act, experts.down, plan), plan)
+        out = combine(self.grouped_linear(act, experts.down, plan), plan)
+        if experts.shared_gate is None:
+            return out
+        shared = self.linear(self.silu_and_mul(self.linear(x, experts.shared_gate_up)), experts.shared_down)
+        return out + self.sigmoid_mul(shared, self.router_logits(x, experts.shared_gate))
 
     def router_logits(self, x: np.ndarray, router: np.ndarray) -> np.ndarray:
         return x @ router.T
