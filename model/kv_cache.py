@@ -30,6 +30,13 @@ class StateRows:
     counts: np.ndarray  # int64 (rows,)
     slots: np.ndarray  # int64 (rows,)
     fresh: np.ndarray  # bool (rows,)
+    inputs: dict | None = None  # row index -> a list the forward pass appends (layer, its inputs) to (rewind.py)
+
+    def keep(self, layer: int, proj) -> None:
+        """The rows' fused input projections of a delta-net layer, kept where asked."""
+        for row, kept in (self.inputs or {}).items():
+            start = int(self.starts[row])
+            kept.append((layer, proj[start:start + int(self.counts[row])].copy()))
 
 
 class KVCache:

@@ -65,8 +65,10 @@ class Llama:
             cos, sin = rows[self.layer_rope[i]]
             x, h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
             if layer.delta_net is not None:
-                net = ops.gated_delta_net(ops.linear(h, layer.delta_net.in_proj), layer.delta_net, c.delta_net,
-                                          cache.conv[i], cache.recurrent[i], state_rows, eps)
+                proj = ops.linear(h, layer.delta_net.in_proj)
+                state_rows.keep(i, proj)  # a row with guesses may need them again (model/rewind.py)
+                net = ops.gated_delta_net(proj, layer.delta_net, c.delta_net, cache.conv[i], cache.recurrent[i],
+                                          state_rows, eps)
                 x, h = ops.add_rms_norm(x, ops.linear(net, layer.delta_net.out_proj), layer.mlp_norm, eps)
                 delta = self.mlp(h, layer)
                 continue

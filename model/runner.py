@@ -13,6 +13,7 @@ import numpy as np
 from model.config import ModelConfig
 from model.errors import is_failure, one_line
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, StateRows
+from model import rewind
 from model.llama import Llama
 from model.ops.numpy_ops import NumpyOps
 from model.ops.protocol import Ops, SampleBatch, SampleResult
@@ -66,6 +67,7 @@ class Launched:
     embedded: list = field(default_factory=list)  # a Sampled with its embedding for each embedding row
     scored: dict = field(default_factory=dict)  # request id -> its chunk's prompt logprobs (Sampled.prompt_logprobs)
     failed: dict = field(default_factory=dict)  # request id -> why its row could not be sampled (its mask failed)
+    rewinds: list = field(default_factory=list)  # a hybrid's rows with guesses (model/rewind.py)
 
 
 @dataclass
@@ -113,6 +115,7 @@ class ModelRunner:
         self.swap = None  # model.swap.SwapPool on a GPU with --swap-space
         self.last_sampled = (None, {})  # the last launched step's ids on the device, and each request's row
         self.draft = None  # model.draft.DraftModel: guesses for rows with a draft_limit
+        self.rewinds: list = []  # the last forward pass's rows with guesses, on a hybrid (model/rewind.py)
         # the position at which a prompt token's attention takes as long as the rest of it
         self.prefill_break_even = config.attention_break_even / self.ops.attention_cost
 
@@ -166,19 +169,19 @@ class ModelRunner:
                                   [r.block_table for r in rows], self.block_size)
         device_tokens = ops.asarray(token_ids, np.int64)
         self.fill_ahead(device_tokens, starts, rows)
+        state_rows = self.state_rows(rows, starts) if self.config.delta_net else None
+        self.rewinds = rewind.prepare(self.cache, rows, state_rows) if state_rows is not None else []
         out = self.model.forward(device_tokens, ops.asarray(positions, np.int64), ops.asarray(slots, np.int32), meta,
                                  self.cache, ops.asarray(logit_index, np.int64),
-                                 ops.asarray(pooled_index, np.int64) if pooled_index.size else None,
-                                 self.state_rows(rows, starts) if self.config.delta_net else None)
+                                 ops.asarray(pooled_index, np.int64) if pooled_index.size else None, state_rows)
         return out if pooled_index.size else (out, None)
 
     def state_rows(self, rows: list[Row], starts) -> StateRows:
-        """Where each row's delta-net state lives; a row at position 0 starts from zeros. A
-        guess would advance the state past tokens verification may reject, so none come here."""
+        """Where each row's delta-net state lives; a row at position 0 starts from zeros."""
         for r in rows:
-            if r.state_slot is None or not 0 <= r.state_slot < self.cache.state_slots or r.num_draft:
+            if r.state_slot is None or not 0 <= r.state_slot < self.cache.state_slots:
                 raise ValueError(f"row {r.request_id!r} of a hybrid model needs a state slot below"
-                                 f" {self.cache.state_slots} (it has {r.state_slot}) and no speculative guesses")
+                                 f" {self.cache.state_slots} (it has {r.state_slot})")
         slots = np.array([r.state_slot for r in rows], dtype=np.int64)
         if len(set(slots.tolist())) < len(rows):
             raise ValueError("two rows of one step share a state slot")
@@ -214,7 +217,8 @@ class ModelRunner:
             [r.params for r in sampling], [r.prompt_ids for r in sampling], histories,
             self.rng, keys=[r.request_id for r in sampling], masks=masks))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
-        return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded, scored, failed)
+        return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded, scored, failed,
+                        self.rewinds)
 
     @staticmethod
     def masks(row: Row, failed: dict) -> list:
@@ -269,11 +273,24 @@ class ModelRunner:
         if launched.rows:
             ids, sampled, vocab = launched.ids.result(), launched.sampled, self.config.vocab_size
             failed = launched.failed
+            if launched.rewinds:
+                rewind.apply(self.model, self.cache, launched.rewinds, self.guessed_ids(launched.rows, ids))
             out = [Sampled(r.request_id, int(ids[i]) if 0 <= ids[i] < vocab and r.request_id not in failed
                            else NO_TOKEN, sampled.logprobs[i], sampled.top_logprobs[i],
                            prompt_logprobs=scored.pop(r.request_id, None), error=failed.get(r.request_id))
                    for i, r in enumerate(launched.rows)] + out
         return out + [Sampled(rid, NO_TOKEN, prompt_logprobs=lps) for rid, lps in scored.items()]
+
+    @staticmethod
+    def guessed_ids(rows: list[Row], ids) -> list[list[int]]:
+        """The ids each row with guesses sampled, in order (rows: one entry per sampled position)."""
+        out, at = [], 0
+        while at < len(rows):
+            n = rows[at].num_draft + 1
+            if n > 1:
+                out.append([int(i) for i in ids[at:at + n]])
+            at += n
+        return out
 
     def step(self, plan: StepPlan) -> list[Sampled]:
         return self.collect(self.launch(plan))

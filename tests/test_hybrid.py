@@ -98,10 +98,37 @@ def test_rows_beside_each_other_get_the_bits_they_get_alone(hybrid_dir, backend)
         assert same(backend, state(alone, row.state_slot), state(together, row.state_slot)), row.request_id
 
 
-def test_a_row_without_a_slot_or_with_guesses_is_refused(hybrid_dir):
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_rejected_guess_leaves_the_state_of_plain_decoding(hybrid_dir, backend):
+    """A row verifying three guesses, the first right and the second wrong: its state afterwards
+    is the state after the input token and the kept guess, as two plain decode steps leave it
+    (same bits on the packed path), and the next step's logits agree."""
+    ids = prompt(11, 5)
+    plain, guessed = runner_for(hybrid_dir, backend), runner_for(hybrid_dir, backend)
+    table = list(range(6))
+    t1 = plain.step(StepPlan([Row("a", ids, 0, table, True, state_slot=0)]))[0].token_id
+    t2 = plain.step(StepPlan([Row("a", [t1], 11, table, True, state_slot=0)]))[0].token_id
+    t3 = plain.step(StepPlan([Row("a", [t2], 12, table, True, state_slot=0)]))[0].token_id
+    want = plain.ops.to_host(plain.logits(StepPlan([Row("a", [t3], 13, table, True, state_slot=0)])))
+    guessed.step(StepPlan([Row("a", ids, 0, table, True, state_slot=1)]))
+    wrong = (t3 + 1) % 256
+    out = guessed.step(StepPlan([Row("a", [t1, t2, wrong, 7], 11, table, True, state_slot=1, num_draft=3)]))
+    assert [o.token_id for o in out][:2] == [t2, t3]
+    got = guessed.ops.to_host(guessed.logits(StepPlan([Row("a", [t3], 13, table, True, state_slot=1)])))
+    assert same(backend, got, want)
+    # the kept state, before the check step above wrote t3: compare from a fresh pair
+    plain2, guessed2 = runner_for(hybrid_dir, backend), runner_for(hybrid_dir, backend)
+    for r in (plain2, guessed2):
+        r.step(StepPlan([Row("a", ids, 0, table, True, state_slot=0)]))
+    plain2.step(StepPlan([Row("a", [t1], 11, table, True, state_slot=0)]))
+    plain2.step(StepPlan([Row("a", [t2], 12, table, True, state_slot=0)]))
+    guessed2.step(StepPlan([Row("a", [t1, t2, wrong, 7], 11, table, True, state_slot=0, num_draft=3)]))
+    assert same(backend, state(guessed2, 0), state(plain2, 0))
+
+
+def test_a_row_without_its_slot_is_refused(hybrid_dir):
     runner = runner_for(hybrid_dir, "numpy", slots=2)
-    for row in (Row("a", [5, 6], 0, [0], True), Row("a", [5, 6], 0, [0], True, state_slot=2),
-                Row("a", [5, 6], 0, [0], True, state_slot=0, num_draft=1)):
+    for row in (Row("a", [5, 6], 0, [0], True), Row("a", [5, 6], 0, [0], True, state_slot=2)):
         with pytest.raises(ValueError, match="state slot"):
             runner.logits(StepPlan([row]))
     with pytest.raises(ValueError, match="share a state slot"):
@@ -162,9 +189,31 @@ def test_an_abort_frees_its_slot_and_harms_no_one(hybrid_dir, alone):
     assert 1 <= len(tokens[1]) < 12 and tokens[1] == alone[0][1][:len(tokens[1])]
 
 
-def test_speculation_is_refused_for_a_hybrid(hybrid_dir):
+@pytest.fixture(scope="module")
+def echo_dir(hybrid_dir, tmp_path_factory):
+    """The tiny Qwen3.5 with its LM head set to its embedding: its greedy tokens often repeat
+    the token before (108 108 108 35 123 ... 117 117 117 74 114 114 ...), so that prompt lookup's
+    guesses are kept at times and rejected at others."""
+    from safetensors.numpy import load_file, save_file
+
+    path = tmp_path_factory.mktemp("qwen3.5-echo")
+    for f in hybrid_dir.iterdir():
+        shutil.copy(f, path / f.name)
+    tensors = load_file(hybrid_dir / "model.safetensors")
+    save_file({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].copy()}, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_speculation_changes_no_token(echo_dir, seeded):
+    """Prompt lookup's guesses on a hybrid, kept and rejected: every request gets the tokens it
+    gets without speculation (the rejected guesses' state rewound: model/rewind.py)."""
     from app.engine.speculation import SpeculativeConfig
 
-    runner = ModelRunner.from_dir(hybrid_dir, num_blocks=16, block_size=4, state_slots=2)
-    with pytest.raises(ValueError, match="not available for hybrid models"):
-        Harness(runner, Tokenizer(hybrid_dir), speculative=SpeculativeConfig.parse('{"method": "ngram"}', None))
+    seeds = range(len(PROMPTS)) if seeded else None
+    want, _ = generate(echo_dir, PROMPTS, max_tokens=24, seeds=seeds, prefill_chunk=64)
+    spec = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}', None)
+    got, h = generate(echo_dir, PROMPTS, max_tokens=24, seeds=seeds, prefill_chunk=64, speculative=spec)
+    counters = h.planner.speculation.stats
+    assert got == want
+    assert counters.draft_tokens > counters.accepted_tokens > (0 if seeded else 5), counters

@@ -57,12 +57,9 @@ class EngineConfig(PlannerConfig):
 def hybrid(config: EngineConfig, state_slots: int) -> EngineConfig:
     """config for a model with state slots (delta-net layers): its state is one per request, not
     per block, so prefixes are not cached and a preempted request recomputes (one log line says
-    so); speculation is refused, since a rejected guess would have advanced the state."""
+    so). Guesses are fine: the runner rewinds a rejected one's state (model/rewind.py)."""
     if not state_slots:
         return config
-    if config.speculative:
-        raise ValueError("speculative decoding is not available for hybrid models (delta-net layers) yet:"
-                         " drop --speculative-config")
     if config.prefix_caching or config.swap_blocks:
         log.info("hybrid model: prefix caching off, and preempted requests recompute their state")
     return replace(config, prefix_caching=False, swap_blocks=0, state_slots=state_slots)

@@ -68,9 +68,9 @@ class Planner:
         self.config = config
         self.break_even = break_even  # the model's: where a prompt token's attention is half its cost
         self.pool = pool
-        if config.state_slots and (pool.prefix_caching or config.swap_blocks or config.speculative):
-            raise ValueError("a hybrid model's state is neither cached per block, spilled nor guessed ahead:"
-                             " prefix caching, swap space and speculation must be off")
+        if config.state_slots and (pool.prefix_caching or config.swap_blocks):
+            raise ValueError("a hybrid model's state is neither cached per block nor spilled:"
+                             " prefix caching and swap space must be off")
         self.tables = BlockTables(pool, window, StateSlots(config.state_slots) if config.state_slots else None)
         self.queues = Queues()
         self.moves: list = []  # block copies decided since the last take_moves(), in order
