@@ -309,6 +309,13 @@ class ModelRunner:
 
         self.swap = SwapPool(self.cache, num_blocks)
 
+    def save_state(self, slot: int):
+        """A hybrid's delta-net state in slot, copied to the host (a spill)."""
+        return self.cache.save_state(slot)
+
+    def load_state(self, slot: int, state) -> None:
+        self.cache.load_state(slot, state)
+
     def save_blocks(self, block_ids):
         return self.swap.save(block_ids) if self.swap else self.cache.save_blocks(block_ids)
 

@@ -120,6 +120,12 @@ class FakeRunner:
     def release(self, request_id) -> None:
         self.released.append(request_id)
 
+    def save_state(self, slot: int):
+        return self.states.get(slot)
+
+    def load_state(self, slot: int, state) -> None:
+        self.states[slot] = state
+
     def save_blocks(self, block_ids):
         slots = [b * self.block_size + i for b in block_ids for i in range(self.block_size)]
         return self.kv[slots].copy(), self.ctx[slots].copy()

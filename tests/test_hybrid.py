@@ -174,12 +174,14 @@ def test_batching_and_chunking_change_nothing(hybrid_dir, alone, config):
     assert tokens == alone[1]
 
 
-def test_preemption_recomputes_the_state(hybrid_dir, alone):
-    """A pool too small for every request at once: victims give their slot back and recompute
-    their state from their tokens, and get what they get alone."""
+@pytest.mark.parametrize("swap_blocks", [0, 64], ids=["recompute", "spill"])
+def test_preemption_keeps_or_recomputes_the_state(hybrid_dir, alone, swap_blocks):
+    """A pool too small for every request at once: victims give their slot back and either
+    recompute their state from their tokens or get it back from the host with their K/V (into
+    another slot), and get what they get alone."""
     tokens, h = generate(hybrid_dir, PROMPTS, num_blocks=14, prefill_chunk=64, immunity_tokens=2,
-                         swap_blocks=64)
-    assert h.stats.preemptions > 0 and h.planner.config.swap_blocks == 0
+                         swap_blocks=swap_blocks)
+    assert h.stats.preemptions > 0
     assert tokens == alone[0]
 
 

@@ -218,7 +218,7 @@ class PlannerMachine(RuleBasedStateMachine):
         eos = self.tok.hf.token_to_id("<|im_end|>")
         mbt = max_seqs + extra_batch
         if state_slots:  # a hybrid model: as the engine configures one (app/engine/engine.py hybrid)
-            prefix_caching, swap_blocks = False, 0
+            prefix_caching = False
         self.runner = RecordingRunner(num_blocks, block_size, vocab=self.tok.vocab_size, eos_id=eos,
                                       eos_after=eos_after, max_batched_tokens=mbt, max_seqs=max_seqs,
                                       overlaps=overlaps, state_slots=state_slots)

@@ -82,6 +82,11 @@ class BlockTables:
         request.schedule.block_table = []
         self.release_slot(request)
 
+    @property
+    def slot_free(self) -> bool:
+        """Whether a request could take a state slot now (always, for a model without them)."""
+        return self.slots is None or bool(self.slots.free)
+
     def release_slot(self, request: Request) -> None:
         if request.schedule.state_slot is not None:
             self.slots.release(request.schedule.state_slot)

@@ -56,13 +56,14 @@ class EngineConfig(PlannerConfig):
 
 def hybrid(config: EngineConfig, state_slots: int) -> EngineConfig:
     """config for a model with state slots (delta-net layers): its state is one per request, not
-    per block, so prefixes are not cached and a preempted request recomputes (one log line says
-    so). Guesses are fine: the runner rewinds a rejected one's state (model/rewind.py)."""
+    per block, so prefixes are not cached (one log line says so). A preempted request's state is
+    spilled with its K/V, or recomputed with it; a rejected guess's state is rewound by the
+    runner (model/rewind.py)."""
     if not state_slots:
         return config
-    if config.prefix_caching or config.swap_blocks:
-        log.info("hybrid model: prefix caching off, and preempted requests recompute their state")
-    return replace(config, prefix_caching=False, swap_blocks=0, state_slots=state_slots)
+    if config.prefix_caching:
+        log.info("hybrid model: prefix caching off (its delta-net state is one per request, not per block)")
+    return replace(config, prefix_caching=False, state_slots=state_slots)
 
 
 class Engine:

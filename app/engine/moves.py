@@ -26,13 +26,16 @@ def carry(planner, runner, move) -> None:
     if isinstance(move, Spill):
         try:
             host_copy = runner.save_blocks(move.block_ids)
+            state = None if move.state_slot is None else runner.save_state(move.state_slot)
         except Exception:
             planner.spill_failed(move)
         else:
-            planner.spill_saved(move, host_copy)
+            planner.spill_saved(move, host_copy, state)
     elif isinstance(move, Reload):
         try:
             runner.load_blocks(move.block_ids, move.host_copy)
+            if move.state_slot is not None:
+                runner.load_state(move.state_slot, move.state)
         except Exception:
             planner.reload_failed(move)
         runner.drop_spill(move.host_copy)

@@ -68,9 +68,8 @@ class Planner:
         self.config = config
         self.break_even = break_even  # the model's: where a prompt token's attention is half its cost
         self.pool = pool
-        if config.state_slots and (pool.prefix_caching or config.swap_blocks):
-            raise ValueError("a hybrid model's state is neither cached per block nor spilled:"
-                             " prefix caching and swap space must be off")
+        if config.state_slots and pool.prefix_caching:
+            raise ValueError("a hybrid model's state is one per request, not per block: prefix caching must be off")
         self.tables = BlockTables(pool, window, StateSlots(config.state_slots) if config.state_slots else None)
         self.queues = Queues()
         self.moves: list = []  # block copies decided since the last take_moves(), in order
@@ -271,8 +270,8 @@ class Planner:
 
     # -- what the engine reports back ---------------------------------------------------------------
 
-    def spill_saved(self, spill: Spill, host_copy) -> None:
-        self.preemption.spill_saved(spill, host_copy)
+    def spill_saved(self, spill: Spill, host_copy, state=None) -> None:
+        self.preemption.spill_saved(spill, host_copy, state)
 
     def spill_failed(self, spill: Spill) -> None:
         self.preemption.spill_failed(spill)

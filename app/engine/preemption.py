@@ -38,7 +38,7 @@ class Preemption:
                 continue
             # its next step feeds position num_tokens - 1; one block more of headroom
             headroom = min(self.pool.blocks_for(request.num_tokens) + 1, self.pool.num_blocks)
-            if q.num_running >= self.max_seqs or headroom > self.pool.available:
+            if q.num_running >= self.max_seqs or headroom > self.pool.available or not self.tables.slot_free:
                 break
             if request.schedule.spilled is not None:
                 self.moves.append(self.reload(request))
@@ -52,9 +52,11 @@ class Preemption:
         """Its host copy goes back into fresh blocks (the engine copies it before the step)."""
         s = request.schedule
         s.block_table = self.pool.allocate_many(s.spill_blocks)
-        reload = Reload(request, s.block_table, s.spilled)
+        if self.tables.slots is not None:  # a hybrid's state goes into a fresh slot
+            s.state_slot = self.tables.slots.take()
+        reload = Reload(request, s.block_table, s.spilled, s.state_slot, s.spilled_state)
         self.swap_used -= s.spill_blocks
-        s.spilled, s.spill_blocks = None, 0
+        s.spilled, s.spill_blocks, s.spilled_state = None, 0, None
         self.queues.move(request, State.DECODING)
         return reload
 
@@ -86,15 +88,15 @@ class Preemption:
         spill_blocks = len(s.block_table)
         host = self.pool.host
         if self.swap_used + spill_blocks <= self.swap_blocks and (host is None or host.make_room(spill_blocks)):
-            self.moves.append(Spill(request, s.block_table))
+            self.moves.append(Spill(request, s.block_table, s.state_slot))
             s.spill_blocks = spill_blocks
             self.swap_used += spill_blocks
         else:
             s.num_computed = s.num_offered = 0
         self.tables.release(request)
 
-    def spill_saved(self, spill: Spill, host_copy) -> None:
-        spill.request.schedule.spilled = host_copy
+    def spill_saved(self, spill: Spill, host_copy, state=None) -> None:
+        spill.request.schedule.spilled, spill.request.schedule.spilled_state = host_copy, state
 
     def spill_failed(self, spill: Spill) -> None:
         """No host copy: the request recomputes its K/V when it resumes."""

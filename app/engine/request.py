@@ -85,6 +85,7 @@ class ScheduleState:
     host_loads: int = 0  # host-tier loads into its table not done yet: not planned until then
     host_epoch: int = 0  # bumped when a failed load gives its table up: its other loads are stale
     spilled: object = None  # host copy of the K/V while preempted by spill (the runner's; the engine drops it)
+    spilled_state: object = None  # a hybrid's delta-net state, copied out with its K/V
     spill_blocks: int = 0  # how many blocks that copy holds
     immune_until: int = 0  # output length before which it is not preempted again
     scheduled_at: float | None = None

@@ -14,6 +14,7 @@ class Spill:
 
     request: Request
     block_ids: list[int]
+    state_slot: int | None = None  # a hybrid's: its delta-net state goes to the host too
 
 
 @dataclass
@@ -23,6 +24,8 @@ class Reload:
     request: Request
     block_ids: list[int]
     host_copy: object
+    state_slot: int | None = None  # a hybrid's fresh slot, and the state copied out with the blocks
+    state: object = None
 
 
 @dataclass
