@@ -36,13 +36,24 @@ def same(backend, got, want):
 
 
 @pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory, tiny_dir):
-    """The tiny random Qwen3.5 of tools/family_models.py, with the tiny model's tokenizer (400
-    tokens: every id the model's 256 can sample decodes)."""
-    path, _ = make_family("qwen3.5", tmp_path_factory.mktemp("qwen3.5"))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny_dir / name, path / name)
-    return path
+def hybrid_dirs(tmp_path_factory, tiny_dir):
+    """name -> the tiny random Qwen3.5 (or Qwen3.5-MoE) of tools/family_models.py, with the tiny
+    model's tokenizer (400 tokens: every id the model's 256 can sample decodes)."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            path, _ = make_family(name, tmp_path_factory.mktemp(name))
+            for file in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(tiny_dir / file, path / file)
+            made[name] = path
+        return made[name]
+    return get
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(hybrid_dirs):
+    return hybrid_dirs("qwen3.5")
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
@@ -60,10 +71,11 @@ def state(runner, slot):
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_a_prompt_fed_whole_or_in_random_chunks_keeps_its_bits(hybrid_dir, backend):
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3.5-moe"])
+def test_a_prompt_fed_whole_or_in_random_chunks_keeps_its_bits(hybrid_dirs, name, backend):
     """The state after the prompt and the logits after it: the same bits in one prefill and in
     random chunks (in another slot, under other blocks)."""
-    runner = runner_for(hybrid_dir, backend)
+    runner = runner_for(hybrid_dirs(name), backend)
     ids = prompt(45)
     whole = runner.ops.to_host(runner.logits(StepPlan([Row("a", ids, 0, list(range(12)), True, state_slot=1)])))
     cuts = sorted(np.random.default_rng(3).choice(np.arange(1, len(ids)), 6, replace=False).tolist())

@@ -82,7 +82,7 @@ FAMILIES = {
                             layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
                             linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
                             linear_num_value_heads=8, num_experts=8, num_experts_per_tok=2,
-                            moe_intermediate_size=32, shared_expert_intermediate_size=48), 256),
+                            moe_intermediate_size=32, shared_expert_intermediate_size=64), 256),
 }
 
 
