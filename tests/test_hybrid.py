@@ -214,7 +214,8 @@ def echo_dir(hybrid_dir, tmp_path_factory):
     for f in hybrid_dir.iterdir():
         shutil.copy(f, path / f.name)
     tensors = load_file(hybrid_dir / "model.safetensors")
-    save_file({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].copy()}, str(path / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    save_file(tensors, str(path / "model.safetensors"))
     return path
 
 

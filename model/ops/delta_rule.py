@@ -111,7 +111,8 @@ def gated_delta_net(proj: np.ndarray, w, shape: DeltaNet, history: np.ndarray, s
             q, k = np.repeat(q, repeat, axis=1), np.repeat(k, repeat, axis=1)
     v = mixed[:, 2 * shape.keys:].reshape(tokens, shape.value_heads, shape.value_dim)
     z = proj[:, n:n + shape.values].reshape(tokens, shape.value_heads, shape.value_dim)
-    b, a = proj[:, n + shape.values:n + shape.values + shape.value_heads], proj[:, n + shape.values + shape.value_heads:]
+    gates = n + shape.values  # b, then a, one per value head
+    b, a = proj[:, gates:gates + shape.value_heads], proj[:, gates + shape.value_heads:]
     beta = np.float32(1.0) / (np.float32(1.0) + np.exp(-b))
     g = w.decay * softplus(a + w.dt_bias)
     out = recur(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), g, beta, state, rows)
