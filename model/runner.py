@@ -152,6 +152,7 @@ class ModelRunner:
     def forward(self, plan: StepPlan):
         """(fp32 logits of the sampling rows, then of every position of the prompt_logprobs rows
         that predicts a prompt token; the embedding rows' final hidden states or None)."""
+        self.rewinds = []
         if self.graphs is not None and self.graphs.can_replay(plan):
             return self.graphs.replay(plan, self.fill_ahead), None
         ops, rows = self.ops, plan.rows
