@@ -61,6 +61,7 @@ class ModelConfig:
     linear_layers: tuple[bool, ...] | None = None  # a hybrid model's gated delta-net layers; None: none
     delta_net: DeltaNet | None = None  # their shape
     attention_gate: bool = False  # the attention's output times a sigmoid of q_proj's gate half
+    swiglu_clamp: tuple[float, float] | None = None  # experts' (alpha, limit): GPT-OSS's clamped SwiGLU
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":

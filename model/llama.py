@@ -88,10 +88,10 @@ class Llama:
                 q = ops.rope(q, cos, sin)
                 ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, self.windows[i],
-                                       c.attn_softcap)
+                                       c.attn_softcap, layer.sinks)
             if c.attention_gate:
                 attn = ops.sigmoid_mul(attn, qkv[:, c.q_size:2 * c.q_size])
-            out = ops.linear(attn, layer.wo)
+            out = ops.linear(attn, layer.wo, layer.bo)
             if layer.post_attn_norm is not None:
                 out = ops.rms_norm(out, layer.post_attn_norm, eps)
             x, h = ops.add_rms_norm(x, out, layer.mlp_norm, eps)

@@ -61,26 +61,36 @@ class Experts:
     shared_gate_up: np.ndarray | None = None  # (2 x shared intermediate, hidden)
     shared_down: np.ndarray | None = None  # (hidden, shared intermediate)
     shared_gate: np.ndarray | None = None  # (1, hidden), float32 as the router
+    # GPT-OSS's: biases on the router's logits and on every expert's outputs (float32, stacked as
+    # the rows), and the clamped SwiGLU's (alpha, limit) in place of SiLU-and-mul
+    router_bias: np.ndarray | None = None  # (experts,)
+    gate_up_bias: np.ndarray | None = None  # (experts x 2 x intermediate,)
+    down_bias: np.ndarray | None = None  # (experts x hidden,)
+    swiglu_clamp: tuple[float, float] | None = None
 
     @property
     def count(self) -> int:
         return self.router.shape[0]
 
     @property
+    def floats(self) -> tuple:
+        """The small float32 tensors beside the matrices: the router's, a shared gate, biases."""
+        return self.router, self.shared_gate, self.router_bias, self.gate_up_bias, self.down_bias
+
+    @property
     def nbytes(self) -> int:
-        shared = (self.shared_gate_up, self.shared_down, self.shared_gate)
-        return self.router.nbytes + self.gate_up.nbytes + self.down.nbytes + sum(a.nbytes for a in shared
-                                                                                if a is not None)
+        arrays = (self.gate_up, self.down, self.shared_gate_up, self.shared_down, *self.floats)
+        return sum(a.nbytes for a in arrays if a is not None)
 
     def prepared(self, prepare: Callable, keep_float: Callable) -> "Experts":
         """The experts' matrices through prepare (ops.weight), the router (and a shared expert's
         gate) through keep_float (ops.asarray): routing on rounded weights would choose other
         experts than the checkpoint's."""
         shared = {} if self.shared_gate is None else dict(
-            shared_gate_up=prepare(self.shared_gate_up), shared_down=prepare(self.shared_down),
-            shared_gate=keep_float(float32(self.shared_gate)))
-        return replace(self, router=keep_float(float32(self.router)), gate_up=prepare(self.gate_up),
-                       down=prepare(self.down), **shared)
+            shared_gate_up=prepare(self.shared_gate_up), shared_down=prepare(self.shared_down))
+        floats = {k: keep_float(float32(getattr(self, k))) for k in
+                  ("router", "shared_gate", "router_bias", "gate_up_bias", "down_bias") if getattr(self, k) is not None}
+        return replace(self, gate_up=prepare(self.gate_up), down=prepare(self.down), **shared, **floats)
 
 
 @dataclass
@@ -122,6 +132,8 @@ class LayerWeights:
     post_mlp_norm: np.ndarray | None = None  # the same for the MLP's
     experts: Experts | None = None  # a mixture of experts' layer: in place of w_gate_up and w_down
     delta_net: DeltaNetWeights | None = None  # a hybrid model's linear-attention layer: in place of attention
+    bo: np.ndarray | None = None  # (hidden,): the output projection's bias, where the checkpoint has one
+    sinks: np.ndarray | None = None  # (heads,): each query head's sink logit (Family.attention_sinks)
 
 
 @dataclass
@@ -134,9 +146,9 @@ class Weights:
 
 def prepared(layer: LayerWeights, prepare: Callable, keep_float: Callable = float32) -> LayerWeights:
     """A layer as read (float32 arrays, a GGUF's blocks) as the ops keep it (ops.weight on each;
-    a router through keep_float, ops.asarray: Experts.prepared)."""
+    a router and the sinks through keep_float, ops.asarray: Experts.prepared)."""
     return replace(layer, **{k: v.prepared(prepare, keep_float) if isinstance(v, (Experts, DeltaNetWeights))
-                             else prepare(v)
+                             else keep_float(v) if k == "sinks" else prepare(v)
                              for k, v in vars(layer).items() if v is not None})
 
 
@@ -246,8 +258,13 @@ class _LayerReader:
         q_norm = self.norm(a + "q_norm.weight", (norm[0],)) if c.qk_norm else None
         k_norm = self.norm(a + "k_norm.weight", (norm[1],)) if c.qk_norm else None
         order = rotary_row_order(D, rotary_dim(c))
+        out = dict(wo=self.take(a + "o_proj.weight", (H, Q)))
+        if a + "o_proj.bias" in self.tensors.entries:
+            out["bo"] = float32(self.take(a + "o_proj.bias", (H,)))
+        if f.attention_sinks:
+            out["sinks"] = float32(self.take(a + "sinks", (c.num_heads,)))
         if order is None and not c.attention_gate:
-            return dict(wqkv=wqkv, bqkv=bias, q_norm=q_norm, k_norm=k_norm, wo=self.take(a + "o_proj.weight", (H, Q)))
+            return dict(wqkv=wqkv, bqkv=bias, q_norm=q_norm, k_norm=k_norm, **out)
         # A partial rotation: each q/k head's rotated pairs moved to where the kernels rotate
         # (model/rope.py); v's rows stay. A gate: every head's query rows, then every head's gate
         # rows, each row kept within its tensor (a packed Fused's parts).
@@ -260,8 +277,7 @@ class _LayerReader:
         rows = np.concatenate(heads)
         return dict(wqkv=take_rows(wqkv, rows), bqkv=None if bias is None else take_rows(bias, rows),
                     q_norm=q_norm if q_norm is None or order is None else q_norm[order],
-                    k_norm=k_norm if k_norm is None or order is None else k_norm[order],
-                    wo=self.take(a + "o_proj.weight", (H, Q)))
+                    k_norm=k_norm if k_norm is None or order is None else k_norm[order], **out)
 
     def delta_net(self, i: int) -> DeltaNetWeights:
         """Layer i's gated delta net: q/k/v, z, b and a projections fused into one GEMM."""
@@ -300,12 +316,20 @@ class _LayerReader:
                                                      for part in ("gate", "up")]),
                           shared_down=self.take(moe + "shared_expert.down_proj.weight", (H, S)),
                           shared_gate=float32(self.take(gate, gate_shape)).reshape(1, H))
-        return Experts(
-            router=self.take(moe + "gate.weight", (E, H)),
-            gate_up=self.fused([(f"{moe}experts.{e}.{names[part]}.weight", (I, H))
-                                for e in range(E) for part in ("gate", "up")]),
-            down=self.fused([(f"{moe}experts.{e}.{names['down']}.weight", (H, I)) for e in range(E)]),
-            top_k=c.experts_per_token, normalize=c.norm_topk_prob, **shared)
+        router = moe + c.family.router
+        biased = dict(router_bias=float32(self.take(router + ".bias", (E,)))) if router + ".bias" in \
+            self.tensors.entries else {}
+        matrices = c.family.stacked_experts(self.present, i, E, H, I)
+        if matrices is None:
+            matrices = dict(gate_up=self.fused([(f"{moe}experts.{e}.{names[part]}.weight", (I, H))
+                                                for e in range(E) for part in ("gate", "up")]),
+                            down=self.fused([(f"{moe}experts.{e}.{names['down']}.weight", (H, I)) for e in range(E)]))
+        return Experts(router=self.take(router + ".weight", (E, H)), top_k=c.experts_per_token,
+                       normalize=c.norm_topk_prob, swiglu_clamp=c.swiglu_clamp, **matrices, **shared, **biased)
+
+    def present(self, name: str, shape: tuple) -> np.ndarray | None:
+        """The tensor in float32, checked against shape; None where the checkpoint lacks it."""
+        return float32(self.take(name, shape)) if name in self.tensors.entries else None
 
     def unread(self, name: str, shape: tuple):
         """The tensor for prepare to read in slabs of rows (tensors.rows)."""

@@ -83,6 +83,14 @@ FAMILIES = {
                             linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
                             linear_num_value_heads=8, num_experts=8, num_experts_per_tok=2,
                             moe_intermediate_size=32, shared_expert_intermediate_size=64), 256),
+    # sinks, a window of 6 on every other layer, YaRN, biased experts; a limit of 1.5 so that the
+    # clamps bite on random weights (the released models' is 7)
+    "gpt-oss": (_family("gpt_oss", "GptOssForCausalLM", rope_theta=None, intermediate_size=32,
+                        num_local_experts=4, num_experts_per_tok=2, sliding_window=6, attention_bias=True,
+                        layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.5,
+                        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                         "original_max_position_embeddings": 64}), 256),
 }
 
 
@@ -130,6 +138,9 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
                                a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q),
                                a + "q_norm.weight": (c["head_dim"],), a + "k_norm.weight": (c["head_dim"],)})
             continue
+        if kind == "gpt_oss":
+            shapes.update(gpt_oss_shapes(c, p))
+            continue
         if kind.startswith("gemma"):
             shapes[p + "pre_feedforward_layernorm.weight"] = shapes[p + "post_feedforward_layernorm.weight"] = (h,)
         if kind == "phi3":
@@ -157,6 +168,18 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         if kind == "olmoe":  # over the whole projection, not per head
             shapes[a + "q_norm.weight"], shapes[a + "k_norm.weight"] = (q,), (kv,)
     return shapes
+
+
+def gpt_oss_shapes(c: dict, p: str) -> dict[str, tuple[int, ...]]:
+    """A GPT-OSS layer's attention (biased, with sinks) and stacked experts, under prefix p."""
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    h, i, e, a = c["hidden_size"], c["intermediate_size"], c["num_local_experts"], p + "self_attn."
+    return {a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h),
+            a + "o_proj.weight": (h, q), a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,),
+            a + "o_proj.bias": (h,), a + "sinks": (c["num_attention_heads"],),
+            p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,),
+            p + "mlp.experts.gate_up_proj": (e, h, 2 * i), p + "mlp.experts.gate_up_proj_bias": (e, 2 * i),
+            p + "mlp.experts.down_proj": (e, i, h), p + "mlp.experts.down_proj_bias": (e, h)}
 
 
 def delta_net_shapes(c: dict, d: str) -> dict[str, tuple[int, ...]]:
@@ -187,7 +210,7 @@ def random_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
             t = 0.5 * rng.standard_normal(shape)
         elif name.endswith("norm.weight"):
             t = unit + 0.1 * rng.standard_normal(shape)
-        elif name.endswith(".bias"):
+        elif name.endswith(("bias", "sinks")):
             t = 0.5 * rng.standard_normal(shape)
         elif name == "model.embed_tokens.weight":  # tied: small, or each token predicts itself
             t = (0.15 if config["tie_word_embeddings"] else 0.5) * rng.standard_normal(shape)

@@ -23,6 +23,7 @@ class Family:
     qk_norm: bool = False  # q and k RMS-normalised before the rotation
     qk_norm_whole: bool = False  # ... over the whole projection, not per head
     qkv: str | None = None  # q, k and v stored as one tensor under this per-layer name
+    attention_sinks: bool = False  # a learned logit per query head beside the scores (self_attn.sinks)
 
     # the MLP, or a mixture of experts in its place
     gate_up: str | None = None  # gate and up stored as one tensor under this per-layer name
@@ -30,6 +31,7 @@ class Family:
     experts_key: str = "num_experts"  # config.json's key for the experts per layer
     expert_prefix: str = "mlp."  # a layer's router and experts, under model.layers.N.
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's gate, up, down
+    router: str = "gate"  # the router's name under the expert prefix (its .bias read where there is one)
     top_k_normalised: bool | None = None  # the top-k routing weights always rescaled; None: norm_topk_prob
     gguf_top_k_normalised: bool = False  # llama.cpp's default where a GGUF has no expert_weights_norm
 
@@ -69,6 +71,11 @@ class Family:
 
     def gguf_mixers(self, field, layers: int) -> tuple[bool, ...] | None:
         """Which layers of a GGUF are delta nets (linear attention); None: none."""
+        return None
+
+    def stacked_experts(self, read: Callable, layer: int, experts: int, hidden: int, inner: int) -> dict | None:
+        """Experts fields from a checkpoint that stacks a layer's experts in one tensor per
+        projection; None: they are read per expert (expert_tensors)."""
         return None
 
     def hf_fields(self, c) -> dict:

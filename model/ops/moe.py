@@ -57,6 +57,23 @@ def combine(routed: np.ndarray, plan: ExpertPlan) -> np.ndarray:
     return out
 
 
+def add_bias(routed: np.ndarray, bias: np.ndarray | None, plan: ExpertPlan) -> np.ndarray:
+    """Routed rows (in plan order) plus their expert's bias (experts x width, flat), where the
+    experts have biases (GPT-OSS)."""
+    if bias is not None:
+        routed += bias.reshape(plan.experts, -1)[np.repeat(np.arange(plan.experts), np.diff(plan.starts))]
+    return routed
+
+
+def clamped_swiglu(gate_up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """GPT-OSS's experts' activation: (up + 1) * g * sigmoid(alpha * g), with the gate g at most
+    limit and up within +-limit."""
+    half = gate_up.shape[-1] // 2
+    gate = np.minimum(gate_up[:, :half], np.float32(limit))
+    up = np.clip(gate_up[:, half:], np.float32(-limit), np.float32(limit))
+    return (up + np.float32(1.0)) * gate / (np.float32(1.0) + np.exp(np.float32(-alpha) * gate))
+
+
 @njit("float32[:, ::1](float32[:, ::1], float32[:, ::1])", parallel=True, cache=True, nogil=True,
       fastmath={"nnan", "ninf", "nsz", "reassoc"})
 def router_logits(x: np.ndarray, router: np.ndarray) -> np.ndarray:

@@ -23,9 +23,10 @@ import numpy as np
 from numba import prange
 
 from model.ops.attention_blocks import LANES, accumulate, block_scores, fold, prefetch, widen
-from model.ops.numba_kernels import F2, F3, F4, H4, I1, I2, kernel
+from model.ops.numba_kernels import F1, F2, F3, F4, H4, I1, I2, kernel
 
 TILE_FLOATS = 4096  # a tile's queries (and their outputs) in floats: both stay in L1
+NO_SINKS = np.zeros(0, dtype=np.float32)
 
 
 class AttentionPlan:
@@ -63,14 +64,15 @@ class AttentionPlan:
         return self._tiles[size]
 
 
-@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F2})",
-        f"void({F3}, {H4}, {H4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F2})")
+@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F1}, {F2})",
+        f"void({F3}, {H4}, {H4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F1}, {F2})")
 def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_count, order, scale, window,
-               softcap, out):
+               softcap, sinks, out):
     """For each query token t: out[t] = softmax(q K^T * scale) V over its context[t] cached
     positions (the last `window` of them for a sliding window), block by block with a running
-    max and sum per query; scores soft-capped where softcap is not 0. Each job is one tile (a
-    run of one row's tokens) and one KV head, with the query heads that share it."""
+    max and sum per query; scores soft-capped where softcap is not 0, and each head's sink
+    (where sinks is not empty) added to the sum at the end. Each job is one tile (a run of one
+    row's tokens) and one KV head, with the query heads that share it."""
     heads, dim = q.shape[1], q.shape[2]
     kv_heads, cache_blocks, block_size = cache_k.shape[0], cache_k.shape[1], cache_k.shape[2]
     group = heads // kv_heads
@@ -135,6 +137,8 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
                         accumulate(acc, token * group, group, corrections, s, block_size, lo, hi - lo, cache_v,
                                     base, dim)
         for r in range(queries):
+            if sinks.shape[0]:
+                total[r] += np.exp(sinks[kh * group + r % group] - m[r])
             inv = np.float32(1.0) / total[r]
             for d in range(dim):
                 out[first + r // group, (kh * group + r % group) * dim + d] = acc[r * dim + d] * inv
@@ -146,7 +150,7 @@ def tile_tokens(group: int, dim: int) -> int:
 
 
 def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, plan: AttentionPlan,
-                    scale: float, window: int = 0, softcap: float = 0.0) -> np.ndarray:
+                    scale: float, window: int = 0, softcap: float = 0.0, sinks=None) -> np.ndarray:
     tokens, heads, dim = q.shape
     out = np.empty((tokens, heads * dim), dtype=np.float32)
     if tokens:
@@ -154,5 +158,6 @@ def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, pla
         work = int(seen.sum()) * heads * dim
         row, first, count, order = plan.tiles(tile_tokens(heads // cache_k.shape[0], dim))
         _attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.context, plan.tables, row, first, count,
-                   order, np.float32(scale), np.int64(window), np.float32(softcap), out)
+                   order, np.float32(scale), np.int64(window), np.float32(softcap),
+                   NO_SINKS if sinks is None else sinks, out)
     return out

@@ -136,8 +136,8 @@ class NumbaOps(NumpyOps):
                                           numba_delta_rule.convolve_rows, numba_delta_rule.delta_rule_rows)
 
     def paged_attention(self, q, cache_k, cache_v, meta: numba_attention.AttentionPlan, scale: float,
-                        window: int = 0, softcap: float = 0.0) -> np.ndarray:
-        return numba_attention.paged_attention(q, cache_k, cache_v, meta, scale, window, softcap)
+                        window: int = 0, softcap: float = 0.0, sinks=None) -> np.ndarray:
+        return numba_attention.paged_attention(q, cache_k, cache_v, meta, scale, window, softcap, sinks)
 
     def sample(self, logits: np.ndarray, batch: SampleBatch) -> SampleResult:
         """NumpyOps.sample's contract; the plain rows drawn in one kernel (model/ops/numba_sampler.py)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.ops import delta_rule
-from model.ops.moe import ExpertPlan, combine, route
+from model.ops.moe import ExpertPlan, add_bias, clamped_swiglu, combine, route
 from model.ops.protocol import Download, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
 from model.sampling import SamplingParams, allowed_tokens
@@ -140,12 +140,18 @@ class NumpyOps:
 
     def moe(self, x: np.ndarray, experts: Experts, gelu: bool = False) -> np.ndarray:
         """The mixture of experts' output for tokens x: routed (model/ops/moe.py), each expert's
-        rows through its gate/up and down as one GEMM each, summed per token; plus a shared
-        expert's output, gated, where the layer has one."""
-        plan = route(self.router_logits(x, experts.router), experts.top_k, experts.normalize)
-        gate_up = self.grouped_linear(x[plan.tokens], experts.gate_up, plan)
-        act = self.gelu_and_mul(gate_up) if gelu else self.silu_and_mul(gate_up)
-        out = combine(self.grouped_linear(act, experts.down, plan), plan)
+        rows through its gate/up and down as one GEMM each (and their biases), summed per token;
+        plus a shared expert's output, gated, where the layer has one."""
+        logits = self.router_logits(x, experts.router)
+        if experts.router_bias is not None:
+            logits += experts.router_bias
+        plan = route(logits, experts.top_k, experts.normalize)
+        gate_up = add_bias(self.grouped_linear(x[plan.tokens], experts.gate_up, plan), experts.gate_up_bias, plan)
+        if experts.swiglu_clamp is not None:
+            act = clamped_swiglu(gate_up, *experts.swiglu_clamp)
+        else:
+            act = self.gelu_and_mul(gate_up) if gelu else self.silu_and_mul(gate_up)
+        out = combine(add_bias(self.grouped_linear(act, experts.down, plan), experts.down_bias, plan), plan)
         if experts.shared_gate is None:
             return out
         shared = self.linear(self.silu_and_mul(self.linear(x, experts.shared_gate_up)), experts.shared_down)
@@ -290,12 +296,13 @@ class NumpyOps:
 
     def paged_attention(self, q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray,
                         meta: list[AttentionChunk], scale: float, window: int = 0,
-                        softcap: float = 0.0) -> np.ndarray:
+                        softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
         """q is (tokens, heads, head_dim); the caches are (kv_heads, blocks, block_size, head_dim),
         read only through the block ids in meta, a whole block per copy. Everything is laid out
         kv-head-major, so both batched matmuls see contiguous matrices. window: a sliding
         window's length (each query sees its last `window` positions; 0: all); softcap: Gemma 2's
-        scores = cap * tanh(scores / cap), 0 for none."""
+        scores = cap * tanh(scores / cap), 0 for none; sinks: GPT-OSS's, a logit per head in the
+        softmax's sum."""
         tokens, heads, dim = q.shape
         kv_heads, _, block_size, _ = cache_k.shape
         group = heads // kv_heads
@@ -314,9 +321,14 @@ class NumpyOps:
                                out=self.scratch("s", (kv_heads, rows, group * max_q, ctx)))
             scores = soft_capped(scores.reshape(kv_heads, rows, group, max_q, ctx), softcap)
             scores += c.bias_for(window)
-            scores -= scores.max(axis=-1, keepdims=True)
+            top = scores.max(axis=-1, keepdims=True)
+            if sinks is not None:  # a logit that takes a share of the sum and adds no value
+                sink = sinks.reshape(kv_heads, 1, group, 1, 1)
+                top = np.maximum(top, sink)
+            scores -= top
             np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
+            total = scores.sum(axis=-1, keepdims=True)
+            scores /= total if sinks is None else total + np.exp(sink - top)
             o = scores.reshape(kv_heads, rows, group * max_q, ctx) @ v
             o = o.reshape(kv_heads, rows, group, max_q, dim).transpose(1, 3, 0, 2, 4)
             o = o.reshape(rows, max_q, heads * dim)

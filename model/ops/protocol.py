@@ -129,7 +129,8 @@ class Ops(Protocol):
     def rope_and_cache(self, qkv, cos, sin, cache_k, cache_v, slots, heads: int) -> Any: ...  # rotated q
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int): ...  # once per step
     def paged_attention(self, q, cache_k, cache_v, meta, scale: float, window: int = 0,
-                        softcap: float = 0.0): ...  # window: the last positions seen (0: all)
+                        softcap: float = 0.0, sinks=None): ...  # window: the last positions seen (0: all);
+    # sinks: (heads,) float32 logits beside each head's scores (GPT-OSS), in the softmax's sum only
     def sample(self, logits, batch: SampleBatch) -> SampleResult: ...
     def score(self, logits, token_ids, top: int) -> Scored: ...  # token_ids[r] under row r, and its top n
     def release(self, key) -> None: ...  # the request named key has ended
