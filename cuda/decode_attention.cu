@@ -14,7 +14,8 @@
 // once and used for every query head of the group (GQA), with an online softmax per sub-warp and
 // query in fp32; sub-warps then warps merge, and the block writes its partial result: the
 // running max, the sum of exponentials, and the unnormalised output, per query head.
-// decode_attention_reduce: grid (heads, seqs), merges the splits into the output.
+// decode_attention_reduce: grid (heads, seqs), merges the splits into the output, with the
+// head's sink (a logit in the softmax's sum only, or null sinks) as one more part.
 //
 // q: (seqs, heads, head_dim); caches: (kv_heads, blocks, block_size, head_dim);
 // block_tables: (seqs, max_blocks) int32; context_lens: (seqs) int32.
@@ -178,11 +179,11 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
 template <typename T>
 __global__ void decode_attention_reduce(T* __restrict__ out, const float* __restrict__ part_max,
                                         const float* __restrict__ part_sum, const float* __restrict__ part_acc,
-                                        int heads, int head_dim, int splits) {
+                                        int heads, int head_dim, int splits, const float* __restrict__ sinks) {
     size_t at = (size_t(blockIdx.y) * heads + blockIdx.x) * splits;
-    float m = neg_inf();
+    float m = sinks ? sinks[blockIdx.x] : neg_inf();
     for (int s = 0; s < splits; ++s) m = fmaxf(m, part_max[at + s]);
-    float total = 0.0f;
+    float total = sinks ? __expf(sinks[blockIdx.x] - m) : 0.0f;
     for (int s = 0; s < splits; ++s)
         if (part_max[at + s] != neg_inf()) total += part_sum[at + s] * __expf(part_max[at + s] - m);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {

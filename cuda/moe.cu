@@ -15,10 +15,11 @@
 
 // One block per token: the router's logits (a warp per expert at a time, lanes along hidden),
 // their softmax, the top k by k argmax passes (ties to the lower id), renormalised to sum to 1
-// where normalize is set. router is fp32 whatever the storage type.
+// where normalize is set. router (and router_bias, or null) is fp32 whatever the storage type.
 template <typename T>
 __global__ void moe_route(int* __restrict__ ids, float* __restrict__ weights, const T* __restrict__ x,
-                          const float* __restrict__ router, int hidden, int experts, int top_k, int normalize) {
+                          const float* __restrict__ router, const float* __restrict__ router_bias, int hidden,
+                          int experts, int top_k, int normalize) {
     __shared__ float logits[MOE_MAX_EXPERTS];
     const T* row = x + size_t(blockIdx.x) * hidden;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -27,7 +28,7 @@ __global__ void moe_route(int* __restrict__ ids, float* __restrict__ weights, co
         float dot = 0.0f;
         for (int i = lane; i < hidden; i += 32) dot += to_float(row[i]) * w[i];
         dot = warp_sum(dot);
-        if (lane == 0) logits[e] = dot;
+        if (lane == 0) logits[e] = router_bias ? dot + router_bias[e] : dot;
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
@@ -94,10 +95,11 @@ __global__ void moe_align(int* __restrict__ starts, int* __restrict__ tile_start
 // tokens_of[s] (gather: the tokens themselves) or s (rows already sorted). Block (x, y): output
 // columns x x 64 .., the y-th tile of MOE_TILE_ROWS rows of one expert (found from
 // tile_starts; blocks past the last tile return). 128 threads: column threadIdx.x % 64, rows
-// threadIdx.x / 64 + 2i; each output summed along k in order, in fp32.
+// threadIdx.x / 64 + 2i; each output summed along k in order, in fp32, then the expert's bias
+// added (fp32, experts x n; or null).
 template <typename T>
 __global__ void moe_gemm(T* __restrict__ out, const T* __restrict__ in, const T* __restrict__ w,
-                         const int* __restrict__ starts, const int* __restrict__ tile_starts,
+                         const float* __restrict__ bias, const int* __restrict__ starts, const int* __restrict__ tile_starts,
                          const int* __restrict__ tokens_of, int gather, int n, int k, int experts) {
     __shared__ float xs[MOE_TILE_ROWS][MOE_TILE_K];
     __shared__ float ws[MOE_TILE_COLS][MOE_TILE_K + 1];
@@ -137,10 +139,11 @@ __global__ void moe_gemm(T* __restrict__ out, const T* __restrict__ in, const T*
         __syncthreads();
     }
     if (col0 + col >= n) return;
+    float added = bias ? bias[size_t(e) * n + col0 + col] : 0.0f;
 #pragma unroll
     for (int i = 0; i < MOE_TILE_ROWS / 2; ++i) {
         int r = half + 2 * i;
-        if (r < rows) out[size_t(first + r) * n + col0 + col] = from_float<T>(acc[i]);
+        if (r < rows) out[size_t(first + r) * n + col0 + col] = from_float<T>(acc[i] + added);
     }
 }
 

@@ -2,7 +2,8 @@
 // and chunked prefill alike. Each sequence's new query tokens are the last query_len of its
 // context_len tokens, whose K/V are already in the cache (written by write_kv), so a query at
 // position p sees keys 0..p, read through the block table; with a sliding window only the last
-// `window` of them (keys p - window + 1 .. p). Scores are soft-capped where softcap is not 0.
+// `window` of them (keys p - window + 1 .. p). Scores are soft-capped where softcap is not 0;
+// sinks (one logit per query head, or null) join the softmax's sum and add no value.
 //
 // Flash-style tiles: grid (ceil(query_len * group / 16), seqs, kv_heads), 128 threads. A block
 // takes 16 query rows, a row being one (token, head) pair of the KV head's group, so the rows
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(128) prefill_attention(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
     int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale, int window,
-    float softcap) {
+    float softcap, const float* __restrict__ sinks) {
     int seq = blockIdx.y, kv_head = blockIdx.z;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int group = heads / kv_heads;
@@ -111,8 +112,9 @@ __global__ void __launch_bounds__(128) prefill_attention(
         if (row > last_row) break;
         int token = row / group, g = row % group;
         size_t base = (size_t(first + token) * heads + kv_head * group + g) * head_dim;
+        float total = run_sum[i] + (sinks ? __expf(sinks[kv_head * group + g] - run_max[i]) : 0.0f);
 #pragma unroll
         for (int j = 0; j < PA_DIMS; ++j)
-            if (lane + 32 * j < head_dim) out[base + lane + 32 * j] = from_float<T>(acc[i][j] / run_sum[i]);
+            if (lane + 32 * j < head_dim) out[base + lane + 32 * j] = from_float<T>(acc[i][j] / total);
     }
 }

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
     int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale, int window,
-    float softcap) {
+    float softcap, const float* __restrict__ sinks) {
     int seq = blockIdx.y, kv_head = blockIdx.z;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int group = heads / kv_heads, tiles = head_dim / 16;
@@ -149,6 +149,12 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
             row_sum = (row_max == neg_inf() ? 0.0f : row_sum * __expf(row_max - top)) +
                       (other_max == neg_inf() ? 0.0f : other_sum * __expf(other_max - top));
             row_max = top;
+            if (sinks) {  // the head's sink: a share of the sum, no value
+                float sink = sinks[kv_head * group + (row0 + my_row) % group];
+                top = fmaxf(row_max, sink);
+                row_sum = (row_max == neg_inf() ? 0.0f : row_sum * __expf(row_max - top)) + __expf(sink - top);
+                row_max = top;
+            }
         }
     }
 

@@ -22,7 +22,8 @@ from model.ops.kernels import CUDA_DIR, SHIM_DIR, name_expressions, sources
 BUILD_DIR = cache_root() / "cuda-harness"
 
 
-SCALARS = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32, "float32": ctypes.c_float}
+SCALARS = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64,
+           "float32": ctypes.c_float}  # uint64: a null pointer (cuda_ops.NULL)
 
 
 class KernelFailed(RuntimeError):

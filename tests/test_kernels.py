@@ -178,7 +178,7 @@ def test_rope_and_cache_from_fused_qkv_rows(launcher, dtype, heads, kv_heads, he
 
 
 def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=None, window=0,
-                     softcap=0.0):
+                     softcap=0.0, sinks=None):
     """Both kernels, as the GPU path launches them: partials per split, then the reduce; splits
     as CudaOps chooses them for these contexts unless given (a graph's: more than they need)."""
     seqs, heads, head_dim = q.shape
@@ -193,17 +193,19 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
          np.int32(head_dim), np.int32(block_size), np.int32(tables.shape[1]), np.int32(num_blocks),
          np.int32(min_split), np.float32(head_dim ** -0.5), np.int32(window), np.float32(softcap)))
     kernel(launcher, "decode_attention.cu", "decode_attention_reduce", dtype)(
-        (heads, seqs), (64,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim), np.int32(splits)))
+        (heads, seqs), (64,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim), np.int32(splits),
+                               np.uint64(0) if sinks is None else sinks))
     return out
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 3, 96),
                                                    (4, 2, 32)])  # 96: a partial sub-warp; 32: four a warp
-@pytest.mark.parametrize("min_split,window,softcap", [
-    (512, 0, 0.0), (48, 0, 0.0),  # one split; several, so the reduce merges them
-    (48, 40, 2.5)])  # a sliding window (rows shorter and longer than it) and Gemma 2's soft cap
-def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_split, window, softcap):
+@pytest.mark.parametrize("min_split,window,softcap,sunk", [
+    (512, 0, 0.0, False), (48, 0, 0.0, False),  # one split; several, so the reduce merges them
+    (48, 40, 2.5, False),  # a sliding window (rows shorter and longer than it) and Gemma 2's soft cap
+    (48, 40, 0.0, True)])  # GPT-OSS's sinks, with its sliding window
+def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_split, window, softcap, sunk):
     rng = np.random.default_rng(heads * head_dim + min_split)
     block_size, num_blocks = 16, 40
     context_lens = np.array([1, 16, 33, 130, 47], dtype=np.int32)  # on and off block boundaries
@@ -216,11 +218,12 @@ def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_
     q = rng.standard_normal((seqs, heads, head_dim))
     cache_k = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
     cache_v = rng.standard_normal((kv_heads, num_blocks, block_size, head_dim))
+    sinks = (2.0 * rng.standard_normal(heads)).astype(np.float32) if sunk else None
     got = decode_attention(launcher, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), tables,
-                           context_lens, dtype, min_split, window=window, softcap=softcap)
+                           context_lens, dtype, min_split, window=window, softcap=softcap, sinks=sinks)
     meta = NUMPY.attention_meta([1] * seqs, context_lens.tolist(), tables.tolist(), block_size)
     want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
-                                 head_dim ** -0.5, window, softcap).reshape(seqs, heads, head_dim)
+                                 head_dim ** -0.5, window, softcap, sinks).reshape(seqs, heads, head_dim)
     assert_close(got, want, dtype, floor=1.0)
 
 
@@ -259,11 +262,12 @@ PREFILL_KERNELS = [("prefill_attention", dtype, 16) for dtype in DTYPES] + [
 
 @pytest.mark.parametrize("name,dtype,rows_per_block", PREFILL_KERNELS)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 2, 96)])
-@pytest.mark.parametrize("window,softcap", [(0, 0.0), (13, 2.5)])
-def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, kv_heads, head_dim, window, softcap):
+@pytest.mark.parametrize("window,softcap,sunk", [(0, 0.0, False), (13, 2.5, False), (13, 0.0, True)])
+def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, kv_heads, head_dim, window, softcap,
+                                 sunk):
     """Whole prompts, chunks on a cached prefix (on and off block boundaries), and a decode row,
     in one launch; on CUDA cores, and on tensor cores (WMMA) for the 16-bit types; with a
-    sliding window shorter than most rows and soft-capped scores too."""
+    sliding window shorter than most rows and soft-capped scores too, and with GPT-OSS's sinks."""
     rng = np.random.default_rng(heads * head_dim)
     query_lens = [37, 16, 5, 1, 20]
     context_lens = [37, 48, 21, 30, 52]  # 37: a whole prompt; the rest: chunks after a prefix
@@ -272,15 +276,16 @@ def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, k
     q = rng.standard_normal((tokens, heads, head_dim))
     starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     out = poisoned((tokens, heads, head_dim), dtype)
+    sinks = (2.0 * rng.standard_normal(heads)).astype(np.float32) if sunk else None
     kernel(launcher, f"{name}.cu", name, dtype)(
         (-(-max(query_lens) * (heads // kv_heads) // rows_per_block), len(query_lens), kv_heads), (128,),
         (out, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), starts,
          np.array(context_lens, dtype=np.int32), tables, np.int32(heads), np.int32(kv_heads), np.int32(head_dim),
          np.int32(16), np.int32(tables.shape[1]), np.int32(cache_k.shape[1]), np.float32(head_dim ** -0.5),
-         np.int32(window), np.float32(softcap)))
+         np.int32(window), np.float32(softcap), np.uint64(0) if sinks is None else sinks))
     meta = NUMPY.attention_meta(query_lens, context_lens, tables.tolist(), 16)
     want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
-                                 head_dim ** -0.5, window, softcap).reshape(tokens, heads, head_dim)
+                                 head_dim ** -0.5, window, softcap, sinks).reshape(tokens, heads, head_dim)
     assert_close(out, want, dtype, floor=1.0)
 
 

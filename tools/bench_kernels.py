@@ -120,7 +120,7 @@ def main(argv=None) -> int:
             np.int32(num_blocks), np.int32(DECODE_MIN_SPLIT), np.float32(s["head_dim"] ** -0.5), np.int32(0),
             np.float32(0.0)))
         reduce((s["heads"], args.seqs), (128,), (attn_out, part_max, part_sum, part_acc, np.int32(s["heads"]),
-                                                 np.int32(s["head_dim"]), np.int32(splits)))
+                                                 np.int32(s["head_dim"]), np.int32(splits), np.uint64(0)))
 
     seconds = timer(attention, args.repeat)
     kv_bytes = 2 * args.seqs * args.context * s["kv_heads"] * s["head_dim"] * 2
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         grid = (-(-n * (s["heads"] // s["kv_heads"]) // rows), 1, s["kv_heads"])
         args_ = (prefill_out, q, cache_k, cache_v, starts, lens, table, np.int32(s["heads"]), np.int32(s["kv_heads"]),
                  np.int32(s["head_dim"]), np.int32(s["block_size"]), np.int32(pages), np.int32(pages),
-                 np.float32(s["head_dim"] ** -0.5), np.int32(0), np.float32(0.0))
+                 np.float32(s["head_dim"] ** -0.5), np.int32(0), np.float32(0.0), np.uint64(0))
         seconds = timer(lambda: kernel(grid, (128,), args_), args.repeat)
         results[name] = {"bytes": 2 * (2 * q.size + 2 * cache_k.size), "seconds": seconds, "flops": flops}
 

@@ -30,6 +30,7 @@ THREADS = 128
 DECODE_MIN_SPLIT = 256  # context tokens a decode block takes at least; longer contexts are split and reduced
 PREFILL_ROWS = 16  # (token, head) rows per prefill attention block
 PREFILL_TC_ROWS = 64  # the same on tensor cores: 16 a warp
+NULL = np.uint64(0)  # a null pointer argument (an optional array left out)
 MOE_TILE_ROWS, MOE_TILE_COLS = 16, 64  # a grouped GEMM block's rows (of one expert) and columns: cuda/moe.cu
 
 log = logging.getLogger("spool.model")
@@ -151,12 +152,12 @@ class CudaOps:
     def gelu_and_mul(self, gate_up):
         return self._gated(gate_up, "gelu_and_mul")
 
-    def _gated(self, gate_up, name: str):
+    def _gated(self, gate_up, name: str, *extra):
         gate_up = self.contiguous(gate_up)
         tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = self.xp.empty((tokens, inter), dtype=self.storage_dtype)
         self.kernel("activation.cu", name)(((inter + THREADS - 1) // THREADS, tokens), (THREADS,),
-                                           (out, gate_up, np.int32(inter)))
+                                           (out, gate_up, np.int32(inter), *extra))
         return out
 
     def sigmoid_mul(self, x, gate):
@@ -201,24 +202,28 @@ class CudaOps:
         routed = tokens * k
         ids, weights = xp.empty((tokens, k), dtype=np.int32), xp.empty((tokens, k), dtype=np.float32)
         self.kernel("moe.cu", "moe_route")((tokens,), (THREADS,), (
-            ids, weights, x, experts.router, np.int32(hidden), np.int32(count), np.int32(k),
-            np.int32(experts.normalize)))
+            ids, weights, x, experts.router, optional(experts.router_bias), np.int32(hidden), np.int32(count),
+            np.int32(k), np.int32(experts.normalize)))
         starts, tile_starts = xp.empty(count + 1, dtype=np.int32), xp.empty(count + 1, dtype=np.int32)
         tokens_of, position = xp.empty(routed, dtype=np.int32), xp.empty(routed, dtype=np.int32)
         self.kernel("moe.cu", "moe_align")((1,), (THREADS,), (
             starts, tile_starts, tokens_of, position, ids, np.int32(routed), np.int32(k), np.int32(count)))
         tiles = -(-routed // MOE_TILE_ROWS) + min(count, routed)  # at most one part-filled tile an expert
 
-        def grouped(rows, w, gather: bool):
+        def grouped(rows, w, bias, gather: bool):
             n = w.shape[0] // count
             out = xp.empty((routed, n), dtype=self.storage_dtype)
             self.kernel("moe.cu", "moe_gemm")((-(-n // MOE_TILE_COLS), tiles), (2 * MOE_TILE_COLS,), (
-                out, rows, w, starts, tile_starts, tokens_of, np.int32(gather), np.int32(n),
+                out, rows, w, optional(bias), starts, tile_starts, tokens_of, np.int32(gather), np.int32(n),
                 np.int32(rows.shape[1]), np.int32(count)))
             return out
 
-        gate_up = grouped(x, experts.gate_up, True)
-        down = grouped(self.gelu_and_mul(gate_up) if gelu else self.silu_and_mul(gate_up), experts.down, False)
+        gate_up = grouped(x, experts.gate_up, experts.gate_up_bias, True)
+        if experts.swiglu_clamp is not None:
+            act = self._gated(gate_up, "clamped_swiglu", *(np.float32(v) for v in experts.swiglu_clamp))
+        else:
+            act = self.gelu_and_mul(gate_up) if gelu else self.silu_and_mul(gate_up)
+        down = grouped(act, experts.down, experts.down_bias, False)
         out = xp.empty((tokens, hidden), dtype=self.storage_dtype)
         self.kernel("moe.cu", "moe_combine")((tokens,), (THREADS,), (
             out, down, weights, position, np.int32(hidden), np.int32(k)))
@@ -260,7 +265,7 @@ class CudaOps:
                              max_context=int(max(context_lens)))
 
     def paged_attention(self, q, cache_k, cache_v, meta: AttentionMeta, scale: float, window: int = 0,
-                        softcap: float = 0.0):
+                        softcap: float = 0.0, sinks=None):
         q = self.contiguous(q)
         tokens, heads, head_dim = q.shape
         kv_heads, num_blocks, block_size, _ = cache_k.shape
@@ -280,14 +285,14 @@ class CudaOps:
                  np.int32(DECODE_MIN_SPLIT), np.float32(scale), np.int32(window), np.float32(softcap)))
             self.kernel("decode_attention.cu", "decode_attention_reduce")(
                 (heads, seqs), (THREADS,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim),
-                                            np.int32(splits)))
+                                            np.int32(splits), optional(sinks)))
         else:
             name, rows = self.prefill_kernel(head_dim)
             tiles = -(-max(meta.query_lens) * (heads // kv_heads) // rows)
             self.kernel(f"{name}.cu", name)(
                 (tiles, seqs, kv_heads), (THREADS,),
                 (out, q, cache_k, cache_v, meta.query_starts, meta.context_lens, meta.block_tables, *common,
-                 np.float32(scale), np.int32(window), np.float32(softcap)))
+                 np.float32(scale), np.int32(window), np.float32(softcap), optional(sinks)))
         return out.reshape(tokens, heads * head_dim)
 
     def prefill_kernel(self, head_dim: int) -> tuple[str, int]:
@@ -316,3 +321,8 @@ class CudaOps:
     def release(self, key) -> None:
         """The request named key has ended: its penalty counts' slot is free again."""
         self.sampler.release(key)
+
+
+def optional(array):
+    """A kernel's optional array argument: the array, or a null pointer."""
+    return NULL if array is None else array

@@ -15,7 +15,7 @@ STORAGE_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bflo
 
 KERNELS = {
     "rms_norm.cu": ("rms_norm", "add_rms_norm"),
-    "activation.cu": ("silu_and_mul", "gelu_and_mul"),
+    "activation.cu": ("silu_and_mul", "gelu_and_mul", "clamped_swiglu"),
     "embedding.cu": ("embedding",),
     "rotary.cu": ("rotary",),
     "kv_write.cu": ("write_kv", "rope_write_kv"),
