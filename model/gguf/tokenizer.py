@@ -1,5 +1,6 @@
 """The `tokenizers` tokenizer and tokenizer_config.json that a GGUF's vocabulary implies: byte-level
-BPE as is, SentencePiece rebuilt as a byte-fallback BPE with equivalent merges."""
+BPE as is (its pre-tokenizer by name, model/gguf/pretok.py), Gemma 4's SentencePiece-style BPE,
+SentencePiece rebuilt as a byte-fallback BPE with equivalent merges, and BERT's WordPiece."""
 
 from __future__ import annotations
 
@@ -7,74 +8,34 @@ from pathlib import Path
 from typing import Any
 
 from model.errors import ModelError, one_line
+from model.gguf.pretok import Family, family, refusal
 from model.gguf.vocab import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, GGUFVocab
-
-# Pre-tokenizer regexes, as the models' own tokenizer.json files state them (llama.cpp runs
-# equivalent hand-expanded forms, selected by tokenizer.ggml.pre).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Qwen3.5's: Qwen2's with combining marks (\p{M}) kept inside words, and no NFC before it
-_QWEN35_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# tokenizer.ggml.pre -> pre-tokenizer family
-_PRE_FAMILIES = {
-    "smollm": "digits", "starcoder": "digits", "refact": "digits", "codeshell": "digits",
-    "llama-bpe": "llama3", "llama3": "llama3", "llama-v3": "llama3", "dbrx": "llama3",
-    "smaug-bpe": "llama3",
-    "qwen2": "qwen2", "stablelm2": "qwen2", "qwen35": "qwen35",
-    "default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "mpt": "gpt2", "olmo": "gpt2",
-    "jais": "gpt2",
-}
 
 
 def build_tokenizer(v: GGUFVocab, path: Path):
     """The tokenizer, with its special and user-defined tokens and its BOS/EOS template."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    tokens = v.tokens
+    tokens = _wordpiece_tokens(v.tokens) if v.kind == "bert" else v.tokens
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
 
-    if v.kind == "gpt2":
-        family = _PRE_FAMILIES.get(v.pre)
-        if family is None:
-            raise ModelError(
-                f"{path.name} uses the BPE pre-tokenizer {v.pre!r}, which this converter does not know;"
-                " use the Hugging Face model directory instead"
-            )
-        try:
-            model = models.BPE(vocab=vocab, merges=list(v.merges), byte_fallback=False,
-                               ignore_merges=(family == "llama3"))
-        except Exception as exc:
-            raise ModelError(f"{path.name} has an invalid BPE vocabulary ({one_line(exc)}); the file is inconsistent") from None
-        tok = Tokenizer(model)
-        if family == "digits":
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ])
-        elif family in ("llama3", "qwen2", "qwen35"):
-            pattern = {"llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "qwen35": _QWEN35_SPLIT}[family]
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ])
-            if family == "qwen2":  # Qwen3.5's keeps combining marks as written
-                tok.normalizer = normalizers.NFC()
-        else:
-            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        tok.decoder = decoders.ByteLevel()
-        default_post = processors.ByteLevel(trim_offsets=False)
+    default_post = None
+    if v.kind in ("gpt2", "gemma4"):
+        fam = family(v.pre)
+        if fam is None:
+            raise ModelError(f"{path.name} {refusal(v.pre)}")
+        tok = _raw_bpe(v, vocab, fam, path) if fam.raw else _byte_level_bpe(v, vocab, fam, path)
+        if not fam.raw:
+            default_post = processors.ByteLevel(trim_offsets=False)
+    elif v.kind == "bert":
+        tok = Tokenizer(models.WordPiece(vocab, unk_token=tokens[v.unk_id] if v.unk_id is not None else "[UNK]",
+                                         continuing_subword_prefix="##"))
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                    strip_accents=v.strip_accents, lowercase=v.lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
     else:  # "llama": vocab.py admits no other kind
         merges = _spm_merges(tokens, v.scores, v.types, vocab)
         try:
@@ -89,7 +50,6 @@ def build_tokenizer(v: GGUFVocab, path: Path):
         if v.add_space_prefix:
             dec.append(decoders.Strip(" ", 1, 0))
         tok.decoder = decoders.Sequence(dec)
-        default_post = None
 
     specials = [AddedToken(tokens[i], special=True, normalized=False)
                 for i, ty in enumerate(v.types) if ty in (CONTROL, UNKNOWN) and tokens[i]]
@@ -99,20 +59,68 @@ def build_tokenizer(v: GGUFVocab, path: Path):
     if user:
         tok.add_tokens(user)
 
-    bos_id, eos_id = v.bos_id, v.eos_id
-    if (v.add_bos and bos_id is not None) or (v.add_eos and eos_id is not None):
-        single, pair, special = "$A:0", "$B:1", []
-        if v.add_bos and bos_id is not None:
-            single, pair = f"{tokens[bos_id]}:0 {single}", f"{tokens[bos_id]}:1 {pair}"
-            special.append((tokens[bos_id], bos_id))
-        if v.add_eos and eos_id is not None:
-            single, pair = f"{single} {tokens[eos_id]}:0", f"{pair} {tokens[eos_id]}:1"
-            if eos_id != bos_id:
-                special.append((tokens[eos_id], eos_id))
-        tok.post_processor = processors.TemplateProcessing(single=single, pair=f"{single} {pair}", special_tokens=special)
+    added = [i for i, on in ((v.bos_id, v.add_bos), (v.eos_id, v.add_eos), (v.sep_id, v.add_sep))
+             if on and i is not None]
+    if added:
+        bos_id = v.bos_id if v.add_bos else None
+        ends = [i for i in (v.eos_id if v.add_eos else None, v.sep_id if v.add_sep else None) if i is not None]
+
+        def around(seq: str, type_id: int, first: bool = True) -> str:  # BERT's second text has no [CLS]
+            head = [tokens[bos_id]] if bos_id is not None and (first or v.kind != "bert") else []
+            return " ".join(f"{p}:{type_id}" for p in head + [seq] + [tokens[i] for i in ends])
+
+        single = around("$A", 0)
+        tok.post_processor = processors.TemplateProcessing(
+            single=single, pair=f"{single} {around('$B', 1, first=False)}",
+            special_tokens=[(tokens[i], i) for i in dict.fromkeys(added)])
     elif default_post is not None:
         tok.post_processor = default_post
     return tok
+
+
+def _byte_level_bpe(v: GGUFVocab, vocab: dict[str, int], fam: Family, path: Path):
+    """GPT-2 style: the family's regex splits, then every byte as a printable character."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    try:
+        model = models.BPE(vocab=vocab, merges=list(v.merges), byte_fallback=False, ignore_merges=fam.ignore_merges)
+    except Exception as exc:
+        raise ModelError(f"{path.name} has an invalid BPE vocabulary ({one_line(exc)});"
+                         " the file is inconsistent") from None
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in fam.splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if fam.nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _raw_bpe(v: GGUFVocab, vocab: dict[str, int], fam: Family, path: Path):
+    """SentencePiece style with merges (Gemma 4): "▁" for each space, the text's own characters,
+    <0xXX> tokens for any byte of a character the vocabulary lacks."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    try:
+        model = models.BPE(vocab=vocab, merges=list(v.merges), byte_fallback=True, ignore_merges=fam.ignore_merges,
+                           unk_token=v.tokens[v.unk_id] if v.unk_id is not None else None)
+    except Exception as exc:
+        raise ModelError(f"{path.name} has an invalid BPE vocabulary ({one_line(exc)});"
+                         " the file is inconsistent") from None
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in fam.splits])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tok
+
+
+def _wordpiece_tokens(tokens: tuple[str, ...]) -> list[str]:
+    """A BERT vocabulary as WordPiece spells it: llama.cpp's GGUF marks a word's first piece with
+    a leading "▁" and leaves continuations bare, where WordPiece marks continuations with "##"."""
+    return [t[1:] if t.startswith("▁") else t if t.startswith("[") and t.endswith("]") else "##" + t
+            for t in tokens]
 
 
 def tokenizer_config(v: GGUFVocab, max_length: int) -> dict[str, Any]:
@@ -123,7 +131,9 @@ def tokenizer_config(v: GGUFVocab, max_length: int) -> dict[str, Any]:
         "add_eos_token": v.add_eos,
         "clean_up_tokenization_spaces": False,
     }
-    for key, i in (("bos_token", v.bos_id), ("eos_token", v.eos_id), ("unk_token", v.unk_id), ("pad_token", v.pad_id)):
+    cls_id = v.bos_id if v.kind == "bert" else None
+    for key, i in (("bos_token", v.bos_id), ("eos_token", v.eos_id), ("unk_token", v.unk_id), ("pad_token", v.pad_id),
+                   ("sep_token", v.sep_id), ("cls_token", cls_id)):
         if i is not None:
             config[key] = v.tokens[i]
     if v.chat_template is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from model.errors import ModelError
+from model.gguf.pretok import BOS_ALWAYS, BOS_BY_DEFAULT, SEP_BY_DEFAULT
 
 # GGUF token types (gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
@@ -16,7 +17,8 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
 
 @dataclass(frozen=True)
 class GGUFVocab:
-    kind: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    kind: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE), "llama" (SentencePiece), "gemma4"
+    # (SentencePiece-style BPE with merges) or "bert" (WordPiece)
     tokens: tuple[str, ...]
     types: tuple[int, ...]  # one GGUF token type per token
     bos_id: int | None
@@ -26,10 +28,14 @@ class GGUFVocab:
     extra_eos_ids: tuple[int, ...]  # end-of-turn and end-of-message tokens
     add_bos: bool
     add_eos: bool
-    merges: tuple[tuple[str, str], ...]  # "gpt2" only
-    pre: str  # "gpt2" only: tokenizer.ggml.pre
+    merges: tuple[tuple[str, str], ...]  # "gpt2" and "gemma4"
+    pre: str  # "gpt2" and "gemma4": tokenizer.ggml.pre
     scores: tuple[float, ...]  # "llama" only
     add_space_prefix: bool  # "llama" only
+    sep_id: int | None  # "bert": [SEP], added after the text where add_sep
+    add_sep: bool
+    lowercase: bool  # "bert": the normalizer lowercases (and strips accents where strip_accents)
+    strip_accents: bool
     chat_template: str | list[dict] | None  # as tokenizer_config.json holds it
 
 
@@ -56,24 +62,32 @@ def read_vocab(field: Callable, path: Path) -> GGUFVocab:
         return v
 
     bos_id = tok_id("tokenizer.ggml.bos_token_id")
+    if kind == "bert":  # [CLS] begins the text; llama.cpp's defaults where the file is silent
+        bos_id = next((i for i in (tok_id("tokenizer.ggml.cls_token_id"), bos_id, 101 if n > 101 else None)
+                       if i is not None), None)
     eos_id = tok_id("tokenizer.ggml.eos_token_id")
     unk_id = tok_id("tokenizer.ggml.unknown_token_id")
     pad_id = tok_id("tokenizer.ggml.padding_token_id")
+    sep_id = tok_id("tokenizer.ggml.seperator_token_id")  # sic: gguf's key
     extra_eos = [i for i in (tok_id("tokenizer.ggml.eot_token_id"), tok_id("tokenizer.ggml.eom_token_id")) if i is not None]
-    add_bos = bool(field("tokenizer.ggml.add_bos_token", kind == "llama"))
+    pre = field("tokenizer.ggml.pre", "default") if kind == "gpt2" else "gemma4" if kind == "gemma4" else ""
+    add_bos = bool(field("tokenizer.ggml.add_bos_token", kind in ("llama", "bert") or pre in BOS_BY_DEFAULT)
+                   or pre in BOS_ALWAYS)
     add_eos = bool(field("tokenizer.ggml.add_eos_token", False))
+    add_sep = bool(field("tokenizer.ggml.add_sep_token", kind == "bert" or pre in SEP_BY_DEFAULT))
+    lowercase = bool(field("tokenizer.ggml.normalizer.lowercase", True))
+    strip_accents = bool(field("tokenizer.ggml.normalizer.strip_accents", lowercase))
 
-    merges, pre, scores, prefix = [], "", [], True
-    if kind == "gpt2":
+    merges, scores, prefix = [], [], True
+    if kind in ("gpt2", "gemma4"):
         merges_raw = field("tokenizer.ggml.merges")
         if not merges_raw:
             raise ModelError(f"{path.name} has a BPE tokenizer without merges; the file is incomplete")
         for m in merges_raw:
-            left, sep, right = m.partition(" ")
-            if not sep:
+            cut = m.find(" ", 1)  # as llama.cpp reads them: a merge's left part may be a space
+            if cut < 0:
                 raise ModelError(f"{path.name} has a malformed BPE merge {m!r}; the file is inconsistent")
-            merges.append((left, right))
-        pre = field("tokenizer.ggml.pre", "default")
+            merges.append((m[:cut], m[cut + 1:]))
     elif kind == "llama":
         scores = field("tokenizer.ggml.scores")
         if not scores or len(scores) != n:
@@ -81,10 +95,15 @@ def read_vocab(field: Callable, path: Path) -> GGUFVocab:
         if unk_id is None:
             unk_id = next((i for i, ty in enumerate(types) if ty == UNKNOWN), None)
         prefix = bool(field("tokenizer.ggml.add_space_prefix", True))
+    elif kind == "bert":
+        if unk_id is None and n > 100:
+            unk_id = 100
+        if sep_id is None and n > 102:
+            sep_id = 102
     else:
         raise ModelError(
             f"{path.name} uses the tokenizer type {kind!r}, which this converter does not support"
-            " (supported: gpt2, llama); use the Hugging Face model directory instead"
+            " (supported: gpt2, llama, gemma4, bert); use the Hugging Face model directory instead"
         )
 
     template = field("tokenizer.chat_template")
@@ -100,5 +119,6 @@ def read_vocab(field: Callable, path: Path) -> GGUFVocab:
     return GGUFVocab(
         kind=kind, tokens=tuple(tokens), types=tuple(types), bos_id=bos_id, eos_id=eos_id, unk_id=unk_id,
         pad_id=pad_id, extra_eos_ids=tuple(extra_eos), add_bos=add_bos, add_eos=add_eos, merges=tuple(merges),
-        pre=pre, scores=tuple(scores), add_space_prefix=prefix, chat_template=chat_template,
+        pre=pre, scores=tuple(scores), add_space_prefix=prefix, sep_id=sep_id, add_sep=add_sep and sep_id is not None,
+        lowercase=lowercase, strip_accents=strip_accents, chat_template=chat_template,
     )
