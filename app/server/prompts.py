@@ -124,7 +124,8 @@ def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_promp
     dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
     if not tokenizer.template_writes_late_system:
         dicts = system_first(dicts)
-    dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools, tool_format)
+    dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools, tool_format,
+                                   tokenizer.template_takes_object_arguments)
     try:
         return tokenizer.encode_chat(dicts, add_generation_prompt, **(template_variables or {}), **extra)
     except ChatTemplateError as e:

@@ -100,11 +100,14 @@ class ToolUse:
 
 
 def prompt_messages(messages: list[dict], tools: ToolUse | None, template_takes_tools: bool,
-                    tool_format: ToolFormat | None = None) -> tuple[list, dict]:
+                    tool_format: ToolFormat | None = None, object_arguments: bool = True) -> tuple[list, dict]:
     """The messages and extra template variables for a chat with tools, or with earlier calls
-    and tool results in its history (written in the tools' format, else tool_format's)."""
+    and tool results in its history (written in the tools' format, else tool_format's).
+    object_arguments: a template that knows tools gets a call's arguments as an object (else
+    as JSON text, for the few templates that write them as a string)."""
     if template_takes_tools:
-        out = [{**m, "tool_calls": [_with_object_arguments(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+        with_arguments = _with_object_arguments if object_arguments else _with_json_arguments
+        out = [{**m, "tool_calls": [with_arguments(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
                for m in messages]
         return out, ({"tools": [{"type": "function", "function": f} for f in tools.functions]} if tools else {})
     fmt = tools.format if tools else tool_format or HERMES
@@ -138,3 +141,8 @@ def _arguments(call: dict):
 
 def _with_object_arguments(call: dict) -> dict:
     return {**call, "function": {**call.get("function", {}), "arguments": _arguments(call)}}
+
+
+def _with_json_arguments(call: dict) -> dict:
+    arguments = json.dumps(_arguments(call), ensure_ascii=False)
+    return {**call, "function": {**call.get("function", {}), "arguments": arguments}}
