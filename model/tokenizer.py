@@ -97,6 +97,7 @@ class Tokenizer:
         self.chat_template = None
         self.chat_template_source = template or ""  # read for the tool-call format it writes
         self.template_takes_tools = bool(template) and "tools" in template
+        self.template_writes_calls = bool(template) and "tool_calls" in template  # an assistant's calls
         self.render_seconds, self.render_chars = render_seconds, render_chars
         if template:
             try:
@@ -168,6 +169,15 @@ class Tokenizer:
                  {"role": "system", "content": probe}, {"role": "user", "content": "Bye."}]
         try:
             return probe in self.render_chat(turns)
+        except ChatTemplateError:
+            return False
+
+    @cached_property
+    def template_takes_system(self) -> bool:
+        """Whether the chat template takes a system message at all (Gemma 2's refuses one)."""
+        probe = "A system message."
+        try:
+            return probe in self.render_chat([{"role": "system", "content": probe}, {"role": "user", "content": "Hi."}])
         except ChatTemplateError:
             return False
 

@@ -100,26 +100,32 @@ class ToolUse:
 
 
 def prompt_messages(messages: list[dict], tools: ToolUse | None, template_takes_tools: bool,
-                    tool_format: ToolFormat | None = None, object_arguments: bool = True) -> tuple[list, dict]:
+                    tool_format: ToolFormat | None = None, object_arguments: bool = True,
+                    template_writes_calls: bool | None = None) -> tuple[list, dict]:
     """The messages and extra template variables for a chat with tools, or with earlier calls
     and tool results in its history (written in the tools' format, else tool_format's).
-    object_arguments: a template that knows tools gets a call's arguments as an object (else
-    as JSON text, for the few templates that write them as a string)."""
-    if template_takes_tools:
-        with_arguments = _with_object_arguments if object_arguments else _with_json_arguments
-        out = [{**m, "tool_calls": [with_arguments(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
-               for m in messages]
-        return out, ({"tools": [{"type": "function", "function": f} for f in tools.functions]} if tools else {})
+
+    What the template does not do itself, this does: a template that takes no tools gets them
+    in a system block; one that writes no calls (its source never reads tool_calls) gets
+    them in the assistant's text; one that knows neither gets tool results as user messages.
+    object_arguments: a call's arguments go to the template as an object (else as JSON text,
+    for the few templates that write them as a string)."""
+    writes_calls = template_takes_tools if template_writes_calls is None else template_writes_calls
     fmt = tools.format if tools else tool_format or HERMES
+    with_arguments = _with_object_arguments if object_arguments else _with_json_arguments
     out = []
     for m in messages:
-        if m.get("tool_calls"):
+        if m.get("tool_calls") and writes_calls:
+            out.append({**m, "tool_calls": [with_arguments(c) for c in m["tool_calls"]]})
+        elif m.get("tool_calls"):
             calls = fmt.write_calls([(c.get("function", {}).get("name", ""), _arguments(c)) for c in m["tool_calls"]])
-            out.append({"role": "assistant", "content": "\n".join(filter(None, [m.get("content"), calls]))})
-        elif m["role"] == "tool":
+            out.append({**_without_calls(m), "content": "\n".join(filter(None, [m.get("content"), calls]))})
+        elif m["role"] == "tool" and not (template_takes_tools or writes_calls):
             out.append({"role": "user", "content": fmt.write_result(m.get("content") or "")})
         else:
             out.append(m)
+    if tools and template_takes_tools:
+        return out, {"tools": [{"type": "function", "function": f} for f in tools.functions]}
     if tools:
         block = fmt.instructions(tools.functions)
         if out and out[0]["role"] in ("system", "developer"):
@@ -127,6 +133,10 @@ def prompt_messages(messages: list[dict], tools: ToolUse | None, template_takes_
         else:
             out.insert(0, {"role": "system", "content": block})
     return out, {}
+
+
+def _without_calls(message: dict) -> dict:
+    return {k: v for k, v in message.items() if k != "tool_calls"}
 
 
 def _arguments(call: dict):
