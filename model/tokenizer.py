@@ -51,6 +51,9 @@ def chat_template_text(value: str | None) -> str | None:
     return value
 
 
+PROBE_ARGUMENTS = {"probe_key": "probe_value"}  # a tool call's, for what the chat template does with one
+
+
 class Tokenizer:
     def __init__(self, model_dir: Path, chat_template: str | None = None, render_seconds: float | None = None,
                  render_chars: int | None = None):
@@ -97,7 +100,6 @@ class Tokenizer:
         self.chat_template = None
         self.chat_template_source = template or ""  # read for the tool-call format it writes
         self.template_takes_tools = bool(template) and "tools" in template
-        self.template_writes_calls = bool(template) and "tool_calls" in template  # an assistant's calls
         self.render_seconds, self.render_chars = render_seconds, render_chars
         if template:
             try:
@@ -181,27 +183,35 @@ class Tokenizer:
         except ChatTemplateError:
             return False
 
+    def _render_call(self, arguments) -> str | None:
+        """A conversation with one tool call, rendered with no tools offered (so the argument's
+        key shows only where the call is written); None where the template refuses it."""
+        call = {"id": "call12345", "type": "function", "function": {"name": "probe", "arguments": arguments}}
+        try:
+            return self.render_chat([{"role": "user", "content": "Hello."},
+                                     {"role": "assistant", "content": "", "tool_calls": [call]}], False)
+        except ChatTemplateError:
+            return None
+
+    @cached_property
+    def template_writes_calls(self) -> bool:
+        """Whether the chat template writes an assistant's tool calls itself: its source reads
+        tool_calls, and a call's arguments show in what it renders (DeepSeek R1's distills
+        write calls only for a message whose content is None, where Spool passes text)."""
+        if "tool_calls" not in self.chat_template_source:
+            return False
+        return any("probe_key" in (self._render_call(a) or "") for a in (PROBE_ARGUMENTS, json.dumps(PROBE_ARGUMENTS)))
+
     @cached_property
     def template_takes_object_arguments(self) -> bool:
         """Whether the chat template writes a tool call's arguments given as an object, as
         transformers and vLLM pass them (most write them as JSON, or key by key); one that adds
         them to a string (Functionary's) or writes them bare, as Python's repr, gets the JSON
         text instead, as llama.cpp finds out the same way. Rendered once, on a call."""
-        tools = [{"type": "function", "function": {"name": "probe", "parameters": {
-            "type": "object", "properties": {"probe_key": {"type": "string", "description": "A probe."}}}}}]
-
-        def render(arguments) -> str | None:
-            call = {"id": "call12345", "type": "function", "function": {"name": "probe", "arguments": arguments}}
-            turns = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-            try:
-                return self.render_chat(turns, False, tools=tools)
-            except ChatTemplateError:
-                return None
-
-        as_object = render({"probe_key": "probe_value"})
+        as_object = self._render_call(PROBE_ARGUMENTS)
         if as_object is not None and "{'probe_key'" not in as_object:
             return True
-        return render(json.dumps({"probe_key": "probe_value"})) is None
+        return self._render_call(json.dumps(PROBE_ARGUMENTS)) is None
 
 
 class IncrementalDetokenizer:

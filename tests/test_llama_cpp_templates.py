@@ -71,7 +71,7 @@ def tokenizer(tokenizer_json: Path, template: str) -> Tokenizer:
     folder.mkdir(exist_ok=True)
     shutil.copy(tokenizer_json, folder)
     (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": template, "bos_token": "<s>", "eos_token": "</s>"}))
+        {"chat_template": template, "bos_token": "<s>", "eos_token": "<|endoftext|>"}))
     return Tokenizer(folder)
 
 
