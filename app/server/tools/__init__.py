@@ -22,12 +22,18 @@ from dataclasses import dataclass, field
 from app.server.errors import APIError
 from app.server.tools.base import ToolFormat, call_id, partial_tag
 from app.server.tools.deepseek_v3 import DeepSeekV3
+from app.server.tools.glm45 import Glm45, Glm47
+from app.server.tools.granite import Granite
 from app.server.tools.hermes import Hermes, ToolCallParser
+from app.server.tools.kimi_k2 import KimiK2
 from app.server.tools.llama3_json import Llama3Json
 from app.server.tools.mistral import Mistral
+from app.server.tools.openai import OpenAI
+from app.server.tools.pythonic import LFM_SIGNS, Pythonic
 from app.server.tools.qwen3_coder import Qwen3Coder
 
-FORMATS = {f.name: f for f in (Hermes, Llama3Json, Mistral, Qwen3Coder, DeepSeekV3)}
+FORMATS = {f.name: f for f in (Hermes, Llama3Json, Mistral, Qwen3Coder, DeepSeekV3, Glm45, Glm47, Granite, KimiK2,
+                               OpenAI, Pythonic)}
 HERMES = Hermes()
 
 __all__ = ["FORMATS", "HERMES", "ToolCallParser", "ToolFormat", "ToolUse", "call_id", "detect", "partial_tag",
@@ -36,6 +42,16 @@ __all__ = ["FORMATS", "HERMES", "ToolCallParser", "ToolFormat", "ToolUse", "call
 
 def detect(template: str) -> str | None:
     """The format a chat template writes calls in, by the markers in its source."""
+    if "<arg_key>" in template:
+        return Glm45.name
+    if "tool_calls_section_begin" in template:
+        return KimiK2.name
+    if "<|tool_call|>" in template:
+        return Granite.name
+    if "to=functions." in template or "<|channel|>" in template:
+        return OpenAI.name
+    if any(sign in template for sign in LFM_SIGNS):
+        return Pythonic.name
     if "<function=" in template and "<parameter=" in template:
         return Qwen3Coder.name
     if "tool▁calls▁begin" in template:

@@ -137,3 +137,15 @@ class BlockParser(CallStream):
     def finish(self) -> str:
         rest, self.pending = self.pending, ""
         return self.fmt.opener + rest if self.inside else rest
+
+
+def named_calls(value, name_key: str = "name", arguments_key: str = "arguments") -> list[tuple[str, dict]] | None:
+    """The calls in a JSON call object or list of them, {name_key: ..., arguments_key: {...}}
+    (arguments as an object or as JSON text); None: not that."""
+    calls = []
+    for item in value if isinstance(value, list) else [value]:
+        arguments = arguments_of(item.get(arguments_key, {})) if isinstance(item, dict) else None
+        if arguments is None or not isinstance(item.get(name_key), str):
+            return None
+        calls.append((item[name_key], arguments))
+    return calls or None
