@@ -21,19 +21,58 @@ from dataclasses import dataclass, field
 
 from app.server.errors import APIError
 from app.server.tools.base import ToolFormat, call_id, partial_tag
+from app.server.tools.apertus import Apertus
+from app.server.tools.apriel import Apriel
+from app.server.tools.command_r import CommandR
+from app.server.tools.command_r_plus import CommandRPlus
 from app.server.tools.deepseek_v3 import DeepSeekV3
+from app.server.tools.deepseek_v31 import DeepSeekV31
+from app.server.tools.deepseek_v32 import DSML, DeepSeekV4, DeepSeekV32
+from app.server.tools.firefunction_v2 import FirefunctionV2
+from app.server.tools.functionary_v31 import FunctionaryV31
+from app.server.tools.functionary_v32 import FunctionaryV32
+from app.server.tools.gemma4 import Gemma4
+from app.server.tools.gigachat3 import GigaChat3
+from app.server.tools.glimmer import Glimmer
 from app.server.tools.glm45 import Glm45, Glm47
 from app.server.tools.granite import Granite
 from app.server.tools.hermes import Hermes, ToolCallParser
+from app.server.tools.hy3 import Hy3
 from app.server.tools.kimi_k2 import KimiK2
 from app.server.tools.llama3_json import Llama3Json
+from app.server.tools.minicpm import MiniCpm
+from app.server.tools.minimax import MiniMax
+from app.server.tools.minimax_m2 import MiniMaxM2
 from app.server.tools.mistral import Mistral
+from app.server.tools.nemotron_json import NemotronJson
 from app.server.tools.openai import OpenAI
-from app.server.tools.pythonic import LFM_SIGNS, Pythonic
+from app.server.tools.pythonic import Pythonic
 from app.server.tools.qwen3_coder import Qwen3Coder
+from app.server.tools.seed_oss import SeedOss
+from app.server.tools.solar_open import SolarOpen
 
-FORMATS = {f.name: f for f in (Hermes, Llama3Json, Mistral, Qwen3Coder, DeepSeekV3, Glm45, Glm47, Granite, KimiK2,
-                               OpenAI, Pythonic)}
+FORMATS = {f.name: f for f in (
+    Hermes, Llama3Json, Mistral, Qwen3Coder, DeepSeekV3, DeepSeekV31, DeepSeekV32, DeepSeekV4, Glm45, Glm47, Granite,
+    KimiK2, OpenAI, Pythonic, SeedOss, MiniMax, MiniMaxM2, Gemma4, Hy3, Apriel, NemotronJson, FirefunctionV2,
+    CommandR, CommandRPlus, Apertus, GigaChat3, FunctionaryV31, FunctionaryV32, SolarOpen, Glimmer, MiniCpm)}
+
+# What each format is known by in a chat template's source (every marker of one entry), the
+# first entry that matches naming it: the more particular before those they contain (Seed-OSS's
+# before Qwen3-Coder's, Hunyuan's before GLM's), the plainest (Hermes's <tool_call>) last.
+SIGNS = [
+    (Hy3, ":opensource", "<tool_sep"), (Glm45, "<arg_key>"), (KimiK2, "tool_calls_section_begin"),
+    (Granite, "<|tool_call|>"), (OpenAI, "<|channel|>"), (Pythonic, "<|tool_call_start|>"),
+    (Pythonic, "<|tool_list_start|>"), (Pythonic, "List of tools: ["), (SeedOss, "<seed:tool_call>"),
+    (MiniMaxM2, "<minimax:tool_call>"), (Gemma4, "<|tool_call>"), (DeepSeekV32, DSML, "function_calls"),
+    (DeepSeekV4, DSML), (Glimmer, "<atem:function_calls>"), (SolarOpen, "<|tool_call:begin|>"),
+    (Apertus, "<|tools_prefix|>"), (CommandR, "<|START_ACTION|>"), (NemotronJson, "<TOOLCALL>"),
+    (FirefunctionV2, "functools["), (GigaChat3, "<|function_call|>"), (GigaChat3, "'function call'", "<|role_sep|>"),
+    (MiniCpm, '<function name="', '<param name="'), (Qwen3Coder, "<function=", "<parameter="),
+    (DeepSeekV3, "tool▁calls▁begin", "```json"), (DeepSeekV31, "tool▁calls▁begin"), (Mistral, "[TOOL_CALLS]"),
+    (MiniMax, "<tool_calls>\\n"), (Apriel, "<tool_calls>["), (FunctionaryV31, "<function="),
+    (FunctionaryV32, ">>>"), (CommandRPlus, "Action:"), (Llama3Json, "<|python_tag|>"), (Llama3Json, "ipython"),
+    (Hermes, "<tool_call>"),
+]
 HERMES = Hermes()
 
 __all__ = ["FORMATS", "HERMES", "ToolCallParser", "ToolFormat", "ToolUse", "call_id", "detect", "partial_tag",
@@ -42,27 +81,7 @@ __all__ = ["FORMATS", "HERMES", "ToolCallParser", "ToolFormat", "ToolUse", "call
 
 def detect(template: str) -> str | None:
     """The format a chat template writes calls in, by the markers in its source."""
-    if "<arg_key>" in template:
-        return Glm45.name
-    if "tool_calls_section_begin" in template:
-        return KimiK2.name
-    if "<|tool_call|>" in template:
-        return Granite.name
-    if "to=functions." in template or "<|channel|>" in template:
-        return OpenAI.name
-    if any(sign in template for sign in LFM_SIGNS):
-        return Pythonic.name
-    if "<function=" in template and "<parameter=" in template:
-        return Qwen3Coder.name
-    if "tool▁calls▁begin" in template:
-        return DeepSeekV3.name
-    if "[TOOL_CALLS]" in template:
-        return Mistral.name
-    if "<|python_tag|>" in template or "ipython" in template:
-        return Llama3Json.name
-    if "<tool_call>" in template:
-        return Hermes.name
-    return None
+    return next((fmt.name for fmt, *signs in SIGNS if all(sign in template for sign in signs)), None)
 
 
 @dataclass

@@ -149,3 +149,37 @@ def named_calls(value, name_key: str = "name", arguments_key: str = "arguments")
             return None
         calls.append((item[name_key], arguments))
     return calls or None
+
+
+class JsonBlock(BlockFormat):
+    """Calls as JSON after the opener: a list of call objects (listed), else one object a
+    block; {name_key: ..., arguments_key: {...}} each."""
+
+    name_key, arguments_key = "name", "arguments"
+    listed = True
+
+    def call_object(self, index: int, name: str, arguments: dict) -> dict:
+        return {self.name_key: name, self.arguments_key: arguments}
+
+    def object_schema(self, function: dict) -> dict:
+        return {"type": "object", "additionalProperties": False, "required": [self.name_key, self.arguments_key],
+                "properties": {self.name_key: {"const": function["name"]}, self.arguments_key: parameters(function)}}
+
+    def body(self, functions, parallel):
+        schemas = [self.object_schema(f) for f in functions]
+        one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        close = f" {self.marker(self.closer)}" if self.closer else ""
+        if self.listed:
+            calls = {"type": "array", "minItems": 1, "items": one, **({} if parallel else {"maxItems": 1})}
+            return f"body: {json_lark(calls)}{close}"
+        more = f' ("\\n"? {self.marker(self.opener)} call{close})*' if parallel else ""
+        return f"body: call{close}{more}\ncall: {json_lark(one)}"
+
+    def read(self, body, properties):
+        return named_calls(json_value(body), self.name_key, self.arguments_key)
+
+    def write_calls(self, calls):
+        objects = [json.dumps(self.call_object(i, n, a), ensure_ascii=False) for i, (n, a) in enumerate(calls)]
+        if self.listed:
+            return f"{self.opener}[{', '.join(objects)}]{self.closer}"
+        return "\n".join(f"{self.opener}{o}{self.closer}" for o in objects)
