@@ -51,6 +51,10 @@ KWARGS = {"fireworks-ai-llama-3-firefunction-v2": {"functions": json.dumps([WEAT
 # writes it only into the conversation's last message, when that is a user's.
 NO_SYSTEM_HERE = {"mistralai-Mistral-Nemo-Instruct-2407"}
 
+# Formats Spool does not read yet: the templates render, but no parser reads their calls.
+NOT_READ = {"Kimi-K3": "Kimi K3's XTML (<|open|>call tool=... <|open|>argument key=...) has no format yet",
+            "MiniMax-M3": "MiniMax M3's tags, each after a ]<]minimax[>[ marker, have no format yet"}
+
 
 @pytest.fixture(scope="module")
 def tokenizer_json(tmp_path_factory) -> Path:
@@ -110,7 +114,8 @@ def test_the_template_renders_a_conversation_with_tools(name, tokenizer_json):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=NOT_READ[n], strict=True))
+                                  if n in NOT_READ else n for n in NAMES])
 def test_a_call_in_the_templates_format_parses_back(name, tokenizer_json, grammars):
     tok = tokenizer(tokenizer_json, template(name))
     found = detect(tok.chat_template_source)
