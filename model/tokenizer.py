@@ -1,26 +1,17 @@
 """Text in and out: the model's tokenizer.json, its chat template and its end-of-generation set.
 
-The chat template is rendered the way transformers renders it (a sandboxed Jinja2 environment
-with trim_blocks, lstrip_blocks, loop controls, `raise_exception` and a `tojson` that keeps
-non-ASCII text), so prompts match what the model was trained on.
-
-A render is bounded in time and size, since a client's messages and template variables drive the
-template's loops: it is read part by part (Template.generate), counting characters and watching
-a deadline, and every call the template makes (range, a macro) checks the deadline too, so a loop
-that writes nothing cannot run on unseen; a string or list repeated with * is held to the size.
+The chat template is rendered the way transformers renders it (model/chat_sandbox.py), so
+prompts match what the model was trained on.
 """
 
 import json
-import time
-from contextvars import ContextVar
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from model.chat_sandbox import ChatTemplateError, RenderBounds, bounds, environment
 from model.errors import ModelError
 
 
@@ -47,54 +38,6 @@ def _ids(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-class ChatTemplateError(ValueError):
-    """A template that rejects the messages (its raise_exception), or fails to render."""
-
-
-class RenderBounds:
-    """How long and how much one render may take; None: no bound."""
-
-    def __init__(self, seconds: float | None = None, chars: int | None = None):
-        self.seconds, self.chars = seconds, chars
-        self.deadline = time.monotonic() + seconds if seconds is not None else None
-
-    def check_time(self) -> None:
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise ChatTemplateError(f"the chat template took longer than {self.seconds:g} s to render these messages")
-
-    def check_size(self, chars: int) -> None:
-        if self.chars is not None and chars > self.chars:
-            raise ChatTemplateError(f"the chat template rendered more than {self.chars} characters for these messages")
-
-
-_bounds: ContextVar[RenderBounds] = ContextVar("render_bounds", default=RenderBounds())  # per thread
-
-
-class BoundedSandbox(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, with the render's bounds checked at every call and every *."""
-
-    intercepted_binops = frozenset({"*"})
-
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
-        _bounds.get().check_time()
-        return super().call(__context, __obj, *args, **kwargs)
-
-    def call_binop(self, context, operator, left, right):
-        if operator == "*":
-            sized, times = (left, right) if isinstance(right, int) else (right, left)
-            if isinstance(sized, (str, list, tuple)) and isinstance(times, int):
-                _bounds.get().check_size(len(sized) * times)
-        return super().call_binop(context, operator, left, right)
-
-
-def _raise_exception(message):
-    raise ChatTemplateError(message)
-
-
-def _tojson(value, indent=None):
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
 def chat_template_text(value: str | None) -> str | None:
     """A --chat-template value as Jinja text: a file's contents, or the template given inline
     (it has a {{ or {% in it), as vLLM reads the flag; None stays None."""
@@ -106,6 +49,9 @@ def chat_template_text(value: str | None) -> str | None:
             raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
         return path.read_text(encoding="utf-8")
     return value
+
+
+PROBE_ARGUMENTS = {"probe_key": "probe_value"}  # a tool call's, for what the chat template does with one
 
 
 class Tokenizer:
@@ -156,13 +102,8 @@ class Tokenizer:
         self.template_takes_tools = bool(template) and "tools" in template
         self.render_seconds, self.render_chars = render_seconds, render_chars
         if template:
-            env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
-                                 extensions=["jinja2.ext.loopcontrols"])
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             try:
-                self.chat_template = env.from_string(template)
+                self.chat_template = environment().from_string(template)
             except jinja2.TemplateError as e:
                 raise ModelError(f"the chat template in {model_dir} does not parse ({e}); fix tokenizer_config.json") from None
 
@@ -196,15 +137,15 @@ class Tokenizer:
         template rejects."""
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template; use the completions API instead")
-        bounds = RenderBounds(self.render_seconds, self.render_chars)
-        token = _bounds.set(bounds)
+        limits = RenderBounds(self.render_seconds, self.render_chars)
+        token = bounds.set(limits)
         parts, chars = [], 0
         try:
             for part in self.chat_template.generate({**self.special_tokens, **extra}, messages=messages,
                                                     add_generation_prompt=add_generation_prompt):
                 chars += len(part)
-                bounds.check_size(chars)
-                bounds.check_time()
+                limits.check_size(chars)
+                limits.check_time()
                 parts.append(part)
         except ChatTemplateError:
             raise
@@ -213,7 +154,7 @@ class Tokenizer:
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
             raise ChatTemplateError(f"the chat template could not render these messages: {e}") from None
         finally:
-            _bounds.reset(token)
+            bounds.reset(token)
         return "".join(parts)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> list[int]:
@@ -232,6 +173,45 @@ class Tokenizer:
             return probe in self.render_chat(turns)
         except ChatTemplateError:
             return False
+
+    @cached_property
+    def template_takes_system(self) -> bool:
+        """Whether the chat template takes a system message at all (Gemma 2's refuses one)."""
+        probe = "A system message."
+        try:
+            return probe in self.render_chat([{"role": "system", "content": probe}, {"role": "user", "content": "Hi."}])
+        except ChatTemplateError:
+            return False
+
+    def _render_call(self, arguments) -> str | None:
+        """A conversation with one tool call, rendered with no tools offered (so the argument's
+        key shows only where the call is written); None where the template refuses it."""
+        call = {"id": "call12345", "type": "function", "function": {"name": "probe", "arguments": arguments}}
+        try:
+            return self.render_chat([{"role": "user", "content": "Hello."},
+                                     {"role": "assistant", "content": "", "tool_calls": [call]}], False)
+        except ChatTemplateError:
+            return None
+
+    @cached_property
+    def template_writes_calls(self) -> bool:
+        """Whether the chat template writes an assistant's tool calls itself: its source reads
+        tool_calls, and a call's arguments show in what it renders (DeepSeek R1's distills
+        write calls only for a message whose content is None, where Spool passes text)."""
+        if "tool_calls" not in self.chat_template_source:
+            return False
+        return any("probe_key" in (self._render_call(a) or "") for a in (PROBE_ARGUMENTS, json.dumps(PROBE_ARGUMENTS)))
+
+    @cached_property
+    def template_takes_object_arguments(self) -> bool:
+        """Whether the chat template writes a tool call's arguments given as an object, as
+        transformers and vLLM pass them (most write them as JSON, or key by key); one that adds
+        them to a string (Functionary's) or writes them bare, as Python's repr, gets the JSON
+        text instead, as llama.cpp finds out the same way. Rendered once, on a call."""
+        as_object = self._render_call(PROBE_ARGUMENTS)
+        if as_object is not None and "{'probe_key'" not in as_object:
+            return True
+        return self._render_call(json.dumps(PROBE_ARGUMENTS)) is None
 
 
 class IncrementalDetokenizer:

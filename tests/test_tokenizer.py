@@ -70,3 +70,43 @@ def test_detokenizer_flush_releases_an_unfinished_character(tok):
     detok = IncrementalDetokenizer(tok)
     assert "".join(detok.add(i) for i in ids[:-1]) == ""
     assert detok.flush() == tok.decode(ids[:-1])
+
+
+def with_template(tiny_dir, tmp_path, template: str, **bounds) -> Tokenizer:
+    d = tmp_path / "m"
+    shutil.copytree(tiny_dir, d, dirs_exist_ok=True)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    return Tokenizer(d, **bounds)
+
+
+def test_what_real_templates_use_renders(tiny_dir, tmp_path):
+    """tojson with json.dumps's keywords (GLM's ensure_ascii) and over what map yields
+    (llama.cpp's DeepSeek-R1), {% generation %} blocks (LFM2.5's, Laguna's), and a list the
+    template grows and shrinks (Kimi K2's queue of call ids)."""
+    tok = with_template(tiny_dir, tmp_path, (
+        "{{ messages[0] | tojson(ensure_ascii=False, separators=(',', ':'), sort_keys=True) }}|"
+        "{{ messages | map(attribute='role') | tojson }}|"
+        "{%- generation -%}in{%- endgeneration -%}|"
+        "{% set q = namespace(ids=[]) %}{% set _ = q.ids.append('a') %}{% set _ = q.ids.append('b') %}"
+        "{{ q.ids.pop(0) }}{{ q.ids | length }}"))
+    text = tok.render_chat([{"role": "user", "content": "Café"}])
+    assert text == '{"content":"Café","role":"user"}|["user"]|in|a1'
+
+
+def test_a_growing_list_is_held_to_the_render_size(tiny_dir, tmp_path):
+    tok = with_template(tiny_dir, tmp_path, "{% set q = namespace(ids=[]) %}"
+                        "{% for i in range(100000) %}{% set _ = q.ids.append(i) %}{% endfor %}", render_chars=1000)
+    with pytest.raises(ChatTemplateError, match="more than 1000 characters"):
+        tok.render_chat([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("writes, objects", [
+    ("{{ c.function.arguments | tojson }}", True),
+    ("{% for k, v in c.function.arguments | items %}{{ k }}={{ v }}{% endfor %}", True),
+    ("{{ '>>>' + c.function.name + '\\n' + c.function.arguments }}", False),  # Functionary 3.2's
+    ("{{ c.function.arguments }}", False),  # bare: an object would be written as Python's repr
+])
+def test_arguments_go_to_the_template_as_it_writes_them(tiny_dir, tmp_path, writes, objects):
+    template = "{% for m in messages %}{% for c in m.tool_calls or [] %}" + writes + "{% endfor %}{% endfor %}"
+    assert with_template(tiny_dir, tmp_path, template).template_takes_object_arguments is objects

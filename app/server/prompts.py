@@ -124,7 +124,10 @@ def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_promp
     dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
     if not tokenizer.template_writes_late_system:
         dicts = system_first(dicts)
-    dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools, tool_format)
+    dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools, tool_format,
+                                   tokenizer.template_takes_object_arguments, tokenizer.template_writes_calls)
+    if not tokenizer.template_takes_system:
+        dicts = system_in_first_user(dicts)
     try:
         return tokenizer.encode_chat(dicts, add_generation_prompt, **(template_variables or {}), **extra)
     except ChatTemplateError as e:
@@ -140,6 +143,19 @@ def system_first(messages: list[dict]) -> list[dict]:
     system = [m for m in messages if m["role"] == "system"]
     joined = {"role": "system", "content": "\n\n".join(m["content"] for m in system)}
     return [joined] + [m for m in messages if m["role"] != "system"]
+
+
+def system_in_first_user(messages: list[dict]) -> list[dict]:
+    """The conversation with its system message (one, by now: system_first) put at the head of
+    the first user message, for a template that refuses a system role (Gemma 2's), as Gemma 3's
+    template does itself; a system message is also where the tools are described."""
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    system, rest = messages[0]["content"], messages[1:]
+    at = next((i for i, m in enumerate(rest) if m["role"] == "user"), None)
+    if at is None:
+        return [{"role": "user", "content": system}] + rest
+    return rest[:at] + [{**rest[at], "content": f'{system}\n\n{rest[at]["content"]}'}] + rest[at + 1:]
 
 
 def completion_prompts(req, tokenizer, field: str = "prompt") -> list[list[int]]:

@@ -71,7 +71,7 @@ class ToolFormat:
 
     def marker(self, text: str) -> str:
         """A Lark element for text: its token's id when it is one added token."""
-        return f"<[{self.added[text]}]>" if text in self.added else json.dumps(text)
+        return f"<[{self.added[text]}]>" if text in self.added else json.dumps(text, ensure_ascii=False)
 
     def grammar(self, use) -> str:
         """llguidance Lark: required and named choices begin with the calls; auto lets the model

@@ -23,8 +23,8 @@ class Llama3Json(ToolFormat):
     def grammar(self, use):
         call = json_lark(call_schema(use.offered(), "parameters"))
         calls = f'call ("; " call)*' if use.parallel else "call"
-        tag = f"{self.marker(TAG)}?" if TAG in self.added else ""
-        # auto: text that does not begin with "{" (nor the tag, a token of its own), or calls
+        tag = f"{self.marker(TAG)}?"
+        # auto: text that does not begin with "{" (nor the tag, where it is a token of its own), or calls
         start = f"start: {tag} calls" if use.choice != "auto" else f"start: TEXT | {tag} calls\nTEXT: /([^{{](.|\\n)*)?/"
         return llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\n{start}\ncalls: {calls}\ncall: {call}\n")
 

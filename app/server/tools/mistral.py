@@ -5,13 +5,15 @@
 or, in the newer templates (those that write [ARGS]), each call on its own:
 
     [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}
+
+(Mistral Small 3.2's template writes an earlier call's id between: name[CALL_ID]id[ARGS]).
 """
 
 import json
 
 from app.server.tools.base import JsonCalls, JsonValueEnd, ToolFormat, call_schema, json_lark, parameters
 
-TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
+TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 
 
 class Mistral(ToolFormat):
@@ -67,7 +69,7 @@ class MistralParser(JsonCalls):
             if ARGS not in rest:
                 return False
             name, self.pending = rest.split(ARGS, 1)
-            self.open_call(name.strip())
+            self.open_call(name.split(CALL_ID)[0].strip())
             self.state, self.value, self.bare = "args", JsonValueEnd(), True
             return True
         going = super().step()

@@ -1,0 +1,108 @@
+"""GPT-OSS's calls, in OpenAI's harmony format: each a message of its own, addressed to the
+function, on the commentary channel:
+
+    <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
+
+(the recipient may come before the channel, as the template writes earlier calls). A reply is
+messages, a header up to <|message|> and a body; the final channel's bodies (or a body with no
+channel) are the content; the analysis channel is the model's reasoning, not its answer.
+"""
+
+import json
+import re
+
+import llguidance
+
+from app.server.tools.base import CallStream, JsonValueEnd, ToolFormat, json_lark, parameters, partial_tag
+
+START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
+END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
+RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
+OPEN = "to=functions."
+
+
+class OpenAI(ToolFormat):
+    name = "openai"
+    opener = OPEN
+    markers = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
+
+    def grammar(self, use):
+        m = self.marker
+        body = self.body(use.offered(), use.parallel)
+        if use.choice != "auto":
+            start = f'start: ({m(CHANNEL)} "commentary ")? {json.dumps(OPEN)} body'
+        else:
+            start = f"start: TEXT | opened body\nopened[lazy]: TEXT {json.dumps(OPEN)}\nTEXT: /(.|\\n)*/"
+        return llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\n{start}\n{body}\n")
+
+    def body(self, functions, parallel):
+        m = self.marker
+        each = " | ".join(f'{json.dumps(f["name"] + " ")} {m(CONSTRAIN)} "json" {m(MESSAGE)} {json_lark(parameters(f))}'
+                          for f in functions)
+        more = f'({m(START)} "assistant" {m(CHANNEL)} "commentary to=functions." call)*' if parallel else ""
+        return f"body: call {more}\ncall: ({each}) {m(CALL)}"
+
+    def parser(self, use=None):
+        return HarmonyParser()
+
+    def write_calls(self, calls):
+        return (START + "assistant").join(
+            f"{CHANNEL}commentary {OPEN}{n} {CONSTRAIN}json{MESSAGE}{json.dumps(a, ensure_ascii=False)}{CALL}"
+            for n, a in calls)
+
+    def write_result(self, content):
+        return content
+
+
+class HarmonyParser(CallStream):
+    """Harmony messages out of streamed text: calls from the messages to a function, content
+    from the final channel's."""
+
+    def __init__(self):
+        super().__init__()
+        self.state, self.answer = "header", True
+        self.value: JsonValueEnd | None = None
+
+    def step(self) -> bool:
+        if self.state == "header":
+            at = self.pending.find(MESSAGE)
+            if at < 0:
+                return False
+            header, self.pending = self.pending[:at], self.pending[at + len(MESSAGE):]
+            call = RECIPIENT.search(header)
+            if call:
+                self.open_call(call.group(1))
+                self.state, self.value = "arguments", JsonValueEnd()
+            else:
+                self.state, self.answer = "body", "analysis" not in header and "commentary" not in header
+            return True
+        if self.state == "arguments":
+            if not self.calls[-1]["function"]["arguments"]:
+                self.pending = self.pending.lstrip()
+            n = self.value.feed(self.pending)
+            self.add_arguments(self.pending[:n])
+            self.pending = self.pending[n:]
+            if self.value.done:
+                self.state = "header"
+                self.pending = self.pending.lstrip().removeprefix(CALL)
+            return self.value.done
+        ends = [(self.pending.find(tag), tag) for tag in (END, CALL, RETURN, START) if tag in self.pending]
+        if not ends:
+            keep = max(partial_tag(self.pending, tag) for tag in (END, CALL, RETURN, START))
+            self.take(self.pending[:len(self.pending) - keep])
+            self.pending = self.pending[len(self.pending) - keep:]
+            return False
+        at, tag = min(ends)
+        self.take(self.pending[:at])
+        self.pending, self.state = self.pending[at + (0 if tag == START else len(tag)):], "header"
+        return True
+
+    def take(self, text: str) -> None:
+        if self.answer:
+            self.content += text
+
+    def finish(self) -> str:
+        rest, self.pending = self.pending, ""
+        if self.state == "header" and MESSAGE not in rest and CHANNEL not in rest and not self.calls:
+            return rest  # plain text, no harmony at all
+        return rest if self.state == "body" and self.answer else ""
