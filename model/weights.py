@@ -324,6 +324,12 @@ class _LayerReader:
             matrices = dict(gate_up=self.fused([(f"{moe}experts.{e}.{names[part]}.weight", (I, H))
                                                 for e in range(E) for part in ("gate", "up")]),
                             down=self.fused([(f"{moe}experts.{e}.{names['down']}.weight", (H, I)) for e in range(E)]))
+            if f"{moe}experts.0.{names['gate']}.bias" in self.tensors.entries:  # a GGUF's GPT-OSS
+                matrices.update(
+                    gate_up_bias=np.concatenate([float32(self.take(f"{moe}experts.{e}.{names[part]}.bias", (I,)))
+                                                 for e in range(E) for part in ("gate", "up")]),
+                    down_bias=np.concatenate([float32(self.take(f"{moe}experts.{e}.{names['down']}.bias", (H,)))
+                                              for e in range(E)]))
         return Experts(router=self.take(router + ".weight", (E, H)), top_k=c.experts_per_token,
                        normalize=c.norm_topk_prob, swiglu_clamp=c.swiglu_clamp, **matrices, **shared, **biased)
 

@@ -16,7 +16,8 @@ from family_models import FAMILIES, random_tensors
 ARCHES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
           "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "smollm3": gguf.MODEL_ARCH.SMOLLM3,
           "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE,
-          "qwen3_5_text": gguf.MODEL_ARCH.QWEN35, "qwen3_5_moe_text": gguf.MODEL_ARCH.QWEN35MOE}
+          "qwen3_5_text": gguf.MODEL_ARCH.QWEN35, "qwen3_5_moe_text": gguf.MODEL_ARCH.QWEN35MOE,
+          "gpt_oss": gguf.MODEL_ARCH.GPT_OSS}
 ROPE_ORDER = ("smollm3", "mixtral")  # llama.cpp's converter permutes q/k rows of these (architecture llama)
 
 
@@ -71,6 +72,35 @@ def qwen35_tensors(c: dict, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
             a = a.reshape(-1)  # llama.cpp's is 1-D
         out[name] = np.ascontiguousarray(a, dtype=np.float32)
     return out
+
+
+def gpt_oss_tensors(c: dict, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """GPT-OSS's tensors under llama.cpp's names, as its converter writes them (conversion of
+    GptOssForCausalLM): each stacked gate_up split into gate and up stacks (its interleaved
+    columns apart) and every expert stack transposed to (experts, rows, columns)."""
+    out = {}
+    for name, a in tensors.items():
+        if not name.startswith("model.layers."):
+            out[{"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                 "lm_head.weight": "output.weight"}[name]] = a
+            continue
+        _, _, i, rest = name.split(".", 3)
+        blk = f"blk.{i}."
+        if rest == "mlp.experts.gate_up_proj":
+            out[blk + "ffn_gate_exps.weight"] = a[:, :, 0::2].transpose(0, 2, 1)
+            out[blk + "ffn_up_exps.weight"] = a[:, :, 1::2].transpose(0, 2, 1)
+        elif rest == "mlp.experts.gate_up_proj_bias":
+            out[blk + "ffn_gate_exps.bias"], out[blk + "ffn_up_exps.bias"] = a[:, 0::2], a[:, 1::2]
+        elif rest == "mlp.experts.down_proj":
+            out[blk + "ffn_down_exps.weight"] = a.transpose(0, 2, 1)
+        else:
+            out[blk + {"input_layernorm.weight": "attn_norm.weight",
+                       "post_attention_layernorm.weight": "post_attention_norm.weight",
+                       "self_attn.sinks": "attn_sinks.weight", "mlp.router.weight": "ffn_gate_inp.weight",
+                       "mlp.router.bias": "ffn_gate_inp.bias", "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
+                       **{f"self_attn.{x}_proj.{kind}": f"attn_{y}.{kind}" for x, y in
+                          (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output")) for kind in ("weight", "bias")}}[rest]] = a
+    return {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in out.items()}
 
 
 def byte_tokens() -> tuple[list[str], list[str]]:
@@ -135,6 +165,12 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
         w.add_sliding_window(c["sliding_window"])
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["sliding_window_pattern"])
         w.add_float32(f"{arch}.rope.freq_base_swa", c["rope_local_base_freq"])
+    if kind == "gpt_oss":
+        w.add_sliding_window(c["sliding_window"])
+        w.add_expert_feed_forward_length(c["intermediate_size"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        w.add_float32(f"{arch}.swiglu_clamp_exp", c["swiglu_limit"])  # the released models' 7 is implied
     if "shared_expert_intermediate_size" in c:
         w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
     if kind.startswith("qwen3_5"):
@@ -158,6 +194,12 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     tensors = random_tensors(c)
     if kind.startswith("qwen3_5"):
         tensors = qwen35_tensors(c, tensors)
+    if kind == "gpt_oss":  # under llama.cpp's names already
+        for gguf_name, array in gpt_oss_tensors(c, tensors).items():
+            quantized = quant is not None and array.ndim >= 2 and gguf_name.endswith("exps.weight")
+            w.add_tensor(gguf_name, gguf.quants.quantize(array, quant) if quantized else array,
+                         raw_dtype=quant if quantized else None)
+        tensors = {}
     for hf, array in (experts_stacked(tensors, experts) if experts else tensors).items():
         if kind.startswith("gemma") and hf.endswith("norm.weight"):
             array = array + np.float32(1.0)

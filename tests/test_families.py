@@ -132,7 +132,7 @@ def test_a_gemma3_vision_language_checkpoint_serves_its_language_model(checkpoin
 
 
 # Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)
-GGUF_FAMILIES = ["gemma3", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
+GGUF_FAMILIES = ["gemma3", "gpt-oss", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
                  "qwen3-moe", "qwen3-yarn", "qwen3.5", "qwen3.5-moe", "smollm3-4"]
 
 
@@ -221,9 +221,26 @@ def test_family_switches_are_read():
     assert c["gemma2"].layer_windows == (8, 0) and c["gemma2"].attn_softcap == 2.0 and c["gemma2"].gelu
     assert c["gemma3"].layer_windows == (6, 6, 0) and c["gemma3"].local_rope_theta == 100.0
     assert c["gemma3"].query_scale == 16 ** -0.5 and c["gemma3"].qk_norm and c["gemma3"].final_softcap == 0.0
+    oss = c["gpt-oss"]
+    assert oss.layer_windows == (6, 0) and oss.swiglu_clamp == (1.702, 1.5) and oss.attention_bias
+    assert oss.rope_scaling["rope_type"] == "yarn" and oss.rope_scaling["truncate"] is False
+    assert oss.family.attention_sinks and oss.num_experts == 4 and oss.expert_intermediate_size == 32
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_a_gpt_oss_gguf_reads_what_the_model_was_trained_with(tmp_path):
+    """The window on even layers (llama.cpp's pattern of 2), YaRN unrounded, the file's clamp,
+    and every layer's sinks and biases mapped."""
+    from model.gguf.metadata import read_gguf
+
+    m = read_gguf(write_family_gguf("gpt-oss", tmp_path / "o.gguf"))
+    assert m.config.layer_windows == (6, 0) and m.config.swiglu_clamp == (1.702, 1.5)
+    assert m.config.rope_scaling["truncate"] is False and m.config.norm_topk_prob
+    names = {t.hf_name for t in m.tensors}
+    assert {"model.layers.1.self_attn.sinks", "model.layers.1.self_attn.o_proj.bias", "model.layers.1.mlp.router.bias",
+            "model.layers.1.mlp.experts.3.gate_proj.bias", "model.layers.1.mlp.experts.3.down_proj.bias"} <= names
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "gpt-oss"])
 def test_windowed_rows_are_the_same_bits_in_any_batch(checkpoints, name):
     """Sliding windows and soft caps keep issue 26's batch invariance on the default dtype: a
     decode row past its window gives the same bits alone, among other decode rows and beside

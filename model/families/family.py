@@ -46,6 +46,7 @@ class Family:
     local_rope: bool = False  # sliding layers rotate by their own theta (rope_local_base_freq)
     gguf_rope_order: bool = False  # llama.cpp stores q/k rows in its rope order (so: all dims rotate)
     gguf_sliding_window: bool = False  # a GGUF's sliding window is read by gguf_switches (or ignored)
+    gguf_yarn_truncate: bool = True  # a GGUF's YaRN correction range rounded to whole dims (llama.cpp's)
 
     # hybrid models: the full-attention layers' output gated (q_proj holds a gate beside each head)
     attention_gate: bool = False

@@ -80,6 +80,8 @@ def read_gguf(path: Path) -> GGUFModel:
 
     tensors = {t.name: t for t in reader.tensors}
     scaling = rope_scaling(lambda name: _field(reader, k(f"rope.{name}")), tensors, rope_dims, theta, path, ctx)
+    if scaling and scaling["rope_type"] == "yarn" and not family.gguf_yarn_truncate:
+        scaling["truncate"] = False
     found = entries(reader.tensors, family, layers, heads, kv_heads, path, experts, mtp)
     have = {e.tensor.name for e in found}
     sparse = tuple(f"blk.{i}.{ROUTER}" in have for i in range(layers)) if experts else ()
@@ -160,10 +162,13 @@ def _require(reader, key: str, path: Path) -> Any:
 
 
 def _expert_shape(e: GGUFTensor, experts: int, hidden: int, ffn: int) -> tuple | None:
-    """What an expert's tensor or a router should be; None for every other tensor."""
+    """What an expert's tensor (or its bias) or a router (or its bias) should be; None for
+    every other tensor."""
+    name = e.tensor.name
     if e.expert is not None:
-        return (hidden, ffn) if e.tensor.name.endswith("ffn_down_exps.weight") else (ffn, hidden)
-    return (experts, hidden) if e.tensor.name.endswith("ffn_gate_inp.weight") else None
+        down = name.endswith(("ffn_down_exps.weight", "ffn_down_exps.bias"))
+        return ((hidden,) if down else (ffn,)) if name.endswith(".bias") else (hidden, ffn) if down else (ffn, hidden)
+    return (experts, hidden) if name.endswith(ROUTER) else (experts,) if name.endswith("ffn_gate_inp.bias") else None
 
 
 def _check_complete(have: set[str], family: Family, layers: int, path: Path, sparse: tuple = (),
@@ -205,6 +210,7 @@ def _hf_shapes(vocab: int, hidden: int, ffn: int, heads: int, kv_heads: int, hea
         "self_attn.q_proj.bias": (heads * head_dim,), "self_attn.k_proj.bias": (kv_heads * head_dim,),
         "self_attn.v_proj.bias": (kv_heads * head_dim,),
         "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "self_attn.o_proj.bias": (hidden,), "self_attn.sinks": (heads,),
         "self_attn.q_norm.weight": (heads * head_dim,) if whole_qk_norm else (head_dim,),
         "self_attn.k_norm.weight": (kv_heads * head_dim,) if whole_qk_norm else (head_dim,),
         "mlp.gate_proj.weight": (ffn, hidden), "mlp.up_proj.weight": (ffn, hidden),

@@ -16,6 +16,8 @@ from model.gguf.index import read_index
 # a MoE layer's tensors: the router and the experts' 3-D stacks -> their part of an expert
 ROUTER = "ffn_gate_inp.weight"
 EXPERT_TENSORS = {"ffn_gate_exps.weight": "gate", "ffn_up_exps.weight": "up", "ffn_down_exps.weight": "down"}
+# GPT-OSS's biases beside them: the router's (1-D), the experts' (one row an expert)
+EXPERT_BIASES = {"ffn_gate_inp.bias": "router", **{k.replace(".weight", ".bias"): v for k, v in EXPERT_TENSORS.items()}}
 
 # GGUF per-layer tensor suffix -> Hugging Face per-layer name, as Llama names them
 _LAYER_TENSORS = {
@@ -114,7 +116,7 @@ def entries(tensors, family: Family, layers: int, heads: int, kv_heads: int, pat
     means a model Spool would get wrong. The mtp multi-token-prediction blocks after the layers
     (nextn_predict_layers: Qwen3.5's, GLM's) are not read."""
     names = layer_names(family)
-    moe = (ROUTER, *EXPERT_TENSORS) if experts else ()
+    moe = (ROUTER, *EXPERT_TENSORS, *EXPERT_BIASES) if experts else ()
     out = []
     for t in tensors:
         name = t.name
@@ -151,10 +153,11 @@ def _expert_entries(t, layer: int, suffix: str, family: Family, experts: int, pa
     slice of the tensor's bytes, GGUFTensor.expert)."""
     prefix, names = family.expert_tensors(layer)
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-    if suffix == ROUTER:
-        return [GGUFTensor(prefix + "gate.weight", t, 0, shape)]
-    if len(shape) != 3 or shape[0] != experts:
+    if suffix in (ROUTER, "ffn_gate_inp.bias"):
+        return [GGUFTensor(prefix + family.router + suffix[suffix.index("."):], t, 0, shape)]
+    kind = ".bias" if suffix.endswith(".bias") else ".weight"
+    if len(shape) != (2 if kind == ".bias" else 3) or shape[0] != experts:
         raise ModelError(f"tensor {t.name} in {path.name} has shape {shape}, not {experts} experts' matrices;"
                          " the file is inconsistent")
-    name = names[EXPERT_TENSORS[suffix]]
-    return [GGUFTensor(f"{prefix}experts.{e}.{name}.weight", t, 0, shape[1:], expert=e) for e in range(experts)]
+    name = names[EXPERT_TENSORS[suffix.replace(".bias", ".weight")]]
+    return [GGUFTensor(f"{prefix}experts.{e}.{name}{kind}", t, 0, shape[1:], expert=e) for e in range(experts)]
