@@ -167,3 +167,23 @@ def test_other_architectures_and_rope(arch, kind, tmp_path):
         assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     run_forward(model_dir)
+
+
+def test_a_gpt_oss_shape_with_mxfp4_experts_runs(tmp_path):
+    """GPT-OSS-20B's tensors at a tiny width: MXFP4 experts (their bytes as drawn), every other
+    matrix Q8_0, biases, sinks and routers F32; Spool reads its window, YaRN and experts, and runs."""
+    import dataclasses
+
+    s = dataclasses.replace(make_model.SHAPES["gpt-oss-20b"], hidden=256, layers=2, heads=4, kv_heads=2,
+                            ffn=256, expert_ffn=256, experts=4, experts_used=2, vocab=TINY.vocab)
+    path = tmp_path / "oss.gguf"
+    make_model.write_gguf(path, s, "mxfp4", 0, "test")
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.1.ffn_down_exps.weight"] == T.MXFP4 and types["blk.1.attn_q.weight"] == T.Q8_0
+    assert types["blk.1.ffn_down_exps.bias"] == types["blk.1.attn_sinks.weight"] == T.F32
+    model_dir = convert_gguf(path, tmp_path / "converted")
+    from model.config import ModelConfig
+
+    c = ModelConfig.load(model_dir)
+    assert c.layer_windows == (128, 0) and c.rope_scaling["factor"] == 32.0 and c.swiglu_clamp == (1.702, 7.0)
+    run_forward(model_dir)

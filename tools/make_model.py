@@ -3,7 +3,8 @@
 Shapes: Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B (their matrices, heads, rope and norms), Qwen3-30B-A3B's
 mixture of experts cut to 8 of its 48 layers (128 experts of 768, 8 a token: every layer as
 the real one's), a Qwen3.5 hybrid of about 2B (Qwen3.5-2B's hidden size, layers and vocabulary;
-its other widths Qwen3.5's defaults scaled down: a GGUF only), `tiny` for tests and `tiny-32k` (one layer, a 32k context) for agents' long
+its other widths Qwen3.5's defaults scaled down: a GGUF only), GPT-OSS-20B (its every tensor:
+sinks, biases, 32 experts of 2880, MXFP4 experts under --type mxfp4; a GGUF only), `tiny` for tests and `tiny-32k` (one layer, a 32k context) for agents' long
 prompts. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
 49,152-token byte-level BPE), padded with unused tokens up to the shape's vocabulary, so text
 round-trips. Weights are drawn per tensor from (seed, tensor name), a block of rows at a time,
@@ -12,7 +13,9 @@ tensor (its packed bytes, or its float32 values for f32), not the model. Norm we
 and projections scaled by 1/sqrt(fan_in), so the forward pass stays finite.
 
 GGUF types: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k put every matrix in that
-type (norms stay F32); q4_k_m is llama-quantize's mix (see tensor_type). HF: f32, f16, bf16.
+type (norms stay F32); q4_k_m is llama-quantize's mix (see tensor_type); mxfp4 is GPT-OSS's
+release: MXFP4 experts (random codes and scales, drawn as bytes), every other matrix Q8_0.
+HF: f32, f16, bf16.
 
     python tools/make_model.py --shape llama3.2-1b --type q4_k_m --out /tmp/m.gguf
     python tools/make_model.py --shape qwen3-4b --format hf --type bf16 --out /tmp/qwen3-4b
@@ -62,6 +65,9 @@ class Shape:
     # a hybrid's gated delta nets (key heads, value heads, key dim, value dim, conv kernel): three
     # of every four layers, the fourth full attention with an output gate and a quarter rotated
     delta_net: tuple[int, int, int, int, int] | None = None
+    # GPT-OSS: the window of its even layers, and YaRN's (factor, original context)
+    sliding_window: int = 0
+    yarn: tuple[float, int] | None = None
 
 
 SHAPES = {
@@ -74,6 +80,8 @@ SHAPES = {
                               experts=128, experts_used=8, expert_ffn=768),
     "qwen3.5-2b": Shape("qwen35", 2048, 24, 8, 2, 256, 6144, 248320, True, 10000000.0, 1e-6, 262144,
                         delta_net=(16, 16, 128, 128, 4)),
+    "gpt-oss-20b": Shape("gpt-oss", 2880, 24, 64, 8, 64, 2880, 201088, False, 150000.0, 1e-5, 131072,
+                         experts=32, experts_used=4, expert_ffn=2880, sliding_window=128, yarn=(32.0, 4096)),
     # Small, but every matrix has rows of 256 so that K-quants apply, it is untied so that
     # token_embd and output take their own Q4_K_M types, and 128 padding tokens are exercised.
     "tiny": Shape("llama", 256, 2, 4, 2, 64, 512, 49280, False, 10000.0, 1e-5, 2048),
@@ -82,9 +90,9 @@ SHAPES = {
     "tiny-32k": Shape("llama", 128, 1, 2, 1, 64, 256, 49280, False, 10000.0, 1e-5, 32768),
 }
 GGUF_TYPES = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0,
-              "q5_1": T.Q5_1, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K, "q4_k_m": T.Q4_K}
+              "q5_1": T.Q5_1, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K, "q4_k_m": T.Q4_K, "mxfp4": T.Q8_0}
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q4_k": 14,
-              "q4_k_m": 15, "q5_k": 16, "q6_k": 18}  # llama_ftype (q4_k, q5_k: the _S variants)
+              "q4_k_m": 15, "q5_k": 16, "q6_k": 18, "mxfp4": 38}  # llama_ftype (q4_k, q5_k: the _S variants)
 HF_TYPES = {"f32": ("F32", np.float32), "f16": ("F16", np.float16), "bf16": ("BF16", np.uint16)}
 # llama-quantize's fallback where a row does not fill a K-quant super-block
 FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
@@ -106,6 +114,9 @@ class Tensor:
         if self.hf_name.endswith("linear_attn.decay"):  # -exp(A_log): decays of 0.6-0.95 a token
             yield -rng.uniform(0.05, 0.5, self.shape).astype(np.float32)
             return
+        if self.hf_name.endswith((".bias", "_bias", "sinks")):  # small: near a model's own
+            yield (0.05 * rng.standard_normal(self.shape, dtype=np.float32)).reshape(-1, self.shape[-1])
+            return
         if len(self.shape) == 1:
             yield (1 + 0.05 * rng.standard_normal(self.shape, dtype=np.float32)).astype(np.float32)
             return
@@ -124,6 +135,9 @@ def tensors(s: Shape) -> list[Tensor]:
         hf, gg = f"model.layers.{i}.", f"blk.{i}."
         if s.delta_net:
             out += hybrid_layer(s, i)
+            continue
+        if s.arch == "gpt-oss":
+            out += gpt_oss_layer(s, i)
             continue
         out += [
             Tensor(hf + "input_layernorm.weight", gg + "attn_norm.weight", (s.hidden,), i),
@@ -188,6 +202,27 @@ def hybrid_layer(s: Shape, i: int) -> list[Tensor]:
         Tensor(hf + "mlp.down_proj.weight", gg + "ffn_down.weight", (s.hidden, s.ffn), i)]
 
 
+def gpt_oss_layer(s: Shape, i: int) -> list[Tensor]:
+    """A GPT-OSS layer under llama.cpp's names: biased attention with sinks, the biased router
+    and experts (the 3-D stacks, their biases one row an expert)."""
+    hf, gg, a = f"model.layers.{i}.", f"blk.{i}.", f"model.layers.{i}.self_attn."
+    q, kv, e, f = s.heads * s.head_dim, s.kv_heads * s.head_dim, s.experts, s.expert_ffn
+    out = [Tensor(hf + "input_layernorm.weight", gg + "attn_norm.weight", (s.hidden,), i)]
+    for part, gguf_part, rows in (("q", "q", q), ("k", "k", kv), ("v", "v", kv)):
+        out += [Tensor(f"{a}{part}_proj.weight", f"{gg}attn_{gguf_part}.weight", (rows, s.hidden), i),
+                Tensor(f"{a}{part}_proj.bias", f"{gg}attn_{gguf_part}.bias", (rows,), i)]
+    out += [Tensor(a + "o_proj.weight", gg + "attn_output.weight", (s.hidden, q), i),
+            Tensor(a + "o_proj.bias", gg + "attn_output.bias", (s.hidden,), i),
+            Tensor(a + "sinks", gg + "attn_sinks.weight", (s.heads,), i),
+            Tensor(hf + "post_attention_layernorm.weight", gg + "post_attention_norm.weight", (s.hidden,), i),
+            Tensor(hf + "mlp.router.weight", gg + "ffn_gate_inp.weight", (e, s.hidden), i),
+            Tensor(hf + "mlp.router.bias", gg + "ffn_gate_inp.bias", (e,), i)]
+    for part, rows, cols in (("gate", f, s.hidden), ("up", f, s.hidden), ("down", s.hidden, f)):
+        out += [Tensor(f"{hf}mlp.experts.{part}_proj", f"{gg}ffn_{part}_exps.weight", (e, rows, cols), i),
+                Tensor(f"{hf}mlp.experts.{part}_proj_bias", f"{gg}ffn_{part}_exps.bias", (e, rows), i)]
+    return out
+
+
 def use_more_bits(layer: int, layers: int) -> bool:
     """llama-quantize's choice of layers for more bits: the first and last eighth, and every
     third layer between."""
@@ -201,9 +236,11 @@ def tensor_type(t: Tensor, kind: str, s: Shape) -> T:
     use_more_bits, Q4_K for every other matrix. Norms stay F32; a matrix whose rows do not fit
     the type's blocks falls back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to
     Q8_0, else F16)."""
-    if len(t.shape) == 1 or t.gguf_name.endswith(("ffn_gate_inp.weight", "ssm_conv1d.weight")):
-        return T.F32  # llama.cpp keeps routers and convolutions F32
+    if len(t.shape) == 1 or t.gguf_name.endswith(("ffn_gate_inp.weight", "ssm_conv1d.weight", ".bias")):
+        return T.F32  # llama.cpp keeps routers, convolutions and biases F32
     qtype = GGUF_TYPES[kind]
+    if kind == "mxfp4" and t.gguf_name.endswith("_exps.weight"):
+        return T.MXFP4
     if kind == "q4_k_m":
         output = t.gguf_name == "output.weight" or (s.tied and t.gguf_name == "token_embd.weight")
         more = t.gguf_name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(t.layer, s.layers)
@@ -219,6 +256,9 @@ def tensor_type(t: Tensor, kind: str, s: Shape) -> T:
 def encoded(t: Tensor, qtype: T, seed: int) -> np.ndarray:
     """t's values in qtype's bytes (uint8 rows), or as float16/float32, filled a block of rows
     at a time into one array."""
+
+    if qtype == T.MXFP4:  # codes and scales drawn as bytes: quantizing 18B weights takes half an hour
+        return random_mxfp4(t, seed)
 
     def encode(part: np.ndarray) -> np.ndarray:
         if qtype in (T.F32, T.F16):
@@ -239,6 +279,16 @@ def encoded(t: Tensor, qtype: T, seed: int) -> np.ndarray:
         out[row:row + len(values)] = values
         row += len(values)
     return out
+
+
+def random_mxfp4(t: Tensor, seed: int) -> np.ndarray:
+    """MXFP4 blocks of uniform random 4-bit codes under one scale byte a block, 2^-8 to 2^-6:
+    values of about 1/sqrt(fan_in) for GPT-OSS's widths, as the other types' draws are."""
+    rng = np.random.default_rng([seed, zlib.crc32(t.hf_name.encode())])
+    rows, blocks = int(np.prod(t.shape[:-1])), t.shape[-1] // 32
+    out = rng.integers(0, 256, (rows, blocks, 17), dtype=np.uint8)
+    out[:, :, 0] = rng.integers(119, 122, (rows, blocks), dtype=np.uint8)
+    return out.reshape(rows, blocks * 17)
 
 
 def tokenizer_source() -> Path:
@@ -289,6 +339,12 @@ def write_gguf(path: Path, s: Shape, kind: str, seed: int, shape_name: str) -> N
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
     w.add_vocab_size(s.vocab)
+    if s.sliding_window:
+        w.add_sliding_window(s.sliding_window)
+    if s.yarn:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s.yarn[0])
+        w.add_rope_scaling_orig_ctx_len(s.yarn[1])
     if s.experts:
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)
@@ -388,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shape", choices=SHAPES, required=True)
     p.add_argument("--format", choices=("gguf", "hf"), default="gguf")
     p.add_argument("--type", help="gguf: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k,"
-                   " q4_k_m (default); hf: f32, f16, bf16 (default)")
+                   " q4_k_m (default), mxfp4 (MXFP4 experts, the rest q8_0); hf: f32, f16, bf16 (default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="the .gguf file, or the HF directory")
     a = p.parse_args(argv)
