@@ -62,6 +62,8 @@ class ModelConfig:
     delta_net: DeltaNet | None = None  # their shape
     attention_gate: bool = False  # the attention's output times a sigmoid of q_proj's gate half
     swiglu_clamp: tuple[float, float] | None = None  # experts' (alpha, limit): GPT-OSS's clamped SwiGLU
+    attention_temperature: tuple[float, int] | None = None  # Llama 4's (beta, every n positions): queries
+    # times 1 + beta * log(1 + floor(position / n)) (Ministral 3)
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":

@@ -38,6 +38,11 @@ class Llama:
         self.w = weights
         self.scale = config.query_scale or 1.0 / math.sqrt(config.head_dim)
         self.embed_scale = embedding_scale(config)
+        self.temperature = None  # Llama 4's query temperature by position (Ministral 3)
+        if config.attention_temperature is not None:
+            beta, every = config.attention_temperature
+            steps = np.floor(np.arange(positions) / every)
+            self.temperature = ops.asarray((1 + beta * np.log1p(steps)).astype(np.float32))
 
     @property
     def weight_bytes(self) -> int:
@@ -60,6 +65,7 @@ class Llama:
         eps = c.rms_norm_eps
         tokens = token_ids.shape[0]
         rows = {kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.tables.items()}
+        temperature = None if self.temperature is None else self.temperature[positions]
         x, delta = ops.embedding(w.embed, token_ids, self.embed_scale), None
         for i, layer in enumerate(w.layers):
             cos, sin = rows[self.layer_rope[i]]
@@ -87,6 +93,8 @@ class Llama:
                     q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
                 q = ops.rope(q, cos, sin)
                 ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
+            if temperature is not None:
+                q = ops.scale_tokens(q, temperature)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, self.windows[i],
                                        c.attn_softcap, layer.sinks)
             if c.attention_gate:

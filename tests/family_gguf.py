@@ -17,8 +17,8 @@ ARCHES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3_text": gguf.MODEL_ARCH.GEMMA
           "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "smollm3": gguf.MODEL_ARCH.SMOLLM3,
           "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE,
           "qwen3_5_text": gguf.MODEL_ARCH.QWEN35, "qwen3_5_moe_text": gguf.MODEL_ARCH.QWEN35MOE,
-          "gpt_oss": gguf.MODEL_ARCH.GPT_OSS}
-ROPE_ORDER = ("smollm3", "mixtral")  # llama.cpp's converter permutes q/k rows of these (architecture llama)
+          "gpt_oss": gguf.MODEL_ARCH.GPT_OSS, "ministral3": gguf.MODEL_ARCH.MISTRAL3}
+ROPE_ORDER = ("smollm3", "mixtral", "ministral3")  # llama.cpp's converter permutes q/k rows of these (architecture llama)
 
 
 def experts_stacked(tensors: dict[str, np.ndarray], experts: int) -> dict[str, np.ndarray]:
@@ -165,6 +165,11 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
         w.add_sliding_window(c["sliding_window"])
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["sliding_window_pattern"])
         w.add_float32(f"{arch}.rope.freq_base_swa", c["rope_local_base_freq"])
+    if kind == "ministral3":  # as llama.cpp's conversion/mistral3.py writes them
+        w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     if kind == "gpt_oss":
         w.add_sliding_window(c["sliding_window"])
         w.add_expert_feed_forward_length(c["intermediate_size"])

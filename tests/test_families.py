@@ -131,8 +131,38 @@ def test_a_gemma3_vision_language_checkpoint_serves_its_language_model(checkpoin
         assert rel_err(logits, fixture["logits"][-1]) < 1e-4
 
 
+@pytest.mark.parametrize("text_type", ["ministral3", "mistral"])
+def test_a_mistral3_vision_language_checkpoint_serves_its_language_model(checkpoints, tmp_path, text_type):
+    """Ministral 3's and Mistral Small 3.x's Mistral3ForConditionalGeneration: the language
+    model under model.language_model., its lm_head outside, a vision tower unread; a text_config
+    of Ministral 3 (YaRN, the temperature) gives the fixture's logits, and one that says plain
+    Mistral is served the same way (without a temperature: different logits past 16 tokens)."""
+    from safetensors.numpy import load_file, save_file
+
+    path, fixture, context = checkpoints("ministral3")
+    text = {**json.loads((path / "config.json").read_text()), "model_type": text_type}
+    if text_type == "mistral":
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
+    outer = {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"],
+             "text_config": {k: v for k, v in text.items() if k != "architectures"},
+             "vision_config": {"model_type": "pixtral"}}
+    vl = tmp_path / "vl"
+    vl.mkdir()
+    (vl / "config.json").write_text(json.dumps(outer))
+    tensors = load_file(path / "model.safetensors")
+    save_file({**{("model.language_model." + k.removeprefix("model.")) if k.startswith("model.") else k: v
+                  for k, v in tensors.items()},
+               "model.vision_tower.ln_pre.weight": np.ones(8, np.float32)}, str(vl / "model.safetensors"))
+    c = ModelConfig.load(vl)
+    assert c.model_type == "ministral3" and (c.attention_temperature is not None) == (text_type == "ministral3")
+    runner = ModelRunner.from_dir(vl, num_blocks=16, block_size=4, max_model_len=context)
+    ids = [int(i) for i in fixture["ids"]]
+    logits = runner.logits(StepPlan([Row("a", ids, 0, list(range(16)), sample=True)]))[0]
+    assert (rel_err(logits, fixture["logits"][-1]) < 1e-4) == (text_type == "ministral3")
+
+
 # Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)
-GGUF_FAMILIES = ["gemma3", "gpt-oss", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
+GGUF_FAMILIES = ["gemma3", "gpt-oss", "ministral3", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
                  "qwen3-moe", "qwen3-yarn", "qwen3.5", "qwen3.5-moe", "smollm3-4"]
 
 

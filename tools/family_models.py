@@ -83,6 +83,11 @@ FAMILIES = {
                             linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
                             linear_num_value_heads=8, num_experts=8, num_experts_per_tok=2,
                             moe_intermediate_size=32, shared_expert_intermediate_size=64), 256),
+    # Ministral 3: YaRN and Llama 4's temperature from position 16 on (twice the released beta)
+    "ministral3": (_family("ministral3", "Ministral3ForCausalLM", rope_theta=None, rope_parameters={
+        "type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+        "max_position_embeddings": 256, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+        "llama_4_scaling_beta": 0.2}), 256),
     # sinks, a window of 6 on every other layer, YaRN, biased experts; a limit of 1.5 so that the
     # clamps bite on random weights (the released models' is 7)
     "gpt-oss": (_family("gpt_oss", "GptOssForCausalLM", rope_theta=None, intermediate_size=32,

@@ -39,6 +39,9 @@ def rope_scaling(field: Callable[[str], Any], tensors: dict, head_dim: int, thet
             v = field(f"scaling.{key}")
             if v:
                 scaling[hf] = float(v)
+        log_mul = field("scaling.yarn_log_multiplier")  # mscale_all_dim, mscale taken as 1 (llama.cpp's reading)
+        if log_mul:
+            scaling.update(mscale=1.0, mscale_all_dim=float(log_mul))
     elif kind not in (None, "none"):
         raise ModelError(
             f"{path.name} uses rope scaling {kind!r}, which this GGUF converter does not support;"

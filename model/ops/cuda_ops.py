@@ -146,6 +146,12 @@ class CudaOps:
                                           (out, out, cos, sin, np.int32(heads), np.int32(0), np.int32(head_dim)))
         return out
 
+    def scale_tokens(self, x, factors):
+        out = self.xp.array(x, order="C", copy=True)  # the kernel works in place
+        self.kernel("rotary.cu", "scale_tokens")((out.shape[0],), (THREADS,), (
+            out, self.xp.ascontiguousarray(factors, dtype=np.float32), np.int32(out.size // max(1, out.shape[0]))))
+        return out
+
     def silu_and_mul(self, gate_up):
         return self._gated(gate_up, "silu_and_mul")
 

@@ -17,7 +17,7 @@ KERNELS = {
     "rms_norm.cu": ("rms_norm", "add_rms_norm"),
     "activation.cu": ("silu_and_mul", "gelu_and_mul", "clamped_swiglu"),
     "embedding.cu": ("embedding",),
-    "rotary.cu": ("rotary",),
+    "rotary.cu": ("rotary", "scale_tokens"),
     "kv_write.cu": ("write_kv", "rope_write_kv"),
     "decode_attention.cu": ("decode_attention", "decode_attention_reduce"),
     "prefill_attention.cu": ("prefill_attention",),

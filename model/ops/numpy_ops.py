@@ -220,6 +220,10 @@ class NumpyOps:
         out *= up
         return out
 
+    def scale_tokens(self, x: np.ndarray, factors: np.ndarray) -> np.ndarray:
+        """Each token's (first axis) values times its factor."""
+        return x * factors.reshape(-1, *(1,) * (x.ndim - 1))
+
     def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
         """x times the logistic sigmoid of gate (a gated attention's output)."""
         return x / (np.float32(1.0) + np.exp(-gate))

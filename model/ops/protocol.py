@@ -121,6 +121,7 @@ class Ops(Protocol):
     def silu_and_mul(self, gate_up): ...
     def gelu_and_mul(self, gate_up): ...  # GELU's tanh form
     def sigmoid_mul(self, x, gate): ...  # x * sigmoid(gate)
+    def scale_tokens(self, x, factors): ...  # each token's row times factors[token] (fp32)
     # a delta-net layer from its input projection to its gated output (model/ops/delta_rule.py); the
     # layer's state slots (kv_cache.KVCache.conv, .recurrent) updated for the rows (kv_cache.StateRows)
     def gated_delta_net(self, proj, weights, shape, history, state, rows, eps: float): ...
