@@ -5,7 +5,7 @@ function, on the commentary channel:
 
 (the recipient may come before the channel, as the template writes earlier calls). A reply is
 messages, a header up to <|message|> and a body; the final channel's bodies (or a body with no
-channel) are the content; the analysis channel is the model's reasoning, not its answer.
+channel) are the content; the analysis channel's are the model's reasoning (app/server/harmony.py).
 """
 
 import json
@@ -56,11 +56,13 @@ class OpenAI(ToolFormat):
 
 class HarmonyParser(CallStream):
     """Harmony messages out of streamed text: calls from the messages to a function, content
-    from the final channel's."""
+    from the final channel's (or a channel-less one's), reasoning from the analysis channel's
+    (taken by take_reasoning; app/server/harmony.py)."""
 
     def __init__(self):
         super().__init__()
-        self.state, self.answer = "header", True
+        self.state, self.channel, self.reasoning = "header", "final", ""
+        self.read = False  # a header was read: the text is harmony
         self.value: JsonValueEnd | None = None
 
     def step(self) -> bool:
@@ -69,12 +71,14 @@ class HarmonyParser(CallStream):
             if at < 0:
                 return False
             header, self.pending = self.pending[:at], self.pending[at + len(MESSAGE):]
+            self.read = True
             call = RECIPIENT.search(header)
             if call:
                 self.open_call(call.group(1))
                 self.state, self.value = "arguments", JsonValueEnd()
             else:
-                self.state, self.answer = "body", "analysis" not in header and "commentary" not in header
+                self.state = "body"
+                self.channel = next((c for c in ("analysis", "commentary") if c in header), "final")
             return True
         if self.state == "arguments":
             if not self.calls[-1]["function"]["arguments"]:
@@ -98,11 +102,21 @@ class HarmonyParser(CallStream):
         return True
 
     def take(self, text: str) -> None:
-        if self.answer:
+        if self.channel == "final":
             self.content += text
+        elif self.channel == "analysis":
+            self.reasoning += text
+
+    def take_reasoning(self) -> str:
+        """The analysis channel's text read since the last call."""
+        out, self.reasoning = self.reasoning, ""
+        return out
 
     def finish(self) -> str:
         rest, self.pending = self.pending, ""
-        if self.state == "header" and MESSAGE not in rest and CHANNEL not in rest and not self.calls:
+        if not self.read and CHANNEL not in rest:
             return rest  # plain text, no harmony at all
-        return rest if self.state == "body" and self.answer else ""
+        if self.state == "body":
+            self.take(rest)
+        out, self.content = self.content, ""
+        return out
