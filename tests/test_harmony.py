@@ -11,9 +11,11 @@ import pytest
 from llama_cpp_source import chat_template
 from tiny_model import make_tiny_model
 
+from app.engine.grammar import Grammars
 from app.engine.outputs import OutputProcessor
 from app.server import harmony
 from app.server.chat_text import ChatText, Reading
+from app.server.formats import json_grammar
 from app.server.prompts import chat_prompt
 from app.server.reasoning import HARMONY, detect
 from app.server.schemas import ChatCompletionRequest
@@ -104,31 +106,71 @@ def test_the_conversation_goes_through_the_template_with_its_thinking(tok):
     assert read([REPLY]) == (THOUGHT, ANSWER, [], "stop")
 
 
-def budgeted(tok, model: str, max_tokens: int) -> str:
-    """What the output becomes under the budget: the model's tokens, but where the engine forces one."""
-    budget = harmony.budget(tok, max_tokens)
-    script = tok.encode(model, add_special_tokens=False)
-    request = SimpleNamespace(params=SimpleNamespace(thinking=budget), output_ids=[],
-                              output=SimpleNamespace(thought=False))
-    while script:
+def ids(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False)
+
+
+def budgeted(tok, model: list[int], max_tokens: int, calls_only: bool = False) -> list[int]:
+    """The output under the budget: the model's tokens in turn, but where the engine forces one."""
+    request = SimpleNamespace(params=SimpleNamespace(thinking=harmony.budget(tok, max_tokens, calls_only)),
+                              output_ids=[], output=SimpleNamespace(thought=False))
+    model = list(model)
+    while model:
         forced = OutputProcessor.thinking_end(request)
-        request.output_ids.append(script.pop(0) if forced is None else forced)
-    return tok.decode(request.output_ids, skip_special_tokens=False)
+        request.output_ids.append(model.pop(0) if forced is None else forced)
+    return request.output_ids
 
 
-def test_the_budget_ends_the_analysis_and_opens_the_answer(tok):
-    header, thought = "<|channel|>analysis<|message|>", "hmm " * 40
-    ids = tok.encode(header + thought, add_special_tokens=False)
-    out = budgeted(tok, header + thought, 5)
-    cut = tok.decode(ids[:len(tok.encode(header, add_special_tokens=False)) + 5], skip_special_tokens=False)
-    assert out.startswith(cut + "<|end|><|start|>assistant<|channel|>final<|message|>")
-    reasoning, content, _, _ = read([out])
-    assert reasoning == cut.removeprefix(header) and content
+def taken(tok, grammar: str, out: list[int]) -> bool:
+    """Whether the grammar takes the output token by token, as the engine feeds it, to its end."""
+    matcher = Grammars(tok).matcher(grammar)
+    return all(matcher.consume_token(t) for t in out) and (matcher.is_accepting() or matcher.is_stopped())
+
+
+HEADER, ARGUMENTS = "<|channel|>analysis<|message|>", 'get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
+
+
+@pytest.mark.parametrize("choice, then, expected", [
+    ("auto", "It is sunny.<|return|>", ("It is sunny.", [])),
+    ("required", ARGUMENTS, ("", [("get_weather", {"city": "Paris"})])),
+    (None, '{"sky": "sunny"}<|return|>', ('{"sky": "sunny"}', [])),  # response_format
+])
+def test_the_budget_ends_the_analysis_with_what_the_grammar_takes(tok, choice, then, expected):
+    """Five tokens thought, then the answer's header forced (a call's, where only calls may
+    come), then the model's own answer: the grammar takes it all, and it reads back apart."""
+    thought = ids(tok, "hmm " * 40)[:5]
+    out = budgeted(tok, ids(tok, HEADER) + thought + ids(tok, then), 5, calls_only=choice == "required")
+    forced = "<|channel|>final<|message|>" if choice != "required" else "<|channel|>commentary to=functions."
+    assert tok.decode(out, skip_special_tokens=False) == (
+        HEADER + tok.decode(thought) + "<|end|><|start|>assistant" + forced + then)
+    use = tools(tok, tool_choice=choice) if choice else None
+    grammar = use.grammar() if use else harmony.after_analysis(tok, json_grammar({"type": "object"}, "response_format"))
+    assert taken(tok, grammar, out)
+    reasoning, content, calls, _ = read([tok.decode(out, skip_special_tokens=False)], use)
+    assert (reasoning, content, calls) == (tok.decode(thought), *expected)
 
 
 def test_an_analysis_the_model_closes_itself_is_left_alone(tok):
     """Its <|end|> within the budget ends the thinking: a call of any length may follow."""
-    short = "<|channel|>analysis<|message|>Ask.<|end|>"
-    assert budgeted(tok, short + CALL, 8) == short + CALL
-    answer = "<|channel|>final<|message|>" + "An answer at once, with no analysis at all. " * 3
+    short = ids(tok, "<|channel|>analysis<|message|>Ask.<|end|>" + CALL)
+    assert budgeted(tok, short, 8) == short
+    answer = ids(tok, "<|channel|>final<|message|>" + "An answer at once, with no analysis at all. " * 3)
     assert budgeted(tok, answer, 4) == answer
+
+
+PREAMBLE = "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+
+
+@pytest.mark.parametrize("choice, text, takes", [
+    ("auto", ANALYSIS + CALL, True),
+    ("auto", ANALYSIS + PREAMBLE + CALL, True),
+    ("auto", REPLY, True),
+    ("required", ANALYSIS + PREAMBLE + CALL, True),
+    ("required", CALL.removeprefix("<|start|>assistant"), True),
+    ("required", REPLY, False),
+    ("auto", "Plain text, no harmony.", False),
+])
+def test_the_tools_grammar_takes_harmony_messages_before_a_call(tok, choice, text, takes):
+    """Analysis and commentary to no one may come first (markers that are tokens of their own
+    are never free text); auto may answer on the final channel instead, required may not."""
+    assert taken(tok, tools(tok, tool_choice=choice).grammar(), ids(tok, text)) is takes

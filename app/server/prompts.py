@@ -13,6 +13,7 @@ from app.server.chat_text import Reading
 from app.server.errors import APIError
 from app.server.formats import grammar
 from app.server.generation import Generation, Submission, check_choices
+from app.server.harmony import after_analysis
 from app.server.reasoning import HARMONY, THINK, after_thinking, budget, opens_thinking
 from app.server.schemas import ChatCompletionRequest
 from app.server.state import ServerState
@@ -95,10 +96,13 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
                          state.tool_format)
     if fit_context and req.max_tokens is not None:
         req = req.model_copy(update={"max_tokens": max(1, min(req.max_tokens, state.max_model_len - len(prompt)))})
-    thinking = budget(state.reasoning, tokenizer, prompt, req.max_thinking_tokens)
+    thinking = budget(state.reasoning, tokenizer, prompt, req.max_thinking_tokens,
+                      tools is not None and tools.choice != "auto")
     inside = opens_thinking(tokenizer, prompt) if state.reasoning == THINK else None
     if grammar_text is not None and inside is not None:
         grammar_text = after_thinking(tokenizer, grammar_text, inside)
+    elif grammar_text is not None and state.reasoning == HARMONY and field != "tools":
+        grammar_text = after_analysis(tokenizer, grammar_text)
     params = (generation_params(req, index, grammar_text, thinking) for index in range(req.n))
     reading = Reading(tools, inside, harmony=state.reasoning == HARMONY)
     return Checked(check_choices(engine, [prompt], req.n, params, field), reading)

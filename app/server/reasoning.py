@@ -15,6 +15,7 @@ import json
 
 from app.engine import ThinkingBudget
 from app.server import harmony
+from app.server.formats import after
 from app.server.tools import partial_tag
 
 START, END = "<think>", "</think>"
@@ -39,11 +40,13 @@ def opens_thinking(tokenizer, prompt: list[int]) -> bool:
     return start in tail and end not in tail[tail.index(start):]
 
 
-def budget(kind: str | None, tokenizer, prompt: list[int], max_thinking_tokens: int | None) -> ThinkingBudget | None:
+def budget(kind: str | None, tokenizer, prompt: list[int], max_thinking_tokens: int | None,
+           calls_only: bool = False) -> ThinkingBudget | None:
+    """calls_only: the tools' grammar takes calls and nothing else (harmony's forced header is a call's)."""
     if kind is None or max_thinking_tokens is None:
         return None
     if kind == HARMONY:
-        return harmony.budget(tokenizer, max_thinking_tokens)
+        return harmony.budget(tokenizer, max_thinking_tokens, calls_only)
     start, end = tokenizer.think_ids
     return ThinkingBudget((end,), max_thinking_tokens, () if opens_thinking(tokenizer, prompt) else (start,))
 
@@ -51,15 +54,13 @@ def budget(kind: str | None, tokenizer, prompt: list[int], max_thinking_tokens: 
 def after_thinking(tokenizer, grammar: str, inside: bool) -> str:
     """The grammar, for the answer only: free thinking comes first (it is there already when
     inside; else the model may open it, or answer at once)."""
-    answer = json.loads(grammar)["grammars"] if grammar.lstrip().startswith("{") else [{"lark_grammar": grammar}]
-    answer[0] = {**answer[0], "name": "answer"}
     start, end = tokenizer.think_ids
     if end in tokenizer.hf.get_added_tokens_decoder():  # llguidance keeps added tokens out of text
         open_tag, body, rules = f"<[{start}]>", f"THOUGHT <[{end}]>", r"THOUGHT: /(.|\n)*/"
     else:
         open_tag, body, rules = json.dumps(START), "thought", r"thought[lazy]: /(.|\n)*<\/think>/"
     top = f"start: {body} @answer" if inside else f"start: {open_tag} {body} @answer | @answer"
-    return json.dumps({"grammars": [{"lark_grammar": f"{top}\n{rules}\n"}, *answer]})
+    return after(f"{top}\n{rules}\n", grammar)
 
 
 class ReasoningParser:

@@ -27,13 +27,25 @@ class OpenAI(ToolFormat):
     markers = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
 
     def grammar(self, use):
+        """Harmony messages: analysis (and commentary to no one) first, then the calls, or with
+        auto a final answer instead."""
         m = self.marker
+        final = f' | {m(CHANNEL)} "final" {m(MESSAGE)} TEXT' if use.choice == "auto" else ""
+        start = f'start: notes ({m(CHANNEL)} "commentary" " to=functions." body{final})\nTEXT: /(.|\\n)*/'
         body = self.body(use.offered(), use.parallel)
-        if use.choice != "auto":
-            start = f'start: ({m(CHANNEL)} "commentary ")? {json.dumps(OPEN)} body'
+        return llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\n{start}\n{self.notes()}\n{body}\n")
+
+    def notes(self) -> str:
+        """Lark: `notes`, the messages before an answer or a call, each ended by <|end|> and
+        the next one's <|start|>assistant. A regex never holds an added token, so a note's text
+        ends where <|end|> is written; where the markers are text, a lazy one ends at the first."""
+        m = self.marker
+        if END in self.added:
+            text, rule = f"NOTE {m(END)}", "NOTE: /(.|\\n)*/"
         else:
-            start = f"start: TEXT | opened body\nopened[lazy]: TEXT {json.dumps(OPEN)}\nTEXT: /(.|\\n)*/"
-        return llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\n{start}\n{body}\n")
+            text, rule = "note", "note[lazy]: /(.|\\n)*<\\|end\\|>/"
+        head = f'{m(CHANNEL)} ("analysis" | "commentary") {m(MESSAGE)}'
+        return f'notes: ({head} {text} {m(START)} "assistant")*\n{rule}'
 
     def body(self, functions, parallel):
         m = self.marker
