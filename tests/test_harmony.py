@@ -174,3 +174,14 @@ def test_the_tools_grammar_takes_harmony_messages_before_a_call(tok, choice, tex
     """Analysis and commentary to no one may come first (markers that are tokens of their own
     are never free text); auto may answer on the final channel instead, required may not."""
     assert taken(tok, tools(tok, tool_choice=choice).grammar(), ids(tok, text)) is takes
+
+
+def test_the_flag_takes_vllms_names_only():
+    from app.cli import parse
+    from app.serve import validate_flags
+
+    _, args, _ = parse(["serve", "--reasoning-parser", "openai_gptoss"], environ={})
+    validate_flags(args)
+    args.reasoning_parser = "gptoss"
+    with pytest.raises(ValueError, match="--reasoning-parser 'gptoss' is not one of deepseek_r1, qwen3, openai_gptoss"):
+        validate_flags(args)
