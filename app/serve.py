@@ -20,7 +20,7 @@ import trio
 from app.engine import Engine, EngineConfig
 from app.flags import fetch_model, prefill_beside_decode, speculative_config
 from app.logs import configure_logging
-from app.server import limits, tools
+from app.server import limits, reasoning, tools
 from app.server.app import create_app
 from app.server.responses.store import ResponseStore
 from app.server.origins import OriginPolicy
@@ -58,6 +58,8 @@ def validate_flags(args) -> None:
         raise ValueError(f"--tokenizer {args.tokenizer!r} is not a directory with a tokenizer.json")
     if args.tool_call_parser is not None and args.tool_call_parser not in tools.FORMATS:
         raise ValueError(f"--tool-call-parser {args.tool_call_parser!r} is not one of {', '.join(tools.FORMATS)}")
+    if args.reasoning_parser is not None and args.reasoning_parser not in reasoning.PARSERS:
+        raise ValueError(f"--reasoning-parser {args.reasoning_parser!r} is not one of {', '.join(reasoning.PARSERS)}")
     chat_template_text(args.chat_template)
     speculative_config(args)
     limits.Limits.from_args(args).validate()
@@ -87,9 +89,19 @@ def load(args, state: ServerState) -> Engine:
                                 render_chars=state.limits.max_chat_template_chars)
     found = tools.detect(state.tokenizer.chat_template_source)
     state.tool_format = tools.FORMATS[args.tool_call_parser or found or "hermes"](state.tokenizer)
-    state.tokenizer.keep_in_text(state.tool_format.marker_ids())
     log.info(f"tool calls in the {state.tool_format.name} format (from"
              f" {'--tool-call-parser' if args.tool_call_parser else 'the chat template' if found else 'no marker: the default'})")
+    state.reasoning = reasoning.PARSERS[args.reasoning_parser] if args.reasoning_parser else reasoning.detect(state.tokenizer)
+    if state.reasoning == reasoning.THINK and state.tokenizer.think_ids is None:
+        raise ValueError(f"--reasoning-parser {args.reasoning_parser} reads <think> tags, which are not tokens of this"
+                         " model's vocabulary")
+    markers = state.tool_format.marker_ids()
+    if state.reasoning == reasoning.HARMONY:  # its channels are read from the text, tool calls or not
+        markers |= tools.FORMATS["openai"](state.tokenizer).marker_ids()
+    state.tokenizer.keep_in_text(markers)
+    if state.reasoning:
+        log.info(f"thinking in the {state.reasoning} format (from"
+                 f" {'--reasoning-parser' if args.reasoning_parser else 'the chat template and vocabulary'})")
     model = backend.load(model_dir, args.max_model_len)
     config = model.config
     state.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)

@@ -83,6 +83,9 @@ class Tokenizer:
         eos = set(_ids(gen.get("eos_token_id"))) | set(_ids(model_cfg.get("eos_token_id")))
         if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
             eos.add(self.hf.token_to_id(self.eos_token))
+        # harmony's ends (GPT-OSS's): <|return|> after an answer, <|call|> after a tool call,
+        # however the model's files list them (a GGUF's eos is <|return|> alone)
+        eos |= {i for i in map(self.hf.token_to_id, ("<|return|>", "<|call|>")) if i is not None}
         self.eos_token_ids = frozenset(eos)
         think = (self.hf.token_to_id("<think>"), self.hf.token_to_id("</think>"))
         self.think_ids = None if None in think else think  # a reasoning model's thinking tags
@@ -182,6 +185,13 @@ class Tokenizer:
             return probe in self.render_chat([{"role": "system", "content": probe}, {"role": "user", "content": "Hi."}])
         except ChatTemplateError:
             return False
+
+    @property
+    def template_reads_thinking(self) -> bool:
+        """Whether the chat template reads an assistant's earlier reasoning as `thinking`
+        (GPT-OSS's, LFM2.5's), not as reasoning_content, the field clients send it back in."""
+        source = self.chat_template_source
+        return "message.thinking" in source and "reasoning_content" not in source
 
     def _render_call(self, arguments) -> str | None:
         """A conversation with one tool call, rendered with no tools offered (so the argument's

@@ -106,14 +106,18 @@ class OutputProcessor:
         budget, out, state = request.params.thinking, request.output_ids, request.output
         if budget is None or state.thought:
             return None
-        end = budget.end_ids
-        if budget.start_id is not None and (not out or out[0] != budget.start_id):
-            state.thought = bool(out)  # the model answered without thinking
+        start, end, close = budget.start_ids, budget.end_ids, budget.close_ids
+        if out[:len(start)] != list(start[:len(out)]):
+            state.thought = True  # the model answered without thinking
             return None
-        if len(out) >= len(end) and tuple(out[-len(end):]) == end:
+        thought = len(out) - len(start)
+        if thought < 0:
+            return None
+        if (len(out) >= len(end) and tuple(out[-len(end):]) == end
+                or close and len(close) <= thought <= budget.max_tokens and tuple(out[-len(close):]) == close):
             state.thought = True
             return None
-        if len(out) - (budget.start_id is not None) < budget.max_tokens:
+        if thought < budget.max_tokens:
             return None
         written = next(k for k in range(len(end) - 1, -1, -1) if k == 0 or tuple(out[-k:]) == end[:k])
         return end[written]

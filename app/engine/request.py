@@ -19,13 +19,16 @@ class State(enum.Enum):
 class ThinkingBudget:
     """A reasoning model's thinking, cut at max_tokens: then its end tokens are forced.
 
-    The thinking opens with the output when start_id is None (the chat template opened it),
-    else only when the output's first token is start_id; it ends when end_ids are written.
+    The thinking opens with the output when start_ids is empty (the chat template opened it),
+    else only when the output begins with start_ids; it ends when end_ids are written, or
+    close_ids within the budget: harmony's <|end|> closes GPT-OSS's analysis, after which the
+    model may call a tool rather than write end_ids' final answer.
     """
 
     end_ids: tuple[int, ...]
     max_tokens: int
-    start_id: int | None = None
+    start_ids: tuple[int, ...] = ()
+    close_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

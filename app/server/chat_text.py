@@ -6,16 +6,19 @@ from dataclasses import dataclass
 
 from app.server.reasoning import ReasoningParser
 from app.server.tools import ToolUse
+from app.server.tools.openai import HarmonyParser
 
 
 @dataclass(frozen=True)
 class Reading:
     """How to read a request's output, settled with its prompt: the tools it offered (whose
     format writes the calls), and for a reasoning model's chat whether the prompt opened the
-    thinking (None: no thinking to split off). Nothing set: the text is all content."""
+    thinking (None: no thinking to split off), or whether the model writes harmony (GPT-OSS:
+    its channels are the reasoning, content and calls). Nothing set: the text is all content."""
 
     tools: ToolUse | None = None
     thinks_from: bool | None = None
+    harmony: bool = False
 
 
 class ChatText:
@@ -23,8 +26,14 @@ class ChatText:
 
     def __init__(self, reading: Reading):
         self.reasoning = ReasoningParser(reading.thinks_from) if reading.thinks_from is not None else None
-        self.calls = reading.tools.parser() if reading.tools else None
+        self.harmony = HarmonyParser() if reading.harmony else None  # one parser reads all three
+        self.calls = self.harmony or (reading.tools.parser() if reading.tools else None)
         self.tools = reading.tools
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the model thinks: its reasoning_content is given, empty or not."""
+        return bool(self.reasoning or self.harmony)
 
     def feed(self, text: str, final: bool = False) -> tuple[str, str, list[dict]]:
         """(reasoning, content, tool call chunks) that text settles; final: all that is left."""
@@ -38,12 +47,14 @@ class ChatText:
             content, chunks = self.calls.feed(content)
             if final:
                 content += self.calls.finish()
-        return reasoning, content, chunks
+        if self.harmony:
+            reasoning = self.harmony.take_reasoning()
+        return reasoning, content, chunks if self.tools else []
 
     @property
     def tool_calls(self) -> list[dict]:
         """The calls read so far, each with all its arguments written so far."""
-        return self.calls.calls if self.calls else []
+        return self.calls.calls if self.calls and self.tools else []
 
     def finish_reason(self, reason: str) -> str:
         return self.tools.finish_reason(reason, bool(self.tool_calls)) if self.tools else reason

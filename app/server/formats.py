@@ -47,6 +47,14 @@ def lark_grammar(text: str, param: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
 
 
+def after(top: str, grammar: str) -> str:
+    """The output format, as `@answer`, after what the Lark rules top write first (a reasoning
+    model's thinking)."""
+    answer = json.loads(grammar)["grammars"] if grammar.lstrip().startswith("{") else [{"lark_grammar": grammar}]
+    answer[0] = {**answer[0], "name": "answer"}
+    return json.dumps({"grammars": [{"lark_grammar": top}, *answer]})
+
+
 def requested(req) -> list[tuple[str, str]]:
     """(param, grammar) for every format the request sets."""
     found = []

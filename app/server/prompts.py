@@ -13,7 +13,8 @@ from app.server.chat_text import Reading
 from app.server.errors import APIError
 from app.server.formats import grammar
 from app.server.generation import Generation, Submission, check_choices
-from app.server.reasoning import after_thinking, budget, opens_thinking
+from app.server.harmony import after_analysis
+from app.server.reasoning import HARMONY, THINK, after_thinking, budget, opens_thinking
 from app.server.schemas import ChatCompletionRequest
 from app.server.state import ServerState
 from app.server.tools import ToolFormat, ToolUse, prompt_messages
@@ -95,12 +96,16 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
                          state.tool_format)
     if fit_context and req.max_tokens is not None:
         req = req.model_copy(update={"max_tokens": max(1, min(req.max_tokens, state.max_model_len - len(prompt)))})
-    thinking = budget(tokenizer, prompt, req.max_thinking_tokens)
-    inside = opens_thinking(tokenizer, prompt) if tokenizer.think_ids else None
+    thinking = budget(state.reasoning, tokenizer, prompt, req.max_thinking_tokens,
+                      tools is not None and tools.choice != "auto")
+    inside = opens_thinking(tokenizer, prompt) if state.reasoning == THINK else None
     if grammar_text is not None and inside is not None:
         grammar_text = after_thinking(tokenizer, grammar_text, inside)
+    elif grammar_text is not None and state.reasoning == HARMONY and field != "tools":
+        grammar_text = after_analysis(tokenizer, grammar_text)
     params = (generation_params(req, index, grammar_text, thinking) for index in range(req.n))
-    return Checked(check_choices(engine, [prompt], req.n, params, field), Reading(tools, inside))
+    reading = Reading(tools, inside, harmony=state.reasoning == HARMONY)
+    return Checked(check_choices(engine, [prompt], req.n, params, field), reading)
 
 
 def check_embeddings(state: ServerState, req) -> list[Submission]:
@@ -122,6 +127,8 @@ def chat_prompt(tokenizer, messages, tools: ToolUse | None, add_generation_promp
     the request's own template variables (chat_template_kwargs, reasoning_effort); earlier
     calls in tool_format (the server's) when the request offers no tools."""
     dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
+    if tokenizer.template_reads_thinking:
+        dicts = [{("thinking" if k == "reasoning_content" else k): v for k, v in m.items()} for m in dicts]
     if not tokenizer.template_writes_late_system:
         dicts = system_first(dicts)
     dicts, extra = prompt_messages(dicts, tools, tokenizer.template_takes_tools, tool_format,

@@ -23,6 +23,7 @@ class ServerState:
     engine: object = None  # None while the model loads
     tokenizer: object = None
     tool_format: object = HERMES  # how the model writes tool calls (app/server/tools), once loaded
+    reasoning: str | None = None  # how it writes its thinking (app/server/reasoning.py), once loaded
     max_model_len: int = 0
     api_keys: tuple[str, ...] = ()  # --api-key's; none: every route is open
     origins: OriginPolicy = field(default_factory=OriginPolicy)  # which web pages may call it

@@ -72,7 +72,7 @@ class ChatResponder(Responder):
             calls = split.tool_calls
             message = ResponseMessage(content=content if content.strip() or not calls else None,
                                       tool_calls=[ToolCall(**call) for call in calls] or None,
-                                      reasoning_content=reasoning if split.reasoning else None)
+                                      reasoning_content=reasoning if split.thinks else None)
             choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self.logprobs(c.logprobs) if self.req.logprobs else None,
                                       finish_reason=split.finish_reason(c.finish_reason), stop_reason=c.stop_reason))

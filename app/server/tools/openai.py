@@ -5,7 +5,7 @@ function, on the commentary channel:
 
 (the recipient may come before the channel, as the template writes earlier calls). A reply is
 messages, a header up to <|message|> and a body; the final channel's bodies (or a body with no
-channel) are the content; the analysis channel is the model's reasoning, not its answer.
+channel) are the content; the analysis channel's are the model's reasoning (app/server/harmony.py).
 """
 
 import json
@@ -27,13 +27,25 @@ class OpenAI(ToolFormat):
     markers = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
 
     def grammar(self, use):
+        """Harmony messages: analysis (and commentary to no one) first, then the calls, or with
+        auto a final answer instead."""
         m = self.marker
+        final = f' | {m(CHANNEL)} "final" {m(MESSAGE)} TEXT' if use.choice == "auto" else ""
+        start = f'start: notes ({m(CHANNEL)} "commentary" " to=functions." body{final})\nTEXT: /(.|\\n)*/'
         body = self.body(use.offered(), use.parallel)
-        if use.choice != "auto":
-            start = f'start: ({m(CHANNEL)} "commentary ")? {json.dumps(OPEN)} body'
+        return llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\n{start}\n{self.notes()}\n{body}\n")
+
+    def notes(self) -> str:
+        """Lark: `notes`, the messages before an answer or a call, each ended by <|end|> and
+        the next one's <|start|>assistant. A regex never holds an added token, so a note's text
+        ends where <|end|> is written; where the markers are text, a lazy one ends at the first."""
+        m = self.marker
+        if END in self.added:
+            text, rule = f"NOTE {m(END)}", "NOTE: /(.|\\n)*/"
         else:
-            start = f"start: TEXT | opened body\nopened[lazy]: TEXT {json.dumps(OPEN)}\nTEXT: /(.|\\n)*/"
-        return llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\n{start}\n{body}\n")
+            text, rule = "note", "note[lazy]: /(.|\\n)*<\\|end\\|>/"
+        head = f'{m(CHANNEL)} ("analysis" | "commentary") {m(MESSAGE)}'
+        return f'notes: ({head} {text} {m(START)} "assistant")*\n{rule}'
 
     def body(self, functions, parallel):
         m = self.marker
@@ -56,11 +68,13 @@ class OpenAI(ToolFormat):
 
 class HarmonyParser(CallStream):
     """Harmony messages out of streamed text: calls from the messages to a function, content
-    from the final channel's."""
+    from the final channel's (or a channel-less one's), reasoning from the analysis channel's
+    (taken by take_reasoning; app/server/harmony.py)."""
 
     def __init__(self):
         super().__init__()
-        self.state, self.answer = "header", True
+        self.state, self.channel, self.reasoning = "header", "final", ""
+        self.read = False  # a header was read: the text is harmony
         self.value: JsonValueEnd | None = None
 
     def step(self) -> bool:
@@ -69,12 +83,14 @@ class HarmonyParser(CallStream):
             if at < 0:
                 return False
             header, self.pending = self.pending[:at], self.pending[at + len(MESSAGE):]
+            self.read = True
             call = RECIPIENT.search(header)
             if call:
                 self.open_call(call.group(1))
                 self.state, self.value = "arguments", JsonValueEnd()
             else:
-                self.state, self.answer = "body", "analysis" not in header and "commentary" not in header
+                self.state = "body"
+                self.channel = next((c for c in ("analysis", "commentary") if c in header), "final")
             return True
         if self.state == "arguments":
             if not self.calls[-1]["function"]["arguments"]:
@@ -98,11 +114,21 @@ class HarmonyParser(CallStream):
         return True
 
     def take(self, text: str) -> None:
-        if self.answer:
+        if self.channel == "final":
             self.content += text
+        elif self.channel == "analysis":
+            self.reasoning += text
+
+    def take_reasoning(self) -> str:
+        """The analysis channel's text read since the last call."""
+        out, self.reasoning = self.reasoning, ""
+        return out
 
     def finish(self) -> str:
         rest, self.pending = self.pending, ""
-        if self.state == "header" and MESSAGE not in rest and CHANNEL not in rest and not self.calls:
+        if not self.read and CHANNEL not in rest:
             return rest  # plain text, no harmony at all
-        return rest if self.state == "body" and self.answer else ""
+        if self.state == "body":
+            self.take(rest)
+        out, self.content = self.content, ""
+        return out
