@@ -130,7 +130,7 @@ def _pack_q4(src, start, d, minimum, q, factors):
                     kblocks.put(q, s, b, r, k, level, 0)
 
 
-@njit("void(uint8[:, :, ::1], uint8[:, :, ::1], int64)", parallel=True, cache=True, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _pack_mxfp4(src, q, exponents_at):
     """Blocks of an exponent byte and 32 codes (code k low in byte 1 + k, k + 16 high) into
     MXFP4 strips: the codes as nibbles (kblocks.put), row r's exponent at exponents_at + r."""
