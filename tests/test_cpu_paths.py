@@ -117,8 +117,8 @@ def host_can_run(target: str) -> bool:
             and (not vnni or "+avxvnni" in get_host_cpu_features().split(",")))
 
 
-# Every kept type (tests/test_kblocks.py's K-quant and 5-bit packers, Q4_0 through blocks.py, and
-# pack.py's Q8_0 and Q4_1) at ragged shapes, times 1 to 100 activation rows.
+# Every kept type (tests/test_kblocks.py's K-quant and 5-bit packers, Q4_0 and MXFP4 through
+# blocks.py, and pack.py's Q8_0 and Q4_1) at ragged shapes, times 1 to 100 activation rows.
 PARITY = """
 import sys
 import numpy as np
@@ -140,6 +140,7 @@ def kept_weights():
 
     from model.quant import blocks, pack
     from model.quant.quantized import QuantizedTensor
+    import test_mxfp4
     from test_kblocks import PACKERS, packed
     from test_q8 import q4_1
 
@@ -151,6 +152,7 @@ def kept_weights():
     yield "q4_0", blocks.from_gguf(QuantizedTensor("q4_0", q4_0.view(np.uint8), w.shape))
     for qtype in PACKERS:
         yield qtype.name.lower(), packed(qtype, 17, 768)
+    yield "mxfp4", test_mxfp4.packed(17, 768)
 
 
 @x86

@@ -11,7 +11,7 @@ from numba import njit, prange
 
 from model.quant import kblocks, pack
 from model.quant.quantized import FloatRows, QuantizedTensor, dequantize
-from model.quant.strips import BLOCK, STRIP, Q4_1Strips, Q8_0Strips, Strips
+from model.quant.strips import BLOCK, STRIP, MXFP4Strips, Q4_1Strips, Q8_0Strips, Strips
 
 
 def from_gguf(t: QuantizedTensor) -> Strips | None:
@@ -47,6 +47,7 @@ def stacked(parts: tuple) -> Strips | None:
 _Q8_0_BYTES = 2 + BLOCK  # float16 scale, 32 int8 values
 _Q4_0_BYTES = 2 + BLOCK // 2  # float16 scale, 32 nibbles: value k low in byte k, k + 16 high
 _Q4_1_BYTES = 4 + BLOCK // 2  # float16 scale and minimum, the same nibbles
+_MXFP4_BYTES = 1 + BLOCK // 2  # E8M0 exponent, 32 E2M1 codes as Q4_0's nibbles
 
 
 def _blocks(blocks: np.ndarray, columns: int, block_bytes: int) -> np.ndarray:
@@ -90,6 +91,14 @@ def pack_q4_1(blocks: np.ndarray, columns: int) -> Q4_1Strips:
     return strips
 
 
+def pack_mxfp4(blocks: np.ndarray, columns: int) -> MXFP4Strips:
+    """MXFP4 blocks into MXFP4 strips: the same codes and exponent bytes."""
+    src = _blocks(blocks, columns, _MXFP4_BYTES)
+    strips = MXFP4Strips.zeros(blocks.shape[0], columns)
+    _pack_mxfp4(src, strips.packed_arrays()[0], MXFP4Strips.BLOCK_BYTES - MXFP4Strips.FACTORS)
+    return strips
+
+
 @njit("void(uint8[:, :, ::1], uint16[:, ::1], uint8[:, :, ::1], uint16[:, :, ::1])", parallel=True,
       cache=True, nogil=True)
 def _pack_q8_0(src, d, q, scale):
@@ -121,6 +130,21 @@ def _pack_q4(src, start, d, minimum, q, factors):
                     kblocks.put(q, s, b, r, k, level, 0)
 
 
+@njit(parallel=True, cache=True, nogil=True)
+def _pack_mxfp4(src, q, exponents_at):
+    """Blocks of an exponent byte and 32 codes (code k low in byte 1 + k, k + 16 high) into
+    MXFP4 strips: the codes as nibbles (kblocks.put), row r's exponent at exponents_at + r."""
+    rows, blocks = src.shape[0], src.shape[1]
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            row = s * STRIP + r
+            for b in range(blocks):
+                q[s, b, exponents_at + r] = src[row, b, 0]
+                for k in range(BLOCK):
+                    byte = src[row, b, 1 + k % 16]
+                    kblocks.put(q, s, b, r, k, byte & np.uint8(15) if k < 16 else byte >> np.uint8(4), 0)
+
+
 # GGUF type -> its packer
 PACKERS: dict[str, Callable[[np.ndarray, int], Strips | None]] = {
     "q8_0": pack_q8_0,
@@ -131,4 +155,5 @@ PACKERS: dict[str, Callable[[np.ndarray, int], Strips | None]] = {
     "q4_k": kblocks.pack_q4_k,
     "q5_k": kblocks.pack_q5_k,
     "q6_k": kblocks.pack_q6_k,
+    "mxfp4": pack_mxfp4,
 }

@@ -18,7 +18,7 @@ LLVM lowers at the width the target has (vpdpwssd with VNNI) and other back ends
 multiply-adds. Integer
 sums are exact every way, so all give the same bits. Each scheme's kernels are generated from
 its constants (strips.py: nibbles, high bits, ZERO, SIGNED_VALUES, SCALES, MINIMA, SUB_SCALES,
-SIGNED), compiled under its kind."""
+SIGNED, LEVELS, EXPONENTS), compiled under its kind."""
 
 import numpy as np
 from llvmlite import ir
@@ -30,6 +30,7 @@ from model.ops.llvm_ir import array, splat
 from model.quant import tiles
 from model.quant.cpu import AMX
 from model.quant.int_sums import INTS16, group_sum
+from model.quant.levels import levels, powers_of_two
 from model.quant.strips import (BLOCK, LINE_BYTES, LINES, NIBBLE_BYTES, QUAD, SCHEMES, STRIP, SUPER_BLOCKS,
                                 Q4_1Strips, Q8_0Strips, Strips)
 
@@ -39,7 +40,8 @@ BYTES64 = ir.VectorType(ir.IntType(8), LINE_BYTES)
 def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
     """The 8 lines of a (strip, block) at lines (i8*) as 64 unsigned bytes each: Q8_0's as
     stored; else line l the low (l even) or high nibbles of 64-byte group l // 2, and above them
-    its HIGH_BITS bits, shifted out of its high group's bytes (strips.py)."""
+    its HIGH_BITS bits, shifted out of its high group's bytes, or with LEVELS the levels its
+    nibbles' codes stand for (strips.py)."""
     i64 = ir.IntType(64)
 
     def load(at):
@@ -64,7 +66,7 @@ def _line_weights(builder, lines, weights: type[Strips]) -> list[ir.Value]:
             if shift + high_bits < 8:
                 high = builder.and_(high, bytes_of((1 << high_bits) - 1))
             value = builder.or_(value, builder.shl(high, bytes_of(4)))
-        out.append(value)
+        out.append(levels(builder, value, weights.LEVELS) if weights.LEVELS else value)
     return out
 
 
@@ -134,13 +136,17 @@ def _strip_dot(typingctx, q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 
         halves16 = ir.VectorType(ir.IntType(16), 16)
 
         def block_factors(lines, factors, k):
-            """Factors k..k + 15 of the block: as stored, or SUB_SCALES's bytes times them."""
+            """Factors k..k + 15 of the block: as stored, SUB_SCALES's bytes times them, or
+            EXPONENTS's powers of two."""
+            if weights.SUB_SCALES or weights.EXPONENTS:
+                ints = builder.gep(lines, [ir.Constant(i64, block_bytes - factors_per_block + k)])
+                ints = builder.load(builder.bitcast(ints, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
+                if weights.EXPONENTS:
+                    return powers_of_two(builder, ints)
             at = builder.bitcast(builder.gep(factors, [ir.Constant(i64, k)]), halves16.as_pointer())
             stored = _widened(builder, builder.load(at, align=2))
             if not weights.SUB_SCALES:
                 return stored
-            ints = builder.gep(lines, [ir.Constant(i64, block_bytes - factors_per_block + k)])
-            ints = builder.load(builder.bitcast(ints, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
             return builder.fmul(stored, (builder.sitofp if weights.SIGNED else builder.uitofp)(ints, floats16))
 
         if amx:

@@ -6,7 +6,7 @@ give the same bits."""
 
 from llvmlite import ir
 
-from model.ops.llvm_ir import call, splat
+from model.ops.llvm_ir import call, joined, pieces, splat
 from model.quant.cpu import PATH, SDOT, VNNI
 from model.quant.strips import LINE_BYTES, QUAD, STRIP, Strips
 
@@ -28,25 +28,6 @@ def _pair_sums(builder, a: ir.Value, b: ir.Value) -> ir.Value:
     return _adjacent_sums(builder, builder.mul(builder.sext(a, ints), builder.sext(b, ints)))
 
 
-def _pieces(builder, v: ir.Value, bits: int) -> list[ir.Value]:
-    """v in pieces of `bits` bits (one register each), in lane order."""
-    lanes = bits // v.type.element.width
-    if lanes >= v.type.count:
-        return [v]
-    order = ir.VectorType(ir.IntType(32), lanes)
-    return [builder.shuffle_vector(v, v, ir.Constant(order, list(range(at, at + lanes))))
-            for at in range(0, v.type.count, lanes)]
-
-
-def _joined(builder, pieces: list[ir.Value]) -> ir.Value:
-    """The pieces of one vector (_pieces) as that vector."""
-    while len(pieces) > 1:
-        lanes = 2 * pieces[0].type.count
-        order = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(lanes)))
-        pieces = [builder.shuffle_vector(a, b, order) for a, b in zip(pieces[::2], pieces[1::2])]
-    return pieces[0]
-
-
 def _sdot_sums(builder, line_weights: list[ir.Value], quads: list[ir.Value], accs: list[ir.Value],
                signed: bool) -> list[ir.Value]:
     """ARM's sdot on each 16 bytes of each line (4 rows' quads) and the broadcast int8 quad of
@@ -57,7 +38,7 @@ def _sdot_sums(builder, line_weights: list[ir.Value], quads: list[ir.Value], acc
         x = builder.bitcast(splat(builder, quad, ints), bytes_)
         if signed:
             line = builder.xor(line, ir.Constant(line.type, [-128] * line.type.count))
-        for i, piece in enumerate(_pieces(builder, line, 128)):
+        for i, piece in enumerate(pieces(builder, line, 128)):
             accs[i] = call(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", ints, accs[i], piece, x)
     return accs
 
@@ -85,15 +66,15 @@ def group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_su
     if x_sum is not None and not (quad_bits == 32 and signed):
         start = splat(builder, builder.mul(x_sum, ir.Constant(ir.IntType(32), -weights.ZERO)), INTS16)
     if quad_bits == 32 and SDOT:
-        return _joined(builder, _sdot_sums(builder, line_weights, quads, _pieces(builder, start, 128), signed))
+        return joined(builder, _sdot_sums(builder, line_weights, quads, pieces(builder, start, 128), signed))
     if quad_bits == 32 and (VNNI or (madd and (weights.NIBBLES or signed))):
         bits = VNNI or (512 if PATH == "avx512" and not signed else 256)
         ints, bytes_ = ir.VectorType(ir.IntType(32), bits // 32), ir.VectorType(ir.IntType(8), bits // 8)
         shorts = ir.VectorType(ir.IntType(16), bits // 16)
-        accs = _pieces(builder, start, bits)
+        accs = pieces(builder, start, bits)
         for line, quad in zip(line_weights, quads):
             x = builder.bitcast(splat(builder, quad, ints), bytes_)
-            for i, piece in enumerate(_pieces(builder, line, bits)):
+            for i, piece in enumerate(pieces(builder, line, bits)):
                 if VNNI:
                     accs[i] = call(builder, f"llvm.x86.avx512.vpdpbusd.{bits}", ints, accs[i],
                                     builder.bitcast(piece, ints), builder.bitcast(x, ints))
@@ -107,7 +88,7 @@ def group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_su
                 pairs = call(builder, pair_sums, shorts, piece, factor)
                 ones = ir.Constant(shorts, [1] * shorts.count)
                 accs[i] = builder.add(accs[i], call(builder, quad_sums, ints, pairs, ones))
-        return _joined(builder, accs)
+        return joined(builder, accs)
     shorts = ir.VectorType(ir.IntType(16), LINE_BYTES)
     pairs = None  # 32 int32 lanes: row r's weights 4l, 4l + 1 in lane 2r, 4l + 2, 4l + 3 in 2r + 1
     for line, quad in zip(line_weights, quads):

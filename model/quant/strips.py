@@ -32,6 +32,13 @@ per (strip, 256 weights): Q4_K's and Q5_K's d, then -dmin, Q6_K's d twice (once 
 kernels multiply them, widened, by the block's integers to the float32 factors gguf-py
 computes: 4.625 bits a weight for Q4_K (the file's 4.5), 5.625 for Q5_K (5.5), 6.625 for Q6_K
 (6.5625).
+
+MXFP4 (GPT-OSS's experts) keeps the file's 4-bit codes as its nibbles and its E8M0 exponent bytes
+as its factors, at the end of q's (strip, block) as SUB_SCALES's integers are, with no float16
+factors at all: 4.25 bits a weight, the file's own. A code stands for a level of LEVELS (the
+kernels map it with a byte shuffle, gemv.py), and a weight is 2^(e - 128) x (level - ZERO): the
+powers of two span float32's range, float16's only a sliver of it, so the kernels build each
+from its exponent's bits as gguf-py does.
 """
 
 from dataclasses import dataclass, replace
@@ -66,21 +73,23 @@ class Strips:
     MINIMA: ClassVar[bool] = False  # a minimum per (row, block) added
     SUB_SCALES: ClassVar[bool] = False  # factors as 8-bit integers in q under float16 per 256 weights
     SIGNED: ClassVar[bool] = False  # those integers int8 (else uint8)
+    LEVELS: ClassVar[tuple[int, ...] | None] = None  # the byte each 4-bit code stands for, where nibbles are codes
+    EXPONENTS: ClassVar[bool] = False  # factors as E8M0 bytes in q (2^(e - 128)), no float16 ones
     BLOCK_BYTES: ClassVar[int]  # bytes of q per (strip, block)
     FACTORS: ClassVar[int]  # float16 factors per (strip, block)
 
     def __init_subclass__(cls):
         cls.FACTORS = STRIP * (cls.SCALES + cls.MINIMA)
         cls.BLOCK_BYTES = ((NIBBLE_BYTES + cls.HIGH_BITS * HIGH_BYTES if cls.NIBBLES else STRIP * BLOCK)
-                           + cls.SUB_SCALES * cls.FACTORS)
+                           + (cls.SUB_SCALES or cls.EXPONENTS) * cls.FACTORS)
 
     @classmethod
     def zeros(cls, rows: int, columns: int) -> "Strips":
         """Zeroed strips for a (rows, columns) weight, so that the rows past its last stay zero."""
         strips, blocks = -(-rows // STRIP), columns // BLOCK
         return cls(np.zeros((strips, blocks, cls.BLOCK_BYTES), dtype=np.int8),
-                   np.zeros((strips, -(-blocks // SUPER_BLOCKS) if cls.SUB_SCALES else blocks, cls.FACTORS),
-                            dtype=np.float16), rows)
+                   np.zeros((strips, -(-blocks // SUPER_BLOCKS) if cls.SUB_SCALES else blocks,
+                             0 if cls.EXPONENTS else cls.FACTORS), dtype=np.float16), rows)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -116,11 +125,15 @@ class Strips:
         return out.reshape(len(index), blocks * BLOCK).astype(np.float32)
 
     def block_factors(self) -> np.ndarray:
-        """The float32 factors per (strip, block): with SUB_SCALES, the integers times their float16."""
+        """The float32 factors per (strip, block): with SUB_SCALES, the integers times their float16;
+        with EXPONENTS, 2^(e - 128) for each byte e, as gguf-py builds it (e8m0_to_fp32_half)."""
         factors = self.factors.astype(np.float32)  # exact
-        if not self.SUB_SCALES:
+        if not (self.SUB_SCALES or self.EXPONENTS):
             return factors
         ints = self.q.view(np.int8 if self.SIGNED else np.uint8)[..., self.BLOCK_BYTES - self.FACTORS:]
+        if self.EXPONENTS:
+            e = ints.astype(np.uint32)
+            return np.where(e < 2, np.uint32(0x200000) << e, (e - np.uint32(1)) << np.uint32(23)).view(np.float32)
         return np.repeat(factors, SUPER_BLOCKS, axis=1)[:, :ints.shape[1]] * ints.astype(np.float32)
 
     def _values(self) -> np.ndarray:
@@ -131,6 +144,8 @@ class Strips:
         strips, blocks = self.q.shape[:2]
         nibbles = packed[..., :NIBBLE_BYTES].reshape(strips, blocks, LINES // 2, 1, LINE_BYTES)
         values = np.concatenate([nibbles & 15, nibbles >> 4], axis=3).reshape(strips, blocks, -1)
+        if self.LEVELS:
+            values = np.array(self.LEVELS, dtype=np.uint8)[values]
         if self.HIGH_BITS:
             lines = 8 // self.HIGH_BITS  # that share a byte
             high = packed[..., NIBBLE_BYTES:NIBBLE_BYTES + self.HIGH_BITS * HIGH_BYTES]
@@ -189,6 +204,15 @@ class Q6_KStrips(Strips):
     kind, NIBBLES, HIGH_BITS, ZERO, SCALES, SUB_SCALES, SIGNED = "q6_k", True, 2, 32, 2, True, True
 
 
+class MXFP4Strips(Strips):
+    """MXFP4 (blocks of 32 E2M1 codes under one E8M0 exponent e): the codes' nibble plane and the
+    exponents. Doubled, E2M1's levels are the integers 0, 1, 2, 3, 4, 6, 8, 12 and their
+    negatives, held here plus 12 (unsigned bytes, as the kernels take weights) under 2^(e - 128)."""
+
+    kind, NIBBLES, ZERO, EXPONENTS = "mxfp4", True, 12, True
+    LEVELS = tuple(12 + level for level in (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12))
+
+
 SCHEMES = {weights.kind: weights for weights in (Q8_0Strips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
-                                                 Q6_KStrips)}
+                                                 Q6_KStrips, MXFP4Strips)}
 
