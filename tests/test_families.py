@@ -198,6 +198,27 @@ def test_family_gguf_of_q8_0_served_packed(checkpoints, tmp_path, name):
     assert 1e-5 < err < 5e-2, err
 
 
+def test_a_gpt_oss_gguf_of_mxfp4_experts_is_served_packed(checkpoints, tmp_path):
+    """GPT-OSS as released: MXFP4 experts (kept in their blocks, MXFP4Strips, on numba's packed
+    path and its grouped kernel) beside F32 attention: logits within MXFP4's rounding of the
+    experts (4 bits, one power-of-two scale a block of 32) of transformers' float32 ones, and
+    the same as the file's experts dequantized."""
+    from model.quant.strips import MXFP4Strips
+
+    _, fixture, context = checkpoints("gpt-oss")
+    served = convert_gguf(write_family_gguf("gpt-oss", tmp_path / "o.gguf", gguf.GGMLQuantizationType.MXFP4),
+                          tmp_path / "served")
+    ids = [int(i) for i in fixture["ids"]]
+    plan = StepPlan([Row("a", ids, 0, list(range(16)), sample=True)])
+    packed = ModelRunner.from_dir(served, num_blocks=16, block_size=4, ops=NumbaOps("q8_0"), max_model_len=context)
+    assert all(isinstance(w, MXFP4Strips) for layer in packed.model.w.layers
+               for w in (layer.experts.gate_up, layer.experts.down))
+    dequantized = ModelRunner.from_dir(served, num_blocks=16, block_size=4, ops=NumpyOps(), max_model_len=context)
+    got, exact = (r.ops.to_host(r.logits(plan))[0] for r in (packed, dequantized))
+    assert 1e-5 < rel_err(exact, fixture["logits"][-1]) < 0.3
+    assert rel_err(got, exact) < 5e-2
+
+
 def test_a_qwen35_gguf_with_its_mtp_block_serves_the_layers(checkpoints, tmp_path):
     """llama.cpp's converter writes Qwen3.5's multi-token-prediction block after the layers
     (block_count + 1, nextn_predict_layers 1): it is left unread, and the layers' logits hold."""
