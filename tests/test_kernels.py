@@ -1,16 +1,17 @@
 """Every CUDA kernel against its NumPy twin, through the CPU harness (no GPU needed): fresh random
-inputs at several shapes (ragged lengths, GQA ratios 1, 3, 4 and 8, contexts that end on and off
-block boundaries, decode split over the context), outputs poisoned with NaN first so an element
-left unwritten fails. The reference gets the same storage-rounded inputs. Tolerances: float32
-kernels match to float32 rounding (1e-5 relative); in float16 and bfloat16 the kernel rounds
-its output once from fp32 while the reference does not, so they may differ by about two units
-in the last place of the storage type."""
+inputs at several shapes (ragged lengths, GQA ratios 1, 3, 4 and 8, and 12 and 16 past one
+block's heads, head_dim up to 256, contexts that end on and off block boundaries, decode split
+over the context), outputs poisoned with NaN first so an element left unwritten fails. The
+reference gets the same storage-rounded inputs. Tolerances: float32 kernels match to float32
+rounding (1e-5 relative); in float16 and bfloat16 the kernel rounds its output once from fp32
+while the reference does not, so they may differ by about two units in the last place of the
+storage type."""
 
 import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher, DeviceLauncher, as_float, gpu_available, poisoned, storage
-from model.ops.cuda_ops import decode_blocks, prefill_shared_bytes, prefill_variant
+from model.ops.cuda_ops import CudaOps, decode_blocks, prefill_shared_bytes, prefill_variant
 from model.ops.kernels import TENSOR_CORE_TYPES, name_expression
 from model.ops.numpy_ops import NumpyOps, _apply_penalties
 from model.ops.protocol import SampleBatch
@@ -249,6 +250,24 @@ def test_a_rows_decode_attention_is_the_same_bits_in_any_batch(launcher, dtype, 
     assert np.array_equal(beside, graphed)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # prefill on CUDA cores; on tensor cores
+def test_cuda_ops_attend_with_gemma_heads_in_groups_of_16(dtype):
+    """CudaOps.paged_attention's own launches at head_dim 256 with 16 query heads a KV head: the
+    decode instance and its chunks, and each prefill kernel's dynamic shared memory past 48 KB
+    (the harness fails a launch whose limit was not raised first)."""
+    ops, rng = CudaOps(np, CpuLauncher(), dtype), np.random.default_rng(5)
+    heads, kv_heads, head_dim, context_lens = 32, 2, 256, [12, 21]
+    cache_k, cache_v, tables = paged_cache(rng, context_lens, kv_heads, head_dim)
+    for query_lens in ([12, 5], [1, 1]):  # a prompt and a chunk on a prefix; two decode rows
+        q = rng.standard_normal((sum(query_lens), heads, head_dim))
+        plan = (query_lens, context_lens, tables.tolist(), 16)
+        got = ops.paged_attention(storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype),
+                                  ops.attention_meta(*plan), head_dim ** -0.5)
+        want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype),
+                                     NUMPY.attention_meta(*plan), head_dim ** -0.5)
+        assert_close(got, want, dtype, floor=1.0)
+
+
 def paged_cache(rng, context_lens, kv_heads, head_dim, block_size=16):
     """Random caches and block tables with each sequence's blocks scattered over the pool."""
     blocks_needed = -(-np.asarray(context_lens) // block_size)
@@ -266,10 +285,10 @@ PREFILL_KERNELS = [("prefill_attention", dtype, 16) for dtype in DTYPES] + [
 
 
 @pytest.mark.parametrize("name,dtype,rows_per_block", PREFILL_KERNELS)
+# (16, 1, 32): a group of 16; 256: 82 KB of shared memory on CUDA cores, two value passes on tensor
+# cores; 160: a second value pass of 2 tiles
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 2, 96),
-                                                   (16, 1, 32),  # a group of 16
-                                                   (4, 2, 256), (2, 1, 160)])  # 82 KB of shared memory; on tensor
-# cores two passes of values, the second of 2 tiles at 160
+                                                   (16, 1, 32), (4, 2, 256), (2, 1, 160)])
 @pytest.mark.parametrize("window,softcap,sunk", [(0, 0.0, False), (13, 2.5, False), (13, 0.0, True)])
 def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, kv_heads, head_dim, window, softcap,
                                  sunk):
