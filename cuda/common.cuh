@@ -16,6 +16,14 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
     return __float2bfloat16_rn(x);
 }
 
+// A kernel's dynamic shared memory (the launch's shared_mem bytes) as a T*, 32-byte aligned; the
+// CPU shim defines its own (cuda/README.md).
+#ifndef SPOOL_DYNAMIC_SMEM
+#define SPOOL_DYNAMIC_SMEM(T, name)                              \
+    extern __shared__ __align__(32) unsigned char spool_smem[]; \
+    T* name = reinterpret_cast<T*>(spool_smem)
+#endif
+
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
 // Four contiguous elements, aligned as one load: 8 bytes for the 16-bit types, 16 for fp32.

@@ -1,32 +1,36 @@
 // Paged decode attention (one query token per sequence), flash-decoding style.
 //
-// decode_attention: grid (kv_heads, seqs, splits), 128 threads, GROUP (a template argument: 1, 2,
-// 4 or 8) at least the query heads per KV head. A block takes one KV head of one sequence over
-// one split of its context. A sequence's context splits into min(splits, ceil(context /
-// min_split)) parts of whole pages, from its own length only: its result does not depend on the
-// rest of the batch, and a graph captured for max_model_len needs only `splits` partials per
-// head. Splits past the last part write an empty partial (max -inf), which the reduce skips.
+// decode_attention: grid (kv_heads * chunks, seqs, splits), 128 threads. GROUP (a template
+// argument: 1, 2, 4 or 8) query heads of one KV head a block; a larger group splits into chunks
+// = ceil(group / GROUP) blocks of GROUP heads each, every one reading the KV head's rows (a
+// group of 16 or more needs no more registers, only more reads of K and V, mostly from L2).
+// DIMS (4 or 8, a template argument too) elements of a row a lane: 4 serve a head_dim of up to
+// 128, 8 up to 256. A block takes one chunk of one KV head of one sequence over one split of its
+// context. A sequence's context splits into min(splits, ceil(context / min_split)) parts of
+// whole pages, from its own length only: its result does not depend on the rest of the batch,
+// and a graph captured for max_model_len needs only `splits` partials per head. Splits past the
+// last part write an empty partial (max -inf), which the reduce skips.
 //
 // Each warp takes whole pages (one block-table load per page) and splits into sub-warps of the
-// fewest lanes whose DA_DIMS contiguous elements each cover head_dim (16 lanes for 64, 32 for
-// 128): one 8-byte (16-bit types) or 16-byte (fp32) load per lane per K or V row, and each
-// sub-warp has DA_UNROLL rows in flight (fewer for fp32 and groups of 8). The K and V rows are loaded
-// once and used for every query head of the group (GQA), with an online softmax per sub-warp and
-// query in fp32; sub-warps then warps merge, and the block writes its partial result: the
-// running max, the sum of exponentials, and the unnormalised output, per query head.
+// fewest lanes whose DIMS elements each cover head_dim (16 lanes for 64, 32 for 128 and 256):
+// a lane's elements are DIMS / 4 runs of 4 (a Four: one 8-byte load for the 16-bit types,
+// 16-byte for fp32), the sub-warp's runs side by side, so each load of the sub-warp is one
+// contiguous stretch of the row. Each sub-warp has up to DA_UNROLL rows in flight (fewer where
+// a lane holds more: fp32, DIMS 8, the larger groups). The K and V rows are loaded once and used
+// for every query head of the chunk (GQA), with an online softmax per sub-warp and query in
+// fp32; sub-warps then warps merge, and the block writes its partial result: the running max,
+// the sum of exponentials, and the unnormalised output, per query head.
 // decode_attention_reduce: grid (heads, seqs), merges the splits into the output, with the
 // head's sink (a logit in the softmax's sum only, or null sinks) as one more part.
 //
 // q: (seqs, heads, head_dim); caches: (kv_heads, blocks, block_size, head_dim);
 // block_tables: (seqs, max_blocks) int32; context_lens: (seqs) int32.
 // Partials: max and sum (seqs, heads, splits) fp32, acc (seqs, heads, splits, head_dim) fp32.
-// Limits: head_dim a multiple of 4, at most 128; heads / kv_heads <= GROUP.
+// Limits: head_dim a multiple of 4, at most 32 * DIMS; any group (heads a multiple of kv_heads).
 #include "common.cuh"
 
 #define DA_WARPS 4
-#define DA_DIMS 4  // a lane's elements of a row: one Four
-#define DA_UNROLL 4  // rows in flight per sub-warp for 16-bit types (fewer where registers run short)
-#define DA_MAX_DIM 128
+#define DA_UNROLL 4  // rows in flight per sub-warp for 16-bit types at 4 elements a lane
 
 // Sum over the `lanes` lanes of a sub-warp (a power of two), in every lane of it.
 __device__ __forceinline__ float subwarp_sum(float v, int lanes) {
@@ -35,29 +39,33 @@ __device__ __forceinline__ float subwarp_sum(float v, int lanes) {
 }
 
 // (max, sum, acc) of one softmax merged with another's: each part scaled to the common max.
+template <int DIMS>
 __device__ __forceinline__ void merge(float& m, float& sum, float* acc, float m2, float sum2, const float* acc2) {
     float top = fmaxf(m, m2);
     float f = m == neg_inf() ? 0.0f : __expf(m - top), f2 = m2 == neg_inf() ? 0.0f : __expf(m2 - top);
     sum = sum * f + sum2 * f2;
 #pragma unroll
-    for (int j = 0; j < DA_DIMS; ++j) acc[j] = acc[j] * f + acc2[j] * f2;
+    for (int j = 0; j < DIMS; ++j) acc[j] = acc[j] * f + acc2[j] * f2;
     m = top;
 }
 
-template <typename T, int GROUP>
+template <typename T, int GROUP, int DIMS>
 __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: at most 128 registers
     float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc,
     const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ block_tables, const int* __restrict__ context_lens, int heads, int kv_heads,
     int head_dim, int block_size, int max_blocks, int num_blocks, int min_split, float scale, int window,
     float softcap) {
-    int kv_head = blockIdx.x, seq = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    static_assert(DIMS == 4 || DIMS == 8, "a lane holds one or two Fours of a row");
+    constexpr int RUNS = DIMS / 4;  // a lane's Fours of a row
+    int group = heads / kv_heads, chunks = (group + GROUP - 1) / GROUP, chunk = blockIdx.x % chunks;
+    int kv_head = blockIdx.x / chunks, seq = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    int head0 = kv_head * group + chunk * GROUP, count = min(GROUP, group - chunk * GROUP);  // the block's heads
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int group = heads / kv_heads;
     int lanes = 32;  // a sub-warp: the fewest lanes (a power of two) that cover head_dim
-    while (lanes > 1 && (lanes / 2) * DA_DIMS >= head_dim) lanes /= 2;
-    int sub = lane / lanes, subs = 32 / lanes, d0 = (lane % lanes) * DA_DIMS;
-    bool dims = d0 < head_dim;  // this lane holds elements of the row
+    while (lanes > 1 && (lanes / 2) * DIMS >= head_dim) lanes /= 2;
+    int sub = lane / lanes, subs = 32 / lanes;
+    int d0 = (lane % lanes) * 4, stride = lanes * 4;  // the lane's run r starts at element d0 + r * stride
     int context = context_lens[seq];
     int seen = window > 0 ? max(0, context - window) : 0;  // a sliding window's first key
     int base = seen / block_size * block_size;  // the splits share the pages from seen's
@@ -66,22 +74,28 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
     int split_len = (pages + parts - 1) / parts * block_size;
     int begin = max(seen, base + split * split_len), end = min(context, base + (split + 1) * split_len);
 
-    float query[GROUP][DA_DIMS], acc[GROUP][DA_DIMS], run_max[GROUP], run_sum[GROUP];
+    float query[GROUP][DIMS], acc[GROUP][DIMS], run_max[GROUP], run_sum[GROUP];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
         run_max[g] = neg_inf();
         run_sum[g] = 0.0f;
-        Four<T> x = {};
-        if (g < group && dims) x = *reinterpret_cast<const Four<T>*>(q + (size_t(seq) * heads + kv_head * group + g) * head_dim + d0);
 #pragma unroll
-        for (int j = 0; j < DA_DIMS; ++j) {
-            query[g][j] = to_float(x.v[j]) * scale;
-            acc[g][j] = 0.0f;
+        for (int r = 0; r < RUNS; ++r) {
+            int d = d0 + r * stride;
+            Four<T> x = {};
+            if (g < count && d < head_dim)
+                x = *reinterpret_cast<const Four<T>*>(q + (size_t(seq) * heads + head0 + g) * head_dim + d);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                query[g][4 * r + j] = to_float(x.v[j]) * scale;
+                acc[g][4 * r + j] = 0.0f;
+            }
         }
     }
 
-    // the same bytes in flight for fp32 (16-byte rows of 4) at half the rows; one row with a group of 8
-    constexpr int unroll = GROUP >= 8 ? 1 : sizeof(T) == 4 ? DA_UNROLL / 2 : DA_UNROLL;
+    // the same bytes in flight whatever a row's load (fewer rows for fp32 and DIMS 8); one row
+    // where the group's queries and accumulators take most registers
+    constexpr int unroll = GROUP * DIMS >= 32 ? 1 : DA_UNROLL * 8 / int(DIMS * sizeof(T));
     const int* table = block_tables + size_t(seq) * max_blocks;
     size_t head_base = size_t(kv_head) * num_blocks * block_size;
     int first_page = begin / block_size, last_page = (end + block_size - 1) / block_size;
@@ -89,16 +103,20 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
         size_t page_base = (head_base + size_t(table[page]) * block_size) * head_dim;
         int page_start = page * block_size;
         for (int i0 = 0; i0 < block_size; i0 += subs * unroll) {
-            Four<T> key[unroll], value[unroll];
+            Four<T> key[unroll][RUNS], value[unroll][RUNS];
             bool valid[unroll];
 #pragma unroll
             for (int u = 0; u < unroll; ++u) {  // every load first: unroll rows in flight
                 int i = i0 + u * subs + sub;
                 valid[u] = i < block_size && page_start + i >= begin && page_start + i < end;
-                key[u] = value[u] = Four<T>{};
-                if (valid[u] && dims) {
-                    key[u] = *reinterpret_cast<const Four<T>*>(cache_k + page_base + size_t(i) * head_dim + d0);
-                    value[u] = *reinterpret_cast<const Four<T>*>(cache_v + page_base + size_t(i) * head_dim + d0);
+#pragma unroll
+                for (int r = 0; r < RUNS; ++r) {
+                    int d = d0 + r * stride;
+                    key[u][r] = value[u][r] = Four<T>{};
+                    if (valid[u] && d < head_dim) {
+                        key[u][r] = *reinterpret_cast<const Four<T>*>(cache_k + page_base + size_t(i) * head_dim + d);
+                        value[u][r] = *reinterpret_cast<const Four<T>*>(cache_v + page_base + size_t(i) * head_dim + d);
+                    }
                 }
             }
 #pragma unroll
@@ -107,15 +125,20 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
                 for (int g = 0; g < GROUP; ++g) {
                     float dot = 0.0f;
 #pragma unroll
-                    for (int j = 0; j < DA_DIMS; ++j) dot += query[g][j] * to_float(key[u].v[j]);
+                    for (int r = 0; r < RUNS; ++r)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) dot += query[g][4 * r + j] * to_float(key[u][r].v[j]);
                     float score = subwarp_sum(dot, lanes);  // every lane shuffles; invalid rows are then skipped
-                    if (!valid[u] || g >= group) continue;
+                    if (!valid[u] || g >= count) continue;
                     if (softcap > 0.0f) score = softcap * tanhf(score / softcap);
                     float new_max = fmaxf(run_max[g], score);
                     float correction = __expf(run_max[g] - new_max), weight = __expf(score - new_max);
                     run_sum[g] = run_sum[g] * correction + weight;
 #pragma unroll
-                    for (int j = 0; j < DA_DIMS; ++j) acc[g][j] = acc[g][j] * correction + weight * to_float(value[u].v[j]);
+                    for (int r = 0; r < RUNS; ++r)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[g][4 * r + j] = acc[g][4 * r + j] * correction + weight * to_float(value[u][r].v[j]);
                     run_max[g] = new_max;
                 }
             }
@@ -128,49 +151,60 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
 #pragma unroll
         for (int offset = 1; offset < 32; offset <<= 1) {  // unrolled: no local arrays
             if (offset < lanes) continue;
-            float other[DA_DIMS];
+            float other[DIMS];
 #pragma unroll
-            for (int j = 0; j < DA_DIMS; ++j) other[j] = __shfl_xor_sync(0xffffffffu, acc[g][j], offset);
+            for (int j = 0; j < DIMS; ++j) other[j] = __shfl_xor_sync(0xffffffffu, acc[g][j], offset);
             float m2 = __shfl_xor_sync(0xffffffffu, run_max[g], offset);
             float sum2 = __shfl_xor_sync(0xffffffffu, run_sum[g], offset);
-            merge(run_max[g], run_sum[g], acc[g], m2, sum2, other);
+            merge<DIMS>(run_max[g], run_sum[g], acc[g], m2, sum2, other);
         }
     }
-    __shared__ float s_max[DA_WARPS][GROUP], s_sum[DA_WARPS][GROUP], s_acc[DA_WARPS][GROUP][DA_MAX_DIM];
+    __shared__ float s_max[DA_WARPS][GROUP], s_sum[DA_WARPS][GROUP], s_acc[DA_WARPS][GROUP][32 * DIMS];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
         if (lane == 0) {
             s_max[warp][g] = run_max[g];
             s_sum[warp][g] = run_sum[g];
         }
-        if (sub == 0 && dims) {
 #pragma unroll
-            for (int j = 0; j < DA_DIMS; ++j) s_acc[warp][g][d0 + j] = acc[g][j];
+        for (int r = 0; r < RUNS; ++r) {
+            int d = d0 + r * stride;
+            if (sub == 0 && d < head_dim) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) s_acc[warp][g][d + j] = acc[g][4 * r + j];
+            }
         }
     }
     __syncthreads();
     if (warp == 0 && sub == 0) {
 #pragma unroll
         for (int g = 0; g < GROUP; ++g) {
-            if (g >= group) break;
-            float m = s_max[0][g], total = s_sum[0][g], out[DA_DIMS];
+            if (g >= count) break;
+            float m = s_max[0][g], total = s_sum[0][g], out[DIMS];
 #pragma unroll
-            for (int j = 0; j < DA_DIMS; ++j) out[j] = dims ? s_acc[0][g][d0 + j] : 0.0f;
+            for (int j = 0; j < DIMS; ++j) {
+                int d = d0 + j / 4 * stride + j % 4;
+                out[j] = d < head_dim ? s_acc[0][g][d] : 0.0f;
+            }
 #pragma unroll
             for (int w = 1; w < DA_WARPS; ++w) {
-                float other[DA_DIMS];
+                float other[DIMS];
 #pragma unroll
-                for (int j = 0; j < DA_DIMS; ++j) other[j] = dims ? s_acc[w][g][d0 + j] : 0.0f;
-                merge(m, total, out, s_max[w][g], s_sum[w][g], other);
+                for (int j = 0; j < DIMS; ++j) {
+                    int d = d0 + j / 4 * stride + j % 4;
+                    other[j] = d < head_dim ? s_acc[w][g][d] : 0.0f;
+                }
+                merge<DIMS>(m, total, out, s_max[w][g], s_sum[w][g], other);
             }
-            size_t at = (size_t(seq) * heads + kv_head * group + g) * splits + split;
+            size_t at = (size_t(seq) * heads + head0 + g) * splits + split;
             if (lane == 0) {
                 part_max[at] = m;
                 part_sum[at] = total;
             }
-            if (dims) {
 #pragma unroll
-                for (int j = 0; j < DA_DIMS; ++j) part_acc[at * head_dim + d0 + j] = out[j];
+            for (int j = 0; j < DIMS; ++j) {
+                int d = d0 + j / 4 * stride + j % 4;
+                if (d < head_dim) part_acc[at * head_dim + d] = out[j];
             }
         }
     }

@@ -9,20 +9,22 @@
 // takes 16 query rows, a row being one (token, head) pair of the KV head's group, so the rows
 // of a GQA group share every K/V tile. Per tile of 32 keys, the block stages K and V in shared
 // memory; each warp scores its 4 rows against the tile (a lane per key), keeps an online
-// softmax per row in fp32, and accumulates the output (4 dims a lane).
+// softmax per row in fp32, and accumulates the output (DIMS dims a lane, a template argument: 4
+// for a head_dim of up to 128, 8 up to 256). The staged tiles are dynamic shared memory sized by
+// head_dim, prefill_shared_bytes in model/ops/cuda_ops.py: (16 + 2 * 32) * head_dim + 32 floats,
+// 41 KB at 128 and 82 KB at 256 (past the 48 KB default: the launch raises the kernel's limit).
 //
 // q, out: (tokens, heads, head_dim), the step's query tokens, sequence after sequence;
 // query_starts: (seqs + 1) int32 offsets into them; context_lens: (seqs) int32;
 // block_tables: (seqs, max_blocks) int32; caches: (kv_heads, blocks, block_size, head_dim).
-// Limits: head_dim <= 128.
+// Limits: head_dim <= 32 * DIMS.
 #include "common.cuh"
 
 #define PA_ROWS 16
 #define PA_ROWS_PER_WARP 4
 #define PA_KEYS 32
-#define PA_DIMS 4
 
-template <typename T>
+template <typename T, int DIMS>
 __global__ void __launch_bounds__(128) prefill_attention(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
     const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
@@ -36,9 +38,9 @@ __global__ void __launch_bounds__(128) prefill_attention(
     int row0 = blockIdx.x * PA_ROWS;
     if (row0 >= query_len * group) return;
 
-    __shared__ float s_q[PA_ROWS][PA_DIMS * 32];
-    __shared__ float s_k[PA_KEYS][PA_DIMS * 32 + 1];  // +1: lanes read different rows, no bank conflicts
-    __shared__ float s_v[PA_KEYS][PA_DIMS * 32];
+    SPOOL_DYNAMIC_SMEM(float, s_q);  // PA_ROWS x head_dim
+    float* s_k = s_q + PA_ROWS * head_dim;  // PA_KEYS x (head_dim + 1): lanes read different rows, no bank conflicts
+    float* s_v = s_k + PA_KEYS * (head_dim + 1);  // PA_KEYS x head_dim
 
     // Stage the block's queries (row = token * group + g), scaled.
     for (int j = threadIdx.x; j < PA_ROWS * head_dim; j += blockDim.x) {
@@ -48,19 +50,19 @@ __global__ void __launch_bounds__(128) prefill_attention(
             int token = row / group, g = row % group;
             value = to_float(q[(size_t(first + token) * heads + kv_head * group + g) * head_dim + d]) * scale;
         }
-        s_q[r][d] = value;
+        s_q[r * head_dim + d] = value;
     }
     int last_row = min(row0 + PA_ROWS, query_len * group) - 1;
     int keys_end = offset + last_row / group + 1;  // the block's last query sees keys < keys_end
     int keys_begin = window > 0 ? max(0, offset + row0 / group - window + 1) / PA_KEYS * PA_KEYS : 0;
 
-    float acc[PA_ROWS_PER_WARP][PA_DIMS], run_max[PA_ROWS_PER_WARP], run_sum[PA_ROWS_PER_WARP];
+    float acc[PA_ROWS_PER_WARP][DIMS], run_max[PA_ROWS_PER_WARP], run_sum[PA_ROWS_PER_WARP];
 #pragma unroll
     for (int i = 0; i < PA_ROWS_PER_WARP; ++i) {
         run_max[i] = neg_inf();
         run_sum[i] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < PA_DIMS; ++j) acc[i][j] = 0.0f;
+        for (int j = 0; j < DIMS; ++j) acc[i][j] = 0.0f;
     }
 
     const int* table = block_tables + size_t(seq) * max_blocks;
@@ -75,8 +77,8 @@ __global__ void __launch_bounds__(128) prefill_attention(
                 k = to_float(cache_k[at]);
                 v = to_float(cache_v[at]);
             }
-            s_k[key][d] = k;
-            s_v[key][d] = v;
+            s_k[key * (head_dim + 1) + d] = k;
+            s_v[key * head_dim + d] = v;
         }
         __syncthreads();
 #pragma unroll
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(128) prefill_attention(
             int visible = offset + row / group;  // this row's query sees keys 0..visible
             int pos = tile + lane;
             float score = 0.0f;
-            for (int d = 0; d < head_dim; ++d) score += s_q[r][d] * s_k[lane][d];
+            for (int d = 0; d < head_dim; ++d) score += s_q[r * head_dim + d] * s_k[lane * (head_dim + 1) + d];
             if (softcap > 0.0f) score = softcap * tanhf(score / softcap);
             if (pos > visible || (window > 0 && pos <= visible - window)) score = neg_inf();
             float tile_max = warp_reduce(score, Max());
@@ -96,12 +98,12 @@ __global__ void __launch_bounds__(128) prefill_attention(
             run_sum[i] = run_sum[i] * correction + warp_sum(p);
             run_max[i] = new_max;
 #pragma unroll
-            for (int j = 0; j < PA_DIMS; ++j) acc[i][j] *= correction;
+            for (int j = 0; j < DIMS; ++j) acc[i][j] *= correction;
             for (int key = 0; key < PA_KEYS; ++key) {
                 float pk = __shfl_sync(0xffffffffu, p, key);
 #pragma unroll
-                for (int j = 0; j < PA_DIMS; ++j)
-                    if (lane + 32 * j < head_dim) acc[i][j] += pk * s_v[key][lane + 32 * j];
+                for (int j = 0; j < DIMS; ++j)
+                    if (lane + 32 * j < head_dim) acc[i][j] += pk * s_v[key * head_dim + lane + 32 * j];
             }
         }
     }
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(128) prefill_attention(
         size_t base = (size_t(first + token) * heads + kv_head * group + g) * head_dim;
         float total = run_sum[i] + (sinks ? __expf(sinks[kv_head * group + g] - run_max[i]) : 0.0f);
 #pragma unroll
-        for (int j = 0; j < PA_DIMS; ++j)
+        for (int j = 0; j < DIMS; ++j)
             if (lane + 32 * j < head_dim) out[base + lane + 32 * j] = from_float<T>(acc[i][j] / total);
     }
 }

@@ -1,17 +1,23 @@
 // Paged prefill attention on tensor cores (WMMA, 16 x 16 x 16 tiles, fp32 accumulation), for
-// fp16 and bf16 and a head_dim that is a multiple of 16 (at most 128); prefill_attention.cu's
+// fp16 and bf16 and a head_dim that is a multiple of 16 (at most 256); prefill_attention.cu's
 // CUDA-core kernel serves the rest. The same contract: causal, on top of a cached prefix, a
 // query at position p sees keys 0..p through the block table, rows being (token, head) pairs of
 // one KV head's group so a GQA group shares every K/V tile; a sliding window and soft-capped
 // scores as there.
 //
 // Grid (ceil(query_len * group / 64), seqs, kv_heads), 128 threads: each warp takes 16 query
-// rows, the block 64, and the block stages 32 keys of K and V at a time in shared memory. Two
-// passes over the keys, so that no accumulator fragment is ever rescaled (a fragment's layout
+// rows, the block 64, and the block stages 32 keys of K and V at a time in shared memory.
+// Passes over the keys, so that no accumulator fragment is ever rescaled (a fragment's layout
 // across the lanes is not CUDA's to rely on): the first finds each row's softmax max and sum
-// from S = Q K^T, the second recomputes S and adds P V with P = exp(S - max) / sum, rounded to
-// the storage type as the tensor cores take it. The output goes out through shared memory, a
-// 16 x 16 tile at a time.
+// from S = Q K^T; each later one recomputes S and adds P V for 128 dims of the output (8
+// accumulator tiles in registers: one value pass up to a head_dim of 128, two up to 256), with
+// P = exp(S - max) / sum rounded to the storage type as the tensor cores take it. The output
+// goes out through shared memory, a 16 x 16 tile at a time, after each value pass.
+//
+// The queries and the key tile, full head_dim rows, are dynamic shared memory:
+// (64 + 32) * (head_dim + 8) elements, prefill_shared_bytes in model/ops/cuda_ops.py; with the
+// static rest, 46 KB at a head_dim of 128 and 70 KB at 256 (past the 48 KB default: the launch
+// raises the kernel's limit).
 //
 // q, out: (tokens, heads, head_dim); query_starts: (seqs + 1) int32; context_lens: (seqs) int32;
 // block_tables: (seqs, max_blocks) int32; caches: (kv_heads, blocks, block_size, head_dim).
@@ -25,8 +31,8 @@
 #define TC_WARPS 4
 #define TC_ROWS 16  // query rows a warp takes: one tile
 #define TC_KEYS 32  // keys a block stages at once: two tiles
-#define TC_TILES 8  // head_dim / 16 at most
-#define TC_STRIDE (16 * TC_TILES + 8)  // shared rows padded: tiles stay 32-byte aligned, banks spread
+#define TC_TILES 8  // output tiles of 16 dims a value pass
+#define TC_V_STRIDE (16 * TC_TILES + 8)  // shared rows padded by 8: tiles stay 32-byte aligned, banks spread
 
 using namespace nvcuda;
 
@@ -34,24 +40,30 @@ template <typename T>
 using TileA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
 using Accumulator = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// The warp's 16 x 32 scores, S = Q K^T over head_dim, into scores (row-major, TC_KEYS a row).
+// The warp's 16 x 32 scores, S = Q K^T over head_dim, into scores (row-major, TC_KEYS a row);
+// queries and keys are rows of `stride` elements.
 template <typename T>
-__device__ __forceinline__ void score_tile(float* scores, const T* queries, const T* keys, int tiles) {
+__device__ __forceinline__ void score_tile(float* scores, const T* queries, const T* keys, int tiles, int stride) {
     Accumulator s[2];
     wmma::fill_fragment(s[0], 0.0f);
     wmma::fill_fragment(s[1], 0.0f);
     for (int d = 0; d < tiles; ++d) {
         TileA<T> a;
-        wmma::load_matrix_sync(a, queries + 16 * d, TC_STRIDE);
+        wmma::load_matrix_sync(a, queries + 16 * d, stride);
 #pragma unroll
         for (int n = 0; n < 2; ++n) {  // K as stored (key-major) is K^T column-major
             wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-            wmma::load_matrix_sync(b, keys + 16 * n * TC_STRIDE + 16 * d, TC_STRIDE);
+            wmma::load_matrix_sync(b, keys + 16 * n * stride + 16 * d, stride);
             wmma::mma_sync(s[n], a, b, s[n]);
         }
     }
     wmma::store_matrix_sync(scores, s[0], TC_KEYS, wmma::mem_row_major);
     wmma::store_matrix_sync(scores + 16, s[1], TC_KEYS, wmma::mem_row_major);
+}
+
+// Where key pos's row starts in a cache of the KV head at head_base, through the block table.
+__device__ __forceinline__ size_t key_row(const int* table, size_t head_base, int pos, int block_size, int head_dim) {
+    return (head_base + size_t(table[pos / block_size]) * block_size + pos % block_size) * head_dim;
 }
 
 template <typename T>
@@ -68,9 +80,10 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
     int rows = query_len * group, row0 = blockIdx.x * TC_WARPS * TC_ROWS;
     if (row0 >= rows) return;
 
-    __shared__ __align__(32) T s_q[TC_WARPS * TC_ROWS][TC_STRIDE];
-    __shared__ __align__(32) T s_k[TC_KEYS][TC_STRIDE];
-    __shared__ __align__(32) T s_v[TC_KEYS][TC_STRIDE];
+    int stride = head_dim + 8;  // shared rows of the queries and keys, padded as TC_V_STRIDE
+    SPOOL_DYNAMIC_SMEM(T, s_q);  // TC_WARPS * TC_ROWS rows, then the key tile's TC_KEYS
+    T* s_k = s_q + TC_WARPS * TC_ROWS * stride;
+    __shared__ __align__(32) T s_v[TC_KEYS][TC_V_STRIDE];  // a value pass's 128 dims of the key tile
     __shared__ __align__(32) float s_s[TC_WARPS][TC_ROWS][TC_KEYS];  // scores; then output tiles
     __shared__ __align__(32) T s_p[TC_WARPS][TC_ROWS][TC_KEYS];
 
@@ -79,7 +92,7 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
         float value = 0.0f;
         if (row < rows)
             value = to_float(q[(size_t(first + row / group) * heads + kv_head * group + row % group) * head_dim + d]) * scale;
-        s_q[r][d] = from_float<T>(value);
+        s_q[r * stride + d] = from_float<T>(value);
     }
     int keys_end = offset + (min(row0 + TC_WARPS * TC_ROWS, rows) - 1) / group + 1;  // the last row's keys
     int keys_begin = window > 0 ? max(0, offset + row0 / group - window + 1) / TC_KEYS * TC_KEYS : 0;
@@ -95,22 +108,23 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
 #pragma unroll
     for (int t = 0; t < TC_TILES; ++t) wmma::fill_fragment(acc[t], 0.0f);
 
-    for (int pass = 0; pass < 2; ++pass) {
+    int value_passes = (tiles + TC_TILES - 1) / TC_TILES;
+    for (int pass = 0; pass <= value_passes; ++pass) {
+        int dim0 = 16 * TC_TILES * (pass - 1), out_tiles = min(TC_TILES, tiles - TC_TILES * (pass - 1));  // values'
         for (int tile = keys_begin; tile < keys_end; tile += TC_KEYS) {
             __syncthreads();  // the last tile is read (and the queries staged, the first time)
             for (int j = threadIdx.x; j < TC_KEYS * head_dim; j += blockDim.x) {
                 int key = j / head_dim, d = j % head_dim, pos = tile + key;
-                T k = from_float<T>(0.0f), v = from_float<T>(0.0f);
-                if (pos < keys_end) {
-                    size_t at = (head_base + size_t(table[pos / block_size]) * block_size + pos % block_size) * head_dim;
-                    k = cache_k[at + d];
-                    if (pass) v = cache_v[at + d];
-                }
-                s_k[key][d] = k;
-                s_v[key][d] = v;
+                s_k[key * stride + d] =
+                    pos < keys_end ? cache_k[key_row(table, head_base, pos, block_size, head_dim) + d] : from_float<T>(0.0f);
+            }
+            for (int j = threadIdx.x; pass && j < TC_KEYS * 16 * out_tiles; j += blockDim.x) {
+                int key = j / (16 * out_tiles), d = j % (16 * out_tiles), pos = tile + key;
+                s_v[key][d] = pos < keys_end ? cache_v[key_row(table, head_base, pos, block_size, head_dim) + dim0 + d]
+                                             : from_float<T>(0.0f);
             }
             __syncthreads();
-            score_tile(scores, &s_q[warp * TC_ROWS][0], &s_k[0][0], tiles);
+            score_tile(scores, &s_q[warp * TC_ROWS * stride], s_k, tiles, stride);
             __syncwarp();
             for (int c = 0; c < 16; ++c) {
                 int pos = tile + half + c;
@@ -135,9 +149,9 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
                 wmma::load_matrix_sync(p, &s_p[warp][0][16 * k], TC_KEYS);
 #pragma unroll
                 for (int t = 0; t < TC_TILES; ++t) {
-                    if (t >= tiles) break;
+                    if (t >= out_tiles) break;
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> v;
-                    wmma::load_matrix_sync(v, &s_v[16 * k][16 * t], TC_STRIDE);
+                    wmma::load_matrix_sync(v, &s_v[16 * k][16 * t], TC_V_STRIDE);
                     wmma::mma_sync(acc[t], p, v, acc[t]);
                 }
             }
@@ -155,21 +169,22 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
                 row_sum = (row_max == neg_inf() ? 0.0f : row_sum * __expf(row_max - top)) + __expf(sink - top);
                 row_max = top;
             }
+            continue;
         }
-    }
-
-    __syncwarp();
+        __syncwarp();
 #pragma unroll
-    for (int t = 0; t < TC_TILES; ++t) {  // out, a 16 x 16 tile at a time through the scores' space
-        if (t >= tiles) break;
-        wmma::store_matrix_sync(scores, acc[t], TC_KEYS, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 16 * 16; e += 32) {
-            int r = e / 16, d = 16 * t + e % 16, row = row0 + warp * TC_ROWS + r;
-            if (row < rows)
-                out[(size_t(first + row / group) * heads + kv_head * group + row % group) * head_dim + d] =
-                    from_float<T>(scores[r * TC_KEYS + e % 16]);
+        for (int t = 0; t < TC_TILES; ++t) {  // out, a 16 x 16 tile at a time through the scores' space
+            if (t >= out_tiles) break;
+            wmma::store_matrix_sync(scores, acc[t], TC_KEYS, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 16 * 16; e += 32) {
+                int r = e / 16, d = dim0 + 16 * t + e % 16, row = row0 + warp * TC_ROWS + r;
+                if (row < rows)
+                    out[(size_t(first + row / group) * heads + kv_head * group + row % group) * head_dim + d] =
+                        from_float<T>(scores[r * TC_KEYS + e % 16]);
+            }
+            __syncwarp();
+            wmma::fill_fragment(acc[t], 0.0f);  // for the next value pass
         }
-        __syncwarp();
     }
 }

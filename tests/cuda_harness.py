@@ -45,10 +45,15 @@ def poisoned(shape, dtype: str) -> np.ndarray:
 
 
 class CpuKernel:
+    max_dynamic_shared_size_bytes = 48 << 10  # a GPU's default (less the static); a launch past it fails
+
     def __init__(self, function, name: str):
         self.function, self.name = function, name
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        if shared_mem > self.max_dynamic_shared_size_bytes:
+            raise KernelFailed(f"{self.name}: {shared_mem} bytes of dynamic shared memory, past the kernel's limit"
+                               f" ({self.max_dynamic_shared_size_bytes}); raise max_dynamic_shared_size_bytes first")
         grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
         keep, pointers = [], (ctypes.c_void_p * max(1, len(args)))()
         for i, a in enumerate(args):
@@ -182,6 +187,14 @@ class DeviceKernel:
 
     def __init__(self, function):
         self.function = function
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self.function.max_dynamic_shared_size_bytes
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, size: int) -> None:
+        self.function.max_dynamic_shared_size_bytes = size
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         import cupy

@@ -1,16 +1,18 @@
 """Every CUDA kernel against its NumPy twin, through the CPU harness (no GPU needed): fresh random
-inputs at several shapes (ragged lengths, GQA ratios 1, 3, 4 and 8, contexts that end on and off
-block boundaries, decode split over the context), outputs poisoned with NaN first so an element
-left unwritten fails. The reference gets the same storage-rounded inputs. Tolerances: float32
-kernels match to float32 rounding (1e-5 relative); in float16 and bfloat16 the kernel rounds
-its output once from fp32 while the reference does not, so they may differ by about two units
-in the last place of the storage type."""
+inputs at several shapes (ragged lengths, GQA ratios 1, 3, 4 and 8, and 12 and 16 past one
+block's heads, head_dim up to 256, contexts that end on and off block boundaries, decode split
+over the context), outputs poisoned with NaN first so an element left unwritten fails. The
+reference gets the same storage-rounded inputs. Tolerances: float32 kernels match to float32
+rounding (1e-5 relative); in float16 and bfloat16 the kernel rounds its output once from fp32
+while the reference does not, so they may differ by about two units in the last place of the
+storage type."""
 
 import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher, DeviceLauncher, as_float, gpu_available, poisoned, storage
-from model.ops.kernels import TENSOR_CORE_TYPES, name_expression, variant
+from model.ops.cuda_ops import CudaOps, decode_blocks, prefill_shared_bytes, prefill_variant
+from model.ops.kernels import TENSOR_CORE_TYPES, name_expression
 from model.ops.numpy_ops import NumpyOps, _apply_penalties
 from model.ops.protocol import SampleBatch
 
@@ -187,8 +189,9 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
     part_max, part_sum = poisoned((seqs, heads, splits), "float32"), poisoned((seqs, heads, splits), "float32")
     part_acc = poisoned((seqs, heads, splits, head_dim), "float32")
     out = poisoned((seqs, heads, head_dim), dtype)
-    kernel(launcher, "decode_attention.cu", "decode_attention", dtype, variant("decode_attention", heads // kv_heads))(
-        (kv_heads, seqs, splits), (128,),
+    instance, blocks = decode_blocks(heads, kv_heads, head_dim)
+    kernel(launcher, "decode_attention.cu", "decode_attention", dtype, instance)(
+        (blocks, seqs, splits), (128,),
         (part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(heads), np.int32(kv_heads),
          np.int32(head_dim), np.int32(block_size), np.int32(tables.shape[1]), np.int32(num_blocks),
          np.int32(min_split), np.float32(head_dim ** -0.5), np.int32(window), np.float32(softcap)))
@@ -200,7 +203,9 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 3, 96),
-                                                   (4, 2, 32)])  # 96: a partial sub-warp; 32: four a warp
+                                                   (4, 2, 32),  # 96: a partial sub-warp; 32: four a warp
+                                                   (16, 1, 32), (24, 2, 64),  # groups of 16 and 12: in chunks of 8
+                                                   (8, 1, 256), (4, 2, 160)])  # 8 a lane: chunks of 4; a part-run
 @pytest.mark.parametrize("min_split,window,softcap,sunk", [
     (512, 0, 0.0, False), (48, 0, 0.0, False),  # one split; several, so the reduce merges them
     (48, 40, 2.5, False),  # a sliding window (rows shorter and longer than it) and Gemma 2's soft cap
@@ -228,11 +233,12 @@ def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_rows_decode_attention_is_the_same_bits_in_any_batch(launcher, dtype):
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 2, 64), (8, 1, 256)])
+def test_a_rows_decode_attention_is_the_same_bits_in_any_batch(launcher, dtype, heads, kv_heads, head_dim):
     """A sequence's context splits by its own length only: alone, beside a longer row (more
     splits in the grid), and with a graph's fixed split count, its output is the same bits."""
     rng = np.random.default_rng(11)
-    heads, kv_heads, head_dim, min_split = 8, 2, 64, 48
+    min_split = 48
     context_lens = np.array([130, 400], dtype=np.int32)
     cache_k, cache_v, tables = paged_cache(rng, context_lens, kv_heads, head_dim)
     cache_k, cache_v = storage(cache_k, dtype), storage(cache_v, dtype)
@@ -242,6 +248,24 @@ def test_a_rows_decode_attention_is_the_same_bits_in_any_batch(launcher, dtype):
     graphed = decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=16)
     assert np.array_equal(alone[0], beside[0]) and np.array_equal(alone[0], graphed[0])
     assert np.array_equal(beside, graphed)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # prefill on CUDA cores; on tensor cores
+def test_cuda_ops_attend_with_gemma_heads_in_groups_of_16(dtype):
+    """CudaOps.paged_attention's own launches at head_dim 256 with 16 query heads a KV head: the
+    decode instance and its chunks, and each prefill kernel's dynamic shared memory past 48 KB
+    (the harness fails a launch whose limit was not raised first)."""
+    ops, rng = CudaOps(np, CpuLauncher(), dtype), np.random.default_rng(5)
+    heads, kv_heads, head_dim, context_lens = 32, 2, 256, [12, 21]
+    cache_k, cache_v, tables = paged_cache(rng, context_lens, kv_heads, head_dim)
+    for query_lens in ([12, 5], [1, 1]):  # a prompt and a chunk on a prefix; two decode rows
+        q = rng.standard_normal((sum(query_lens), heads, head_dim))
+        plan = (query_lens, context_lens, tables.tolist(), 16)
+        got = ops.paged_attention(storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype),
+                                  ops.attention_meta(*plan), head_dim ** -0.5)
+        want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype),
+                                     NUMPY.attention_meta(*plan), head_dim ** -0.5)
+        assert_close(got, want, dtype, floor=1.0)
 
 
 def paged_cache(rng, context_lens, kv_heads, head_dim, block_size=16):
@@ -261,7 +285,10 @@ PREFILL_KERNELS = [("prefill_attention", dtype, 16) for dtype in DTYPES] + [
 
 
 @pytest.mark.parametrize("name,dtype,rows_per_block", PREFILL_KERNELS)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 2, 96)])
+# (16, 1, 32): a group of 16; 256: 82 KB of shared memory on CUDA cores, two value passes on tensor
+# cores; 160: a second value pass of 2 tiles
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 2, 96),
+                                                   (16, 1, 32), (4, 2, 256), (2, 1, 160)])
 @pytest.mark.parametrize("window,softcap,sunk", [(0, 0.0, False), (13, 2.5, False), (13, 0.0, True)])
 def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, kv_heads, head_dim, window, softcap,
                                  sunk):
@@ -277,12 +304,13 @@ def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, k
     starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     out = poisoned((tokens, heads, head_dim), dtype)
     sinks = (2.0 * rng.standard_normal(heads)).astype(np.float32) if sunk else None
-    kernel(launcher, f"{name}.cu", name, dtype)(
-        (-(-max(query_lens) * (heads // kv_heads) // rows_per_block), len(query_lens), kv_heads), (128,),
+    prefill = kernel(launcher, f"{name}.cu", name, dtype, prefill_variant(name, head_dim))
+    shared = prefill.max_dynamic_shared_size_bytes = prefill_shared_bytes(name, head_dim, out.itemsize)
+    prefill((-(-max(query_lens) * (heads // kv_heads) // rows_per_block), len(query_lens), kv_heads), (128,),
         (out, storage(q, dtype), storage(cache_k, dtype), storage(cache_v, dtype), starts,
          np.array(context_lens, dtype=np.int32), tables, np.int32(heads), np.int32(kv_heads), np.int32(head_dim),
          np.int32(16), np.int32(tables.shape[1]), np.int32(cache_k.shape[1]), np.float32(head_dim ** -0.5),
-         np.int32(window), np.float32(softcap), np.uint64(0) if sinks is None else sinks))
+         np.int32(window), np.float32(softcap), np.uint64(0) if sinks is None else sinks), shared_mem=shared)
     meta = NUMPY.attention_meta(query_lens, context_lens, tables.tolist(), 16)
     want = NUMPY.paged_attention(rounded(q, dtype), rounded(cache_k, dtype), rounded(cache_v, dtype), meta,
                                  head_dim ** -0.5, window, softcap, sinks).reshape(tokens, heads, head_dim)

@@ -23,8 +23,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the CPU harness
 
 from model.ops.dtypes import to_bf16  # noqa: E402
-from model.ops.cuda_ops import DECODE_MIN_SPLIT, PREFILL_ROWS, PREFILL_TC_ROWS, decode_splits  # noqa: E402
-from model.ops.kernels import name_expression, variant  # noqa: E402
+from model.ops.cuda_ops import (DECODE_MIN_SPLIT, PREFILL_ROWS, PREFILL_TC_ROWS, decode_blocks,  # noqa: E402
+                                decode_splits, prefill_shared_bytes, prefill_variant)
+from model.ops.kernels import name_expression  # noqa: E402
 
 SHAPES = {"heads": 32, "kv_heads": 8, "head_dim": 128, "hidden": 4096, "block_size": 16}
 
@@ -105,16 +106,16 @@ def main(argv=None) -> int:
     context_lens = xp.asarray(np.full(args.seqs, args.context, dtype=np.int32))
     q = bf16_random(xp, (args.seqs, s["heads"], s["head_dim"]), rng)
     attn_out = xp.empty_like(q)
-    splits = min(decode_splits(launcher.multiprocessors, s["kv_heads"]), -(-args.context // DECODE_MIN_SPLIT))
+    instance, blocks = decode_blocks(s["heads"], s["kv_heads"], s["head_dim"])
+    splits = min(decode_splits(launcher.multiprocessors, blocks), -(-args.context // DECODE_MIN_SPLIT))
     part_max = xp.empty((args.seqs, s["heads"], splits), dtype=np.float32)
     part_sum = xp.empty_like(part_max)
     part_acc = xp.empty((args.seqs, s["heads"], splits, s["head_dim"]), dtype=np.float32)
-    decode = launcher.function("decode_attention.cu", name_expression(
-        "decode_attention", "bfloat16", variant("decode_attention", s["heads"] // s["kv_heads"])))
+    decode = launcher.function("decode_attention.cu", name_expression("decode_attention", "bfloat16", instance))
     reduce = launcher.function("decode_attention.cu", name_expression("decode_attention_reduce", "bfloat16"))
 
     def attention():
-        decode((s["kv_heads"], args.seqs, splits), (128,), (
+        decode((blocks, args.seqs, splits), (128,), (
             part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(s["heads"]),
             np.int32(s["kv_heads"]), np.int32(s["head_dim"]), np.int32(s["block_size"]), np.int32(blocks_each),
             np.int32(num_blocks), np.int32(DECODE_MIN_SPLIT), np.float32(s["head_dim"] ** -0.5), np.int32(0),
@@ -137,12 +138,14 @@ def main(argv=None) -> int:
     starts, lens = xp.asarray(np.array([0, n], dtype=np.int32)), xp.asarray(np.array([n], dtype=np.int32))
     flops = 4 * s["heads"] * s["head_dim"] * n * (n + 1) // 2
     for name, rows in (("prefill_attention", PREFILL_ROWS), ("prefill_attention_tc", PREFILL_TC_ROWS)):
-        kernel = launcher.function(f"{name}.cu", name_expression(name, "bfloat16"))
+        variant = prefill_variant(name, s["head_dim"])
+        kernel = launcher.function(f"{name}.cu", name_expression(name, "bfloat16", variant))
+        shared = kernel.max_dynamic_shared_size_bytes = prefill_shared_bytes(name, s["head_dim"], 2)
         grid = (-(-n * (s["heads"] // s["kv_heads"]) // rows), 1, s["kv_heads"])
         args_ = (prefill_out, q, cache_k, cache_v, starts, lens, table, np.int32(s["heads"]), np.int32(s["kv_heads"]),
                  np.int32(s["head_dim"]), np.int32(s["block_size"]), np.int32(pages), np.int32(pages),
                  np.float32(s["head_dim"] ** -0.5), np.int32(0), np.float32(0.0), np.uint64(0))
-        seconds = timer(lambda: kernel(grid, (128,), args_), args.repeat)
+        seconds = timer(lambda: kernel(grid, (128,), args_, shared_mem=shared), args.repeat)
         results[name] = {"bytes": 2 * (2 * q.size + 2 * cache_k.size), "seconds": seconds, "flops": flops}
 
     copy_rate = results["copy"]["bytes"] / results["copy"]["seconds"]

@@ -22,7 +22,7 @@ import numpy as np
 from model.errors import ModelError, one_line
 from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
-from model.ops.kernels import TENSOR_CORE_TYPES, name_expression, variant
+from model.ops.kernels import TENSOR_CORE_TYPES, decode_variant, name_expression
 from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
 
@@ -30,18 +30,42 @@ THREADS = 128
 DECODE_MIN_SPLIT = 256  # context tokens a decode block takes at least; longer contexts are split and reduced
 PREFILL_ROWS = 16  # (token, head) rows per prefill attention block
 PREFILL_TC_ROWS = 64  # the same on tensor cores: 16 a warp
+PREFILL_KEYS = 32  # keys a prefill block stages at a time, either kernel
 NULL = np.uint64(0)  # a null pointer argument (an optional array left out)
 MOE_TILE_ROWS, MOE_TILE_COLS = 16, 64  # a grouped GEMM block's rows (of one expert) and columns: cuda/moe.cu
 
 log = logging.getLogger("spool.model")
 
 
-def decode_splits(multiprocessors: int, kv_heads: int) -> int:
-    """The most parts a sequence's context is split into for decode attention: enough blocks for
-    two per multiprocessor at batch 1, so a long context keeps the whole GPU busy. Fixed for a
-    model on a device, so a row's split (and its result) never depends on the batch, and a
-    decode graph's partials are sized by this, not by max_model_len."""
-    return max(1, min(64, -(-2 * multiprocessors // kv_heads)))
+def decode_splits(multiprocessors: int, blocks: int) -> int:
+    """The most parts a sequence's context is split into for decode attention, given its blocks a
+    split (decode_blocks): enough blocks for two per multiprocessor at batch 1, so a long context
+    keeps the whole GPU busy. Fixed for a model on a device, so a row's split (and its result)
+    never depends on the batch, and a decode graph's partials are sized by this, not by
+    max_model_len."""
+    return max(1, min(64, -(-2 * multiprocessors // blocks)))
+
+
+def decode_blocks(heads: int, kv_heads: int, head_dim: int) -> tuple[tuple[int, int], int]:
+    """decode_attention's instance for a model, and its blocks a sequence and split: one per KV
+    head and chunk of the KV head's query heads (cuda/decode_attention.cu)."""
+    group = heads // kv_heads
+    instance = decode_variant(group, head_dim)
+    return instance, kv_heads * -(-group // instance[0])
+
+
+def prefill_variant(name: str, head_dim: int) -> tuple | None:
+    """A prefill attention kernel's instance for head_dim: prefill_attention's DIMS, the output
+    elements a lane accumulates (4 up to 128, 8 up to 256); the tensor-core kernel has none."""
+    return None if name == "prefill_attention_tc" else (4 if head_dim <= 128 else 8,)
+
+
+def prefill_shared_bytes(name: str, head_dim: int, itemsize: int) -> int:
+    """The dynamic shared memory of a prefill attention block: its staged queries and key (and,
+    on CUDA cores, value) tiles, full head_dim rows (cuda/prefill_attention*.cu)."""
+    if name == "prefill_attention_tc":
+        return (PREFILL_TC_ROWS + PREFILL_KEYS) * (head_dim + 8) * itemsize
+    return 4 * (PREFILL_ROWS * head_dim + PREFILL_KEYS * (2 * head_dim + 1))
 
 
 @dataclass
@@ -281,12 +305,13 @@ class CudaOps:
         out = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         if meta.decode:
             keys = min(meta.max_context, window) if window else meta.max_context
-            splits = min(decode_splits(self.launcher.multiprocessors, kv_heads), -(-keys // DECODE_MIN_SPLIT))
+            instance, blocks = decode_blocks(heads, kv_heads, head_dim)
+            splits = min(decode_splits(self.launcher.multiprocessors, blocks), -(-keys // DECODE_MIN_SPLIT))
             part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_sum = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_acc = self.xp.empty((seqs, heads, splits, head_dim), dtype=np.float32)
-            self.kernel("decode_attention.cu", "decode_attention", variant("decode_attention", heads // kv_heads))(
-                (kv_heads, seqs, splits), (THREADS,),
+            self.kernel("decode_attention.cu", "decode_attention", instance)(
+                (blocks, seqs, splits), (THREADS,),
                 (part_max, part_sum, part_acc, q, cache_k, cache_v, meta.block_tables, meta.context_lens, *common,
                  np.int32(DECODE_MIN_SPLIT), np.float32(scale), np.int32(window), np.float32(softcap)))
             self.kernel("decode_attention.cu", "decode_attention_reduce")(
@@ -295,10 +320,12 @@ class CudaOps:
         else:
             name, rows = self.prefill_kernel(head_dim)
             tiles = -(-max(meta.query_lens) * (heads // kv_heads) // rows)
-            self.kernel(f"{name}.cu", name)(
-                (tiles, seqs, kv_heads), (THREADS,),
-                (out, q, cache_k, cache_v, meta.query_starts, meta.context_lens, meta.block_tables, *common,
-                 np.float32(scale), np.int32(window), np.float32(softcap), optional(sinks)))
+            kernel = self.kernel(f"{name}.cu", name, prefill_variant(name, head_dim))
+            shared = prefill_shared_bytes(name, head_dim, q.itemsize)
+            kernel.max_dynamic_shared_size_bytes = shared  # the function's limit: 48 KB less its static by default
+            kernel((tiles, seqs, kv_heads), (THREADS,),
+                   (out, q, cache_k, cache_v, meta.query_starts, meta.context_lens, meta.block_tables, *common,
+                    np.float32(scale), np.int32(window), np.float32(softcap), optional(sinks)), shared_mem=shared)
         return out.reshape(tokens, heads * head_dim)
 
     def prefill_kernel(self, head_dim: int) -> tuple[str, int]:

@@ -30,25 +30,32 @@ KERNELS = {
 }
 # fp32 logits whatever the model's storage type; moe_align sorts integers
 UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_align"}
-# Kernels with a second template argument, and its instances: decode attention's GROUP sizes its
-# per-thread arrays for the query heads a KV head serves (the smallest instance >= the model's).
-VARIANTS = {"decode_attention": (1, 2, 4, 8)}
+# Kernels with more template arguments, and their instances: decode attention's (GROUP, DIMS) size
+# its per-thread arrays for the query heads a block serves and the elements of a row a lane holds
+# (no GROUP 8 at DIMS 8: its 128 floats of queries and accumulators spill).
+# prefill_attention's (DIMS,): the output elements a lane accumulates, 4 up to a head_dim of 128.
+VARIANTS = {"decode_attention": ((1, 4), (2, 4), (4, 4), (8, 4), (1, 8), (2, 8), (4, 8)),
+            "prefill_attention": ((4,), (8,))}
 TENSOR_CORE_TYPES = ("float16", "bfloat16")  # what WMMA multiplies
 DTYPES = {"prefill_attention_tc": TENSOR_CORE_TYPES}  # kernels not instantiated for every storage type
 
 
-def name_expression(kernel: str, dtype: str, variant: int | None = None) -> str:
+def name_expression(kernel: str, dtype: str, variant: tuple | None = None) -> str:
     if kernel in UNTYPED:
         return kernel
-    return f"{kernel}<{STORAGE_TYPES[dtype]}>" if variant is None else f"{kernel}<{STORAGE_TYPES[dtype]}, {variant}>"
+    return f"{kernel}<{', '.join([STORAGE_TYPES[dtype], *map(str, variant or ())])}>"
 
 
-def variant(kernel: str, at_least: int) -> int:
-    """The smallest instance of kernel's second template argument that is at least at_least."""
-    fits = [v for v in VARIANTS[kernel] if v >= at_least]
+def decode_variant(group: int, head_dim: int) -> tuple[int, int]:
+    """decode_attention's (GROUP, DIMS) for a model: the fewest elements a lane that cover head_dim
+    in a warp, and the smallest GROUP of those that takes the whole group, else the largest (the
+    group then goes in chunks of it, a block each)."""
+    fits = [v for v in VARIANTS["decode_attention"] if 32 * v[1] >= head_dim]
     if not fits:
-        raise ValueError(f"{kernel} serves at most {VARIANTS[kernel][-1]} query heads per KV head, not {at_least}")
-    return fits[0]
+        raise ValueError(f"decode_attention serves a head_dim of at most {32 * VARIANTS['decode_attention'][-1][1]},"
+                         f" not {head_dim}")
+    fits = [v for v in fits if v[1] == fits[0][1]]
+    return next((v for v in fits if v[0] >= group), fits[-1])
 
 
 def name_expressions(file: str) -> list[str]:
