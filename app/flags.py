@@ -154,8 +154,9 @@ def serve_arguments(parser) -> None:
       help=f"how the model writes tool calls, by vLLM's parser names: {', '.join(tools.FORMATS)}"
            " (default: read from the chat template's markers, else hermes)")
     a("--reasoning-parser", default=None, metavar="NAME",
-      help="how the model writes its thinking, returned as reasoning_content, by vLLM's parser names: deepseek_r1"
-           " and qwen3 (think tags), openai_gptoss (GPT-OSS's harmony analysis channel) (default: openai_gptoss"
+      help="how the model writes its thinking, returned as reasoning_content, by vLLM's parser names: deepseek_r1,"
+           " qwen3 and mistral (think tags: <think> or [THINK]), openai_gptoss (GPT-OSS's harmony analysis channel)"
+           " (default: openai_gptoss"
            " where the chat template writes an analysis channel, else think tags where they are tokens of the"
            " vocabulary)")
     a("--responses-store-ttl", type=float, default=limits.STORE_TTL, metavar="SECONDS",

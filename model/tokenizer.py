@@ -54,6 +54,9 @@ def chat_template_text(value: str | None) -> str | None:
 PROBE_ARGUMENTS = {"probe_key": "probe_value"}  # a tool call's, for what the chat template does with one
 
 
+# thinking tags: Qwen3's and DeepSeek-R1's, Mistral's (Magistral, Ministral 3 reasoning)
+THINK_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
+
 class Tokenizer:
     def __init__(self, model_dir: Path, chat_template: str | None = None, render_seconds: float | None = None,
                  render_chars: int | None = None):
@@ -87,8 +90,9 @@ class Tokenizer:
         # however the model's files list them (a GGUF's eos is <|return|> alone)
         eos |= {i for i in map(self.hf.token_to_id, ("<|return|>", "<|call|>")) if i is not None}
         self.eos_token_ids = frozenset(eos)
-        think = (self.hf.token_to_id("<think>"), self.hf.token_to_id("</think>"))
-        self.think_ids = None if None in think else think  # a reasoning model's thinking tags
+        # a reasoning model's thinking tags, as text and as ids: the first pair its vocabulary has
+        self.think_tags = next((tags for tags in THINK_TAGS if None not in map(self.hf.token_to_id, tags)), None)
+        self.think_ids = None if self.think_tags is None else tuple(map(self.hf.token_to_id, self.think_tags))
         self.skipped_ids: frozenset[int] | None = None  # set by keep_in_text: what decode drops
 
         template = cfg.get("chat_template")

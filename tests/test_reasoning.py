@@ -9,7 +9,7 @@ import pytest
 from app.server.reasoning import ReasoningParser
 from model.tokenizer import Tokenizer
 from live_server import LiveServer
-from tiny_model import make_tiny_model
+from tiny_model import THINKING_CHATML as CHATML_OPENING_THINK, make_tiny_model
 
 
 def split(inside: bool, pieces: list[str]) -> tuple[str, str]:
@@ -33,6 +33,40 @@ def test_every_split_of_the_text_gives_the_same_reasoning_and_content(inside, te
     for cut in range(1, len(text)):
         assert split(inside, [text[:cut], text[cut:]]) == expected
     assert split(inside, list(text)) == expected
+
+
+@pytest.mark.parametrize("inside, text, expected", [
+    (True, "weigh it up[/THINK]The answer.", ("weigh it up", "The answer.")),
+    (False, "[THINK]hmm[/THINK]Yes.", ("hmm", "Yes.")),
+    (False, "<think>not Mistral's</think>", ("", "<think>not Mistral's</think>")),
+])
+def test_mistral_tags_split_alike(inside, text, expected):
+    """Magistral's and Ministral 3's [THINK] ... [/THINK], cut anywhere."""
+    def split_mistral(pieces):
+        parser, reasoning, content = ReasoningParser(inside, ("[THINK]", "[/THINK]")), "", ""
+        for piece in [*pieces, None]:
+            r, c = parser.feed(piece) if piece is not None else parser.finish()
+            reasoning, content = reasoning + r, content + c
+        return reasoning, content
+
+    for cut in range(len(text)):
+        assert split_mistral([text[:cut], text[cut:]]) == expected
+
+
+def test_a_mistral_reasoning_model_thinks_in_its_own_tags(tmp_path):
+    """A vocabulary with [THINK] and [/THINK] (and no <think>): they are its tags, the budget
+    closes with [/THINK], and the reply splits at it."""
+    template = CHATML_OPENING_THINK.replace("<think>", "[THINK]")
+    model = make_tiny_model(tmp_path / "mistral-thinking", tokens=("[THINK]", "[/THINK]"), chat_template=template)
+    assert Tokenizer(model).think_tags == ("[THINK]", "[/THINK]")
+    s = LiveServer("--model", str(model), "--kv-cache-gib", "0.05")
+    try:
+        choice = chat(s, max_thinking_tokens=4)
+        assert tokens(choice)[4] == "[/THINK]"
+        assert choice["message"]["reasoning_content"] and choice["message"]["content"]
+        assert "[/THINK]" not in choice["message"]["reasoning_content"] + choice["message"]["content"]
+    finally:
+        assert s.stop() == 0, s.output()
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +152,8 @@ def test_thinking_tags_that_are_plain_text_bound_the_thought_by_their_bytes(tiny
     from app.server.reasoning import after_thinking
 
     grammars = Grammars(Tokenizer(tiny_dir))
-    text_tags = SimpleNamespace(think_ids=(0, 0), hf=SimpleNamespace(get_added_tokens_decoder=dict))
+    text_tags = SimpleNamespace(think_ids=(0, 0), think_tags=("<think>", "</think>"),
+                                hf=SimpleNamespace(get_added_tokens_decoder=dict))
     answer = llguidance.LLMatcher.grammar_from_regex("(yes|no)")
 
     def accepts(inside: bool, text: str) -> bool:

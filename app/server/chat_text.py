@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from app.server.reasoning import ReasoningParser
 from app.server.tools import ToolUse
 from app.server.tools.openai import HarmonyParser
+from model.tokenizer import THINK_TAGS
 
 
 @dataclass(frozen=True)
@@ -19,13 +20,15 @@ class Reading:
     tools: ToolUse | None = None
     thinks_from: bool | None = None
     harmony: bool = False
+    think_tags: tuple[str, str] = THINK_TAGS[0]  # the tags the model thinks between
 
 
 class ChatText:
     """One chat choice's text, as it streams, split into reasoning, content and tool calls."""
 
     def __init__(self, reading: Reading):
-        self.reasoning = ReasoningParser(reading.thinks_from) if reading.thinks_from is not None else None
+        self.reasoning = ReasoningParser(reading.thinks_from, reading.think_tags) \
+            if reading.thinks_from is not None else None
         self.harmony = HarmonyParser() if reading.harmony else None  # one parser reads all three
         self.calls = self.harmony or (reading.tools.parser() if reading.tools else None)
         self.tools = reading.tools

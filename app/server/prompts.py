@@ -20,7 +20,7 @@ from app.server.state import ServerState
 from app.server.tools import ToolFormat, ToolUse, prompt_messages
 from app.server.workers import off_loop
 from model.sampling import SamplingParams
-from model.tokenizer import ChatTemplateError
+from model.tokenizer import THINK_TAGS, ChatTemplateError
 
 
 def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
@@ -104,7 +104,8 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
     elif grammar_text is not None and state.reasoning == HARMONY and field != "tools":
         grammar_text = after_analysis(tokenizer, grammar_text)
     params = (generation_params(req, index, grammar_text, thinking) for index in range(req.n))
-    reading = Reading(tools, inside, harmony=state.reasoning == HARMONY)
+    reading = Reading(tools, inside, harmony=state.reasoning == HARMONY,
+                      think_tags=tokenizer.think_tags or THINK_TAGS[0])
     return Checked(check_choices(engine, [prompt], req.n, params, field), reading)
 
 

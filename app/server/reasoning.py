@@ -5,22 +5,25 @@ How the served model writes its thinking is settled once at start-up: named by
 writes one (GPT-OSS: app/server/harmony.py), else <think> tags where the vocabulary has them.
 
 A model thinks in tags when its vocabulary has `<think>` and `</think>` tokens (Qwen3,
-DeepSeek-R1 and their kin). The thinking is the text from the start of the output (the chat
-template may have written `<think>` already) or from a `<think>` the output opens with, up to
-`</think>`. max_thinking_tokens makes the engine write `</think>` once that many tokens were
-thought. An output format or tool grammar applies to the answer after the thinking, as vLLM's does.
+DeepSeek-R1 and their kin), or `[THINK]` and `[/THINK]` (Mistral's: Magistral, Ministral 3;
+model/tokenizer.THINK_TAGS). The thinking is the text from the start of the output (the chat
+template may have written the opening tag already) or from an opening tag the output starts
+with, up to the closing one. max_thinking_tokens makes the engine write the closing tag once
+that many tokens were thought. An output format or tool grammar applies to the answer after the thinking, as vLLM's does.
 """
 
 import json
+import re
 
 from app.engine import ThinkingBudget
 from app.server import harmony
 from app.server.formats import after
 from app.server.tools import partial_tag
+from model.tokenizer import THINK_TAGS
 
-START, END = "<think>", "</think>"
 THINK, HARMONY = "think", "harmony"
-PARSERS = {"deepseek_r1": THINK, "qwen3": THINK, "openai_gptoss": HARMONY}  # --reasoning-parser's names
+# --reasoning-parser's names, as vLLM's
+PARSERS = {"deepseek_r1": THINK, "qwen3": THINK, "mistral": THINK, "openai_gptoss": HARMONY}
 
 
 def detect(tokenizer) -> str | None:
@@ -58,7 +61,9 @@ def after_thinking(tokenizer, grammar: str, inside: bool) -> str:
     if end in tokenizer.hf.get_added_tokens_decoder():  # llguidance keeps added tokens out of text
         open_tag, body, rules = f"<[{start}]>", f"THOUGHT <[{end}]>", r"THOUGHT: /(.|\n)*/"
     else:
-        open_tag, body, rules = json.dumps(START), "thought", r"thought[lazy]: /(.|\n)*<\/think>/"
+        opening, closing = tokenizer.think_tags
+        open_tag, body = json.dumps(opening), "thought"
+        rules = "thought[lazy]: /(.|\\n)*" + re.escape(closing).replace("/", "\\/") + "/"
     top = f"start: {body} @answer" if inside else f"start: {open_tag} {body} @answer | @answer"
     return after(f"{top}\n{rules}\n", grammar)
 
@@ -66,8 +71,9 @@ def after_thinking(tokenizer, grammar: str, inside: bool) -> str:
 class ReasoningParser:
     """Splits one choice's text, as it streams, into reasoning and content."""
 
-    def __init__(self, inside: bool):
-        self.state = "thinking" if inside else "opening"  # opening: it may still start with <think>
+    def __init__(self, inside: bool, tags: tuple[str, str] = THINK_TAGS[0]):
+        self.state = "thinking" if inside else "opening"  # opening: it may still start with the opening tag
+        self.start, self.end = tags
         self.pending = ""
 
     def feed(self, text: str) -> tuple[str, str]:
@@ -76,20 +82,20 @@ class ReasoningParser:
         reasoning = content = ""
         if self.state == "opening":
             head = self.pending.lstrip()
-            if head.startswith(START):
-                self.state, self.pending = "thinking", head[len(START):]
-            elif START.startswith(head):
+            if head.startswith(self.start):
+                self.state, self.pending = "thinking", head[len(self.start):]
+            elif self.start.startswith(head):
                 return "", ""
             else:
                 self.state = "answering"
         if self.state == "thinking":
-            at = self.pending.find(END)
+            at = self.pending.find(self.end)
             if at < 0:
-                keep = partial_tag(self.pending, END)
+                keep = partial_tag(self.pending, self.end)
                 cut = len(self.pending) - keep
                 reasoning, self.pending = self.pending[:cut], self.pending[cut:]
                 return reasoning, ""
-            reasoning, self.pending = self.pending[:at], self.pending[at + len(END):]
+            reasoning, self.pending = self.pending[:at], self.pending[at + len(self.end):]
             self.state = "answering"
         if self.state == "answering":
             content, self.pending = self.pending, ""
