@@ -83,9 +83,9 @@ def template(name: str) -> str:
     return (FOLDER / f"{name}.jinja").read_text()
 
 
-def rendered(tok: Tokenizer, name: str) -> str:
+def rendered(tok: Tokenizer, name: str, messages: list[dict] = MESSAGES) -> str:
     """The conversation as the server renders it, through the server's own prompt path."""
-    req = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tools": [WEATHER],
+    req = ChatCompletionRequest.model_validate({"messages": messages, "tools": [WEATHER],
                                                 "chat_template_kwargs": KWARGS.get(name)})
     fmt = FORMATS[detect(tok.chat_template_source) or "hermes"](tok)
     ids = chat_prompt(tok, req.messages, ToolUse.of(req, fmt), True, req.template_variables(), fmt)
@@ -136,3 +136,29 @@ def test_a_call_in_the_templates_format_parses_back(name, tokenizer_json, gramma
     start = turn.find(fmt.opener) if fmt.opener and fmt.opener in turn else min(
         i for i in (turn.find("{"), turn.find("["), len(turn)) if i >= 0)
     assert CALL in parsed(fmt, turn[start:])[1]
+
+
+NINE_CHARACTER_IDS = [n for n in NAMES if "length != 9" in template(n)]
+
+
+@pytest.mark.parametrize("name", NINE_CHARACTER_IDS)
+def test_mistral_templates_take_the_ids_spool_and_other_servers_give(name, tokenizer_json):
+    """Mistral's templates refuse a call id that is not nine letters and digits: a history
+    whose ids came from another server (call_ and 24 hex digits) renders, the call and its
+    result still paired, and a call Spool reads in Mistral's format gets such an id."""
+    other = "call_" + "0123456789abcdef01234567"
+    messages = [*MESSAGES[:2], {**MESSAGES[2], "tool_calls": [{**MESSAGES[2]["tool_calls"][0], "id": other}]},
+                {**MESSAGES[3], "tool_call_id": other}]
+    tok = tokenizer(tokenizer_json, template(name))
+    text = rendered(tok, name, messages)
+    assert RESULT in text and other[-9:] in text and other not in text
+    fmt = FORMATS[detect(tok.chat_template_source)](tok)
+    parser = fmt.parser(None)
+    parser.feed(fmt.write_calls([CALL]))
+    parser.finish()
+    [call] = parser.calls
+    assert len(call["id"]) == 9 and call["id"].isalnum()
+
+
+def test_the_ids_checked_are_mistrals():
+    assert NINE_CHARACTER_IDS and all("istral" in n or "agistral" in n for n in NINE_CHARACTER_IDS)

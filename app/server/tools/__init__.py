@@ -150,8 +150,11 @@ def prompt_messages(messages: list[dict], tools: ToolUse | None, template_takes_
     with_arguments = _with_object_arguments if object_arguments else _with_json_arguments
     out = []
     for m in messages:
+        if m.get("tool_call_id"):
+            m = {**m, "tool_call_id": fmt.template_id(m["tool_call_id"])}
         if m.get("tool_calls") and writes_calls:
-            out.append({**m, "tool_calls": [with_arguments(c) for c in m["tool_calls"]]})
+            out.append({**m, "tool_calls": [with_arguments({**c, "id": fmt.template_id(c["id"])} if c.get("id") else c)
+                                            for c in m["tool_calls"]]})
         elif m.get("tool_calls"):
             calls = fmt.write_calls([(c.get("function", {}).get("name", ""), _arguments(c)) for c in m["tool_calls"]])
             out.append({**_without_calls(m), "content": "\n".join(filter(None, [m.get("content"), calls]))})

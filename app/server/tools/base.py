@@ -1,6 +1,7 @@
 """What every tool-call format shares: the markers it writes (a token of their own, or text),
 the JSON schema of one call, and the streaming parser's bookkeeping (OpenAI's tool call chunks)."""
 
+import hashlib
 import json
 import re
 import secrets
@@ -32,6 +33,16 @@ def call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
 
+def nine_alphanumerics(given: str | None = None) -> str:
+    """Mistral's call ids, which its templates check: a new one, or a client's id made one
+    (itself if it is one; else its last nine letters and digits; a short one hashed), the same
+    for a call and its result."""
+    if given is None:
+        return secrets.token_hex(5)[:9]
+    kept = "".join(c for c in given if c.isascii() and c.isalnum())
+    return kept[-9:] if len(kept) >= 9 else hashlib.sha256(given.encode()).hexdigest()[:9]
+
+
 def parameters(function: dict) -> dict:
     return function.get("parameters") or NO_PARAMETERS
 
@@ -59,6 +70,10 @@ class ToolFormat:
     name = ""
     opener = ""  # the text that opens the calls
     markers: tuple[str, ...] = ()  # every marker the parser reads, the opener among them
+
+    def template_id(self, given: str) -> str:
+        """An earlier call's id (and its result's tool_call_id) as the chat template takes it."""
+        return given
 
     def __init__(self, tokenizer=None):
         self.added = {} if tokenizer is None else {t.content: i for i, t in tokenizer.hf.get_added_tokens_decoder().items()}
@@ -168,8 +183,10 @@ class CallStream:
     def step(self) -> bool:
         raise NotImplementedError
 
+    new_id = staticmethod(call_id)  # a call's id, as the format's templates accept them
+
     def open_call(self, name: str, arguments: str = "") -> None:
-        call = {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+        call = {"id": self.new_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
         self.calls.append(call)
         self.chunks.append({"index": len(self.calls) - 1, **call, "function": dict(call["function"])})
 

@@ -11,7 +11,8 @@ or, in the newer templates (those that write [ARGS]), each call on its own:
 
 import json
 
-from app.server.tools.base import JsonCalls, JsonValueEnd, ToolFormat, call_schema, json_lark, parameters
+from app.server.tools.base import (JsonCalls, JsonValueEnd, ToolFormat, call_schema, json_lark, nine_alphanumerics,
+                                   parameters)
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 
@@ -37,6 +38,9 @@ class Mistral(ToolFormat):
     def parser(self, use=None):
         return MistralParser()
 
+    def template_id(self, given: str) -> str:
+        return nine_alphanumerics(given)
+
     def write_calls(self, calls):
         if self.args_marker:
             return "".join(f"{TOOL_CALLS}{n}{ARGS}{json.dumps(a, ensure_ascii=False)}" for n, a in calls)
@@ -47,6 +51,7 @@ class MistralParser(JsonCalls):
     """Either form: after [TOOL_CALLS], a "[" opens a list; anything else is a name up to [ARGS]."""
 
     separator, end = ",", "]"
+    new_id = staticmethod(nine_alphanumerics)
 
     def __init__(self):
         super().__init__()
