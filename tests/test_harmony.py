@@ -183,5 +183,5 @@ def test_the_flag_takes_vllms_names_only():
     _, args, _ = parse(["serve", "--reasoning-parser", "openai_gptoss"], environ={})
     validate_flags(args)
     args.reasoning_parser = "gptoss"
-    with pytest.raises(ValueError, match="--reasoning-parser 'gptoss' is not one of deepseek_r1, qwen3, openai_gptoss"):
+    with pytest.raises(ValueError, match="--reasoning-parser 'gptoss' is not one of deepseek_r1, qwen3, mistral, openai_gptoss"):
         validate_flags(args)
