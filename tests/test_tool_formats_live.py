@@ -123,5 +123,7 @@ def test_the_flag_names_the_format_over_the_template(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "app", "serve", "--model", str(path), "--tool-call-parser", "nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == ("error: --tool-call-parser 'nope' is not one of hermes, llama3_json, mistral,"
-                                   " qwen3_coder, deepseek_v3")
+    from app.server.tools import FORMATS
+
+    assert proc.stderr.strip() == f"error: --tool-call-parser 'nope' is not one of {', '.join(FORMATS)}"
+    assert len(FORMATS) > 25 and {"hermes", "mistral", "openai", "pythonic"} <= set(FORMATS)
