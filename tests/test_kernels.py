@@ -202,17 +202,16 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 3, 96),
-                                                   (4, 2, 32),  # 96: a partial sub-warp; 32: four a warp
-                                                   (16, 1, 32), (24, 2, 64),  # groups of 16 and 12: in chunks of 8
-                                                   (8, 1, 256), (4, 2, 160)])  # 8 a lane: chunks of 4; a part-run
-@pytest.mark.parametrize("min_split,window,softcap,sunk", [
-    (512, 0, 0.0, False), (48, 0, 0.0, False),  # one split; several, so the reduce merges them
-    (48, 40, 2.5, False),  # a sliding window (rows shorter and longer than it) and Gemma 2's soft cap
-    (48, 40, 0.0, True)])  # GPT-OSS's sinks, with its sliding window (on three shapes: the reduce adds them)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,min_split,window,softcap,sunk", [
+    (*shape, *case) for case in [
+        (512, 0, 0.0, False), (48, 0, 0.0, False),  # one split; several, so the reduce merges them
+        (48, 40, 2.5, False)]  # a sliding window (rows shorter and longer than it) and Gemma 2's soft cap
+    for shape in [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 3, 96),
+                  (4, 2, 32),  # 96: a partial sub-warp; 32: four a warp
+                  (16, 1, 32), (24, 2, 64),  # groups of 16 and 12: in chunks of 8
+                  (8, 1, 256), (4, 2, 160)]] + [  # 8 a lane: chunks of 4; a part-run
+    (*shape, 48, 40, 0.0, True) for shape in [(8, 2, 64), (24, 2, 64), (8, 1, 256)]])  # GPT-OSS's sinks, its window
 def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_split, window, softcap, sunk):
-    if sunk and (heads, kv_heads, head_dim) not in ((8, 2, 64), (24, 2, 64), (8, 1, 256)):
-        pytest.skip("sinks are checked on three shapes")
     rng = np.random.default_rng(heads * head_dim + min_split)
     block_size, num_blocks = 16, 40
     context_lens = np.array([1, 16, 33, 130, 47], dtype=np.int32)  # on and off block boundaries
