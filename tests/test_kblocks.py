@@ -72,15 +72,23 @@ TOLERANCE = 1e-4
 @pytest.mark.parametrize("rows, columns", [(1, 256), (17, 768), (100, 512)])
 def test_the_matmul_is_the_dequantized_one(qtype, rows, columns):
     """The integer GEMV at every row count, on the weights as gguf-py reads them."""
-    strips = packed(qtype, rows, columns)
+    assert_matmul_is_the_dequantized_one(packed(qtype, rows, columns), rows, (1, 3, 32, 33, 100))
+
+
+def assert_matmul_is_the_dequantized_one(strips, seed: int, token_counts) -> list[tuple[np.ndarray, np.ndarray]]:
+    """matmul(x, strips) at each token count against x rounded to int8 times the weights as
+    gguf-py reads them; the (x, result) pairs, for more checks."""
     weights = strips.dequantize()
-    rng = np.random.default_rng(rows)
-    for tokens in (1, 3, 32, 33, 100):
-        x = rng.standard_normal((tokens, columns), dtype=np.float32)
+    rng = np.random.default_rng(seed)
+    results = []
+    for tokens in token_counts:
+        x = rng.standard_normal((tokens, weights.shape[1]), dtype=np.float32)
         want = int8_activations(x) @ weights.T
         got = matmul(x, strips)
         assert got.shape == want.shape and got.flags.c_contiguous
         np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE * np.abs(want).max())
+        results.append((x, got))
+    return results
 
 
 @pytest.mark.parametrize("qtype", list(PACKERS), ids=lambda t: t.name)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 from reference import int8_activations
-from test_kblocks import TOLERANCE
+from test_kblocks import TOLERANCE, assert_matmul_is_the_dequantized_one
 
 from model.quant import blocks, levels
 from model.quant.gemv import gemv, grouped_gemv
@@ -65,14 +65,7 @@ def test_the_matmul_is_the_dequantized_one(rows, columns):
     """The integer GEMV at every row count (1 to 100: the 4-2-1 rows, AMX's tiles where the CPU
     has them), on the weights as gguf-py reads them; rows past the last not a whole strip."""
     strips = packed(rows, columns, seed=rows)
-    weights = strips.dequantize()
-    rng = np.random.default_rng(rows)
-    for tokens in (1, 3, 16, 33, 100):
-        x = rng.standard_normal((tokens, columns), dtype=np.float32)
-        want = int8_activations(x) @ weights.T
-        got = matmul(x, strips)
-        assert got.shape == want.shape and got.flags.c_contiguous
-        np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE * np.abs(want).max())
+    for x, got in assert_matmul_is_the_dequantized_one(strips, rows, (1, 3, 16, 33, 100)):
         np.testing.assert_array_equal(matmul(x[-1:], strips)[0], got[-1])
 
 
