@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from model.compute import on_compute_thread
 from model.config import ModelConfig
 from model.errors import is_failure, one_line
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, StateRows
@@ -90,6 +91,7 @@ def predicted(row: Row) -> Sequence[int]:
     return row.prompt_ids[row.start_pos + 1:row.start_pos + len(row.token_ids) + 1]
 
 
+@on_compute_thread
 def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | None = None,
                progress: bool | None = None) -> Llama:
     """The model on ops (NumpyOps when none), prepared layer by layer; progress as load_weights'."""
@@ -101,6 +103,7 @@ def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | Non
 
 
 class ModelRunner:
+    @on_compute_thread
     def __init__(self, config: ModelConfig, model: Llama, num_blocks: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, seed: int | None = None, state_slots: int = 1):
         """state_slots: a hybrid model's requests that may run at once (each holds one)."""
@@ -119,6 +122,7 @@ class ModelRunner:
         # the position at which a prompt token's attention takes as long as the rest of it
         self.prefill_break_even = config.attention_break_even / self.ops.attention_cost
 
+    @on_compute_thread
     def capture_graphs(self, max_seqs: int, max_model_len: int) -> None:
         """CUDA only: capture the decode graphs that logits() replays from now on."""
         from model.cuda_graphs import DecodeGraphs
@@ -198,6 +202,7 @@ class ModelRunner:
             at, source = np.array(ahead, dtype=np.int64).T
             device_tokens[self.ops.asarray(at, np.int64)] = self.last_sampled[0][self.ops.asarray(source, np.int64)]
 
+    @on_compute_thread
     def launch(self, plan: StepPlan) -> Launched:
         """Queue the step on the device: forward pass, sampling, and the copy of the sampled ids
         to the host. On the CPU the work is done when this returns."""
@@ -266,6 +271,7 @@ class ModelRunner:
             return row.output_ids
         return [*row.output_ids, AHEAD]
 
+    @on_compute_thread
     def collect(self, launched: Launched) -> list[Sampled]:
         """Wait for a launched step's sampled ids; an id outside the vocabulary comes back as
         NO_TOKEN, which fails that row's request alone (app/engine/outputs.py)."""
@@ -293,6 +299,7 @@ class ModelRunner:
             at += n
         return out
 
+    @on_compute_thread
     def step(self, plan: StepPlan) -> list[Sampled]:
         return self.collect(self.launch(plan))
 
@@ -302,6 +309,7 @@ class ModelRunner:
         if self.draft is not None:
             self.draft.release(request_id)
 
+    @on_compute_thread
     def reserve_swap(self, num_blocks: int) -> None:
         """A GPU's spill pool: num_blocks slots of pinned host memory, allocated now
         (model/swap.py). Without one, a spill is a fresh host array (the CPU's K/V is on the host
@@ -310,19 +318,24 @@ class ModelRunner:
 
         self.swap = SwapPool(self.cache, num_blocks)
 
+    @on_compute_thread
     def save_state(self, slot: int):
         """A hybrid's delta-net state in slot, copied to the host (a spill)."""
         return self.cache.save_state(slot)
 
+    @on_compute_thread
     def load_state(self, slot: int, state) -> None:
         self.cache.load_state(slot, state)
 
+    @on_compute_thread
     def save_blocks(self, block_ids):
         return self.swap.save(block_ids) if self.swap else self.cache.save_blocks(block_ids)
 
+    @on_compute_thread
     def load_blocks(self, block_ids, data) -> None:
         (self.swap.load if self.swap else self.cache.load_blocks)(block_ids, data)
 
+    @on_compute_thread
     def drop_spill(self, data) -> None:
         """A spill's host copy is no longer needed (reloaded, or its request ended)."""
         if self.swap:

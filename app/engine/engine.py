@@ -2,7 +2,8 @@
 request has its own memory channel of Frames.
 
 The tick never awaits a client: frames go out with send_nowait, and a full or closed channel
-aborts that request. The forward pass runs in a worker thread, so streams keep flowing.
+aborts that request. The forward pass runs on the compute thread (model/compute.py), so
+streams keep flowing.
 
 A runner whose steps run on a device (`runner.overlaps`, the CUDA runner) gets the overlapped
 loop: step N+1 is planned and launched before step N's sampled ids are awaited and applied, so
@@ -39,12 +40,25 @@ from app.engine.request import GenerationParams, Request
 from app.engine.stats import Stats
 from app.engine.status import StatusReporter
 from app.engine.validation import validate
+from model import compute
 from model.errors import is_failure, one_line
 from model.runner import Sampled, StepPlan
 
 log = logging.getLogger("spool.engine")
 
 CHANNEL_FRAMES = 4096  # frames waiting unread: a client this far behind is treated as gone
+
+
+async def computed(fn, *args):
+    """fn(*args) on the compute thread, awaited without holding one of Trio's worker threads;
+    a cancelled caller still waits for it, as with trio.to_thread.run_sync."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    future = compute.submit(fn, *args)
+    future.add_done_callback(lambda _: token.run_sync_soon(done.set))
+    with trio.CancelScope(shield=True):
+        await done.wait()
+    return future.result()
 
 
 @dataclass
@@ -295,21 +309,21 @@ class Engine:
                 await self._wake.wait()
                 self._wake = trio.Event()
     async def _launch(self, plan):
-        """The step queued on the runner; None when that failed (its rows have then ended)."""
+        """The step queued on the runner; None when that failed (its rows have then ended). A
+        CPU step's ids are ready when its launch returns: they are collected in the same hop."""
+        runner = self.runner
         try:
-            return await trio.to_thread.run_sync(self.runner.launch, plan)
+            if runner.overlaps:
+                return await computed(runner.launch, plan)
+            return await computed(lambda: runner.collect(runner.launch(plan)))
         except Exception as e:
             self._failed(plan, e)
             return None
 
     async def _land(self, plan, launched) -> None:
-        """Wait for a launched step's sampled ids and apply them. (A CPU step's ids are ready
-        when its launch returns: no thread hop for them.)"""
+        """Wait for a launched step's sampled ids and apply them (a CPU step's: already collected)."""
         try:
-            if self.runner.overlaps:
-                sampled = await trio.to_thread.run_sync(self.runner.collect, launched)
-            else:
-                sampled = self.runner.collect(launched)
+            sampled = await computed(self.runner.collect, launched) if self.runner.overlaps else launched
         except Exception as e:
             self._failed(plan, e)
         else:
