@@ -51,13 +51,11 @@ CHANNEL_FRAMES = 4096  # frames waiting unread: a client this far behind is trea
 
 async def computed(fn, *args):
     """fn(*args) on the compute thread, awaited without holding one of Trio's worker threads;
-    a cancelled caller still waits for it, as with trio.to_thread.run_sync."""
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
+    the wait cannot be cancelled (a step is never abandoned halfway), as trio.to_thread.run_sync's."""
+    token, task = trio.lowlevel.current_trio_token(), trio.lowlevel.current_task()
     future = compute.submit(fn, *args)
-    future.add_done_callback(lambda _: token.run_sync_soon(done.set))
-    with trio.CancelScope(shield=True):
-        await done.wait()
+    future.add_done_callback(lambda _: token.run_sync_soon(trio.lowlevel.reschedule, task))
+    await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
     return future.result()
 
 
