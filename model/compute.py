@@ -11,12 +11,22 @@ already here, and every caller, the server's event loop and a test alike, runs t
 """
 
 import functools
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 _executor: ThreadPoolExecutor | None = None
 _ident: int | None = None
 _lock = threading.Lock()
+
+
+def _forget() -> None:
+    """A forked child has no compute thread (fork copies only the caller): it starts its own."""
+    global _executor, _ident, _lock
+    _executor, _ident, _lock = None, None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget)
 
 
 def here() -> bool:

@@ -3,6 +3,9 @@ it or asks for a step: libgomp keeps one team of workers, which spin between ker
 sleep (two teams on two CPUs made batch 1 twice as slow)."""
 
 import inspect
+import os
+import select
+import signal
 import threading
 
 import pytest
@@ -62,3 +65,18 @@ async def test_loading_and_steps_from_any_thread_run_the_kernels_on_the_compute_
         nursery.cancel_scope.cancel()
     assert frame.finish_reason == "length"
     assert seen == {compute.call(threading.get_ident)}
+
+
+def test_a_forked_child_starts_its_own_compute_thread():
+    compute.call(threading.get_ident)  # the parent's is running
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a call must not wait on the parent's thread, which it lacks
+        os.write(write, b"ok" if compute.call(lambda: 6 * 7) == 42 else b"no")
+        os._exit(0)
+    os.close(write)
+    answered = select.select([read], [], [], 30)[0]
+    if not answered:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert answered and os.read(read, 2) == b"ok"
