@@ -26,6 +26,15 @@ def models_folder(wanted: str) -> Path:
     return root
 
 
+def template_folder() -> Path | None:
+    """models/templates, fetched now where missing: tests are parametrized over its files at
+    collection, before any test could fetch it. None where pip cannot fetch it."""
+    try:
+        return models_folder("templates") / "templates"
+    except pytest.skip.Exception:
+        return None
+
+
 def chat_template(name: str) -> str:
     """A real model's chat template as llama.cpp's tests keep it (models/templates/NAME.jinja)."""
     return (models_folder(f"templates/{name}.jinja") / "templates" / f"{name}.jinja").read_text()

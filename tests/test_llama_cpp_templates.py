@@ -8,12 +8,11 @@ Where the folder is not cached yet, test_the_templates_are_there fetches it (or 
 rest are parametrized over what is there when the tests are collected."""
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-from llama_cpp_source import models_folder
+from llama_cpp_source import models_folder, template_folder
 from tiny_model import train_tokenizer
 
 from app.engine.grammar import Grammars
@@ -22,8 +21,8 @@ from app.server.schemas import ChatCompletionRequest
 from app.server.tools import FORMATS, ToolUse, detect
 from model.tokenizer import Tokenizer
 
-FOLDER = Path(os.environ.get("SPOOL_LLAMA_CPP_SOURCE", Path.home() / ".cache" / "spool" / "llama-cpp-source")) / "templates"
-NAMES = sorted(p.stem for p in FOLDER.glob("*.jinja"))
+FOLDER = template_folder()
+NAMES = sorted(p.stem for p in FOLDER.glob("*.jinja")) if FOLDER else []
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -160,5 +159,6 @@ def test_mistral_templates_take_the_ids_spool_and_other_servers_give(name, token
     assert len(call["id"]) == 9 and call["id"].isalnum()
 
 
+@pytest.mark.skipif(not NAMES, reason="llama.cpp's templates could not be fetched")
 def test_the_ids_checked_are_mistrals():
     assert NINE_CHARACTER_IDS and all("istral" in n or "agistral" in n for n in NINE_CHARACTER_IDS)
