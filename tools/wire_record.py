@@ -2,14 +2,15 @@
 the bytes did not change (tests/test_wire_bytes.py holds the recording and checks it).
 
     python tools/wire_record.py --url http://127.0.0.1:8000 --out wire.json
-    python tools/wire_record.py --url http://127.0.0.1:8000 --compare tests/data/wire_bytes.json
+    python tools/wire_record.py --url http://127.0.0.1:8000 --compare tests/data/wire_bytes/avx512-vnni512.json
 
 Every request is sent one at a time, greedy or seeded, to a freshly started server with the
 default model (the order matters: the prefix cache's hits are part of the usage). What is
 kept: the status, the headers but Date, and the body's bytes. Only what cannot repeat is
 blanked, keeping its length so Content-Length still holds: the "created" clocks and the
 Responses API's random ids. A body over 16 KiB is kept as its length and SHA-256, and paths
-under the home folder start with ~.
+under the home folder start with ~. A recording names the CPU path it was made on (cpu_path):
+the numbers the kernels compute are that path's, so each path has its own.
 """
 
 import argparse
@@ -174,10 +175,19 @@ async def record_ws(url: str) -> list[str]:
     return frames
 
 
+def cpu_path() -> str:
+    """The CPU kernels' path on this machine (the server's, when it runs here), as a file name:
+    another path sums in another order, so its logprobs and embeddings differ in their last
+    digits, and a seeded draw near a tie may pick another token."""
+    from model.quant import cpu
+
+    return f"{cpu.PATH}-vnni{cpu.VNNI}" + ("-amx" if cpu.AMX else "")
+
+
 def record(url: str) -> dict:
     with httpx.Client(base_url=url, timeout=120) as client:
         http = record_http(client)
-    return {"http": http, "websocket": trio.run(record_ws, url)}
+    return {"cpu": cpu_path(), "http": http, "websocket": trio.run(record_ws, url)}
 
 
 def differences(before: dict, after: dict) -> list[str]:
