@@ -15,15 +15,27 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-_executor: ThreadPoolExecutor | None = None
-_ident: int | None = None
-_lock = threading.Lock()
+_ident: int | None = None  # the compute thread's, once it has started
+
+
+def _note_ident() -> None:
+    global _ident
+    _ident = threading.get_ident()
+
+
+def _executor_for_this_process() -> ThreadPoolExecutor:
+    """The compute thread's queue: the thread itself starts with the first job, and notes who it
+    is before running any."""
+    return ThreadPoolExecutor(1, thread_name_prefix="spool-compute", initializer=_note_ident)
+
+
+_executor = _executor_for_this_process()
 
 
 def _forget() -> None:
     """A forked child has no compute thread (fork copies only the caller): it starts its own."""
-    global _executor, _ident, _lock
-    _executor, _ident, _lock = None, None, threading.Lock()
+    global _executor, _ident
+    _executor, _ident = _executor_for_this_process(), None
 
 
 os.register_at_fork(after_in_child=_forget)
@@ -31,16 +43,11 @@ os.register_at_fork(after_in_child=_forget)
 
 def here() -> bool:
     """Whether the caller is the compute thread."""
-    return _ident is not None and threading.get_ident() == _ident
+    return threading.get_ident() == _ident
 
 
 def submit(fn, *args, **kwargs) -> Future:
-    """fn(*args, **kwargs) queued on the compute thread (started on first use)."""
-    global _executor, _ident
-    with _lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(1, thread_name_prefix="spool-compute")
-            _ident = _executor.submit(threading.get_ident).result()
+    """fn(*args, **kwargs) queued on the compute thread."""
     return _executor.submit(fn, *args, **kwargs)
 
 
