@@ -11,10 +11,8 @@ import numpy as np
 import trio
 
 from app.engine import Engine, EngineConfig, GenerationParams
-from app.flags import fetch_model, prefill_beside_decode, speculative_config
+from app.flags import attach_proposer, extra_kv_layers, fetch_model, prefill_beside_decode, speculative_config
 from model.backend import resolve
-from model.default import resolve_model
-from model.draft import DraftModel
 from model.kv_cache import DEFAULT_BLOCK_SIZE
 from model.runner import ModelRunner
 from model.sampling import SamplingParams
@@ -65,10 +63,10 @@ def run_bench(args) -> int:
         raise ValueError(f"--input-len plus --output-len ({length}) is over the model's context"
                          f" ({model.config.max_position_embeddings})")
     running = min(args.num_prompts, args.max_num_seqs)
-    runner = ModelRunner(model.config, model, num_blocks=running * -(-length // DEFAULT_BLOCK_SIZE), seed=0)
     speculative = speculative_config(args)
-    if speculative and speculative.method == "draft_model":
-        runner.draft = DraftModel.load(backend, resolve_model(speculative.model), runner, tokenizer)
+    runner = ModelRunner(model.config, model, num_blocks=running * -(-length // DEFAULT_BLOCK_SIZE), seed=0,
+                         extra_layers=extra_kv_layers(speculative))
+    attach_proposer(runner, speculative, backend, model_dir, tokenizer)
     engine = Engine(runner, tokenizer, EngineConfig(
         max_model_len=length, max_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk,
         prefill_beside_decode=prefill_beside_decode(args, backend.name),

@@ -86,6 +86,25 @@ def speculative_config(args):
     return SpeculativeConfig.parse(args.speculative_config, args.draft_model)
 
 
+def extra_kv_layers(speculative) -> int:
+    """Attention layers the KV cache holds beyond the model's: the MTP layer's (model/mtp.py)."""
+    return 1 if speculative and speculative.method == "mtp" else 0
+
+
+def attach_proposer(runner, speculative, backend, model_dir, tokenizer) -> None:
+    """The runner's guesses for speculation's rows: a draft model's or the model's MTP layer's
+    (prompt lookup's are the planner's)."""
+    if speculative and speculative.method == "draft_model":
+        from model.default import resolve_model
+        from model.draft import DraftModel
+
+        runner.draft = DraftModel.load(backend, resolve_model(speculative.model), runner, tokenizer)
+    elif speculative and speculative.method == "mtp":
+        from model.mtp import MTP
+
+        runner.draft = MTP.load(model_dir, runner, speculative.num_speculative_tokens)
+
+
 def engine_arguments(parser) -> None:
     """How many requests run at once and what a step holds: shared by serve and bench."""
     a = parser.add_argument
@@ -114,8 +133,9 @@ def engine_arguments(parser) -> None:
     a("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
     a("--speculative-config", default=None, metavar="JSON",
       help='speculative decoding, as vLLM takes it: {"method": "ngram", "num_speculative_tokens": 4,'
-           ' "prompt_lookup_max": 4, "prompt_lookup_min": 2} for prompt lookup, or {"method": "draft_model",'
-           ' "model": PATH, "num_speculative_tokens": 4} for a draft model (the CPU backends; default: off)')
+           ' "prompt_lookup_max": 4, "prompt_lookup_min": 2} for prompt lookup, {"method": "draft_model",'
+           ' "model": PATH, "num_speculative_tokens": 4} for a draft model (the CPU backends), or {"method": "mtp",'
+           ' "num_speculative_tokens": 1} for the model\'s own multi-token-prediction layer (Qwen3.5) (default: off)')
     a("--draft-model", "-md", "--model-draft", dest="draft_model", default=None, metavar="MODEL",
       help="a smaller model with the same tokenizer whose guesses the model verifies (as --speculative-config's"
            " draft_model; a path or Hub id)")

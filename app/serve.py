@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from app.engine import Engine, EngineConfig
-from app.flags import fetch_model, prefill_beside_decode, speculative_config
+from app.flags import attach_proposer, extra_kv_layers, fetch_model, prefill_beside_decode, speculative_config
 from app.logs import configure_logging
 from app.server import limits, reasoning, tools
 from app.server.app import create_app
@@ -27,7 +27,6 @@ from app.server.origins import OriginPolicy
 from app.server.state import ServerState
 from app.server.http.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
-from model.draft import DraftModel
 from model.backend import resolve
 from model.errors import ModelError, one_line
 from model.hub import is_hub_id
@@ -108,11 +107,13 @@ def load(args, state: ServerState) -> Engine:
     state.backend = f"{backend.name} ({backend.dtype})"
     state.model_path, state.model_type = str(model_dir), config.model_type
     state.architectures = list(config.architectures)
-    block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE, backend.ops.storage_dtype.itemsize)
+    speculative = speculative_config(args)
+    extra_layers = extra_kv_layers(speculative)
+    block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE, backend.ops.storage_dtype.itemsize, extra_layers)
     state_bytes = args.max_num_seqs * KVCache.bytes_per_state_slot(config)  # a hybrid's, one per request
     if backend.name == "cuda" and args.kv_cache_gib is None:
         num_blocks = gpu_kv_blocks(model, args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens,
-                                   state.max_model_len) - -(-state_bytes // block_bytes)
+                                   state.max_model_len, extra_layers=extra_layers) - -(-state_bytes // block_bytes)
     else:
         kv_cache_gib = args.kv_cache_gib or 1.0
         num_blocks = int((kv_cache_gib * GIB - state_bytes) // block_bytes)
@@ -121,7 +122,7 @@ def load(args, state: ServerState) -> Engine:
                              + (f" beside {args.max_num_seqs} requests' state ({state_bytes / GIB:.2f} GiB)"
                                 if state_bytes else ""))
     try:
-        runner = ModelRunner(config, model, num_blocks, state_slots=args.max_num_seqs)
+        runner = ModelRunner(config, model, num_blocks, state_slots=args.max_num_seqs, extra_layers=extra_layers)
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         raise ValueError(f"out of memory allocating the KV cache of {num_blocks} blocks ({one_line(e)});"
                          " lower --gpu-memory-utilization or --kv-cache-gib") from None
@@ -132,9 +133,7 @@ def load(args, state: ServerState) -> Engine:
         except Exception as e:  # pinning fails where the host has too little memory to lock
             raise ValueError(f"cannot pin --swap-space {args.swap_space:g} GiB of host memory ({one_line(e)});"
                              " lower --swap-space") from None
-    speculative = speculative_config(args)
-    if speculative and speculative.method == "draft_model":
-        runner.draft = DraftModel.load(backend, resolve_model(speculative.model), runner, state.tokenizer)
+    attach_proposer(runner, speculative, backend, model_dir, state.tokenizer)
     if backend.name == "cuda" and not args.enforce_eager and not config.delta_net:
         capture_graphs(runner, args.max_num_seqs, state.max_model_len)
     elif backend.name == "cuda" and config.delta_net:

@@ -41,14 +41,16 @@ class StateRows:
 
 class KVCache:
     def __init__(self, ops: Ops, config: ModelConfig, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 state_slots: int = 0):
+                 state_slots: int = 0, extra_layers: int = 0):
+        """extra_layers: full-attention layers after the model's (its MTP layer, model/mtp.py)."""
         self.ops = ops
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.state_slots = state_slots if config.delta_net else 0
         shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
-        self.k = [None if config.linear(i) else ops.zeros(shape, ops.storage_dtype) for i in range(config.num_layers)]
-        self.v = [None if config.linear(i) else ops.zeros(shape, ops.storage_dtype) for i in range(config.num_layers)]
+        attends = [not config.linear(i) for i in range(config.num_layers)] + [True] * extra_layers
+        self.k = [ops.zeros(shape, ops.storage_dtype) if a else None for a in attends]
+        self.v = [ops.zeros(shape, ops.storage_dtype) if a else None for a in attends]
         net = config.delta_net
         self.conv = [ops.zeros((self.state_slots, net.conv_kernel - 1, net.conv_channels)) if config.linear(i)
                      else None for i in range(config.num_layers)]
@@ -56,8 +58,9 @@ class KVCache:
                           if config.linear(i) else None for i in range(config.num_layers)]
 
     @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, itemsize: int = 4) -> int:
-        return 2 * len(config.attention_layers) * block_size * config.kv_size * itemsize
+    def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, itemsize: int = 4,
+                        extra_layers: int = 0) -> int:
+        return 2 * (len(config.attention_layers) + extra_layers) * block_size * config.kv_size * itemsize
 
     @staticmethod
     def bytes_per_state_slot(config: ModelConfig) -> int:
@@ -67,7 +70,7 @@ class KVCache:
         return 4 * config.delta_net.state_floats * (config.num_layers - len(config.attention_layers))
 
     @property
-    def _layers(self) -> list[tuple]:
+    def kv_layers(self) -> list[tuple]:
         return [(k, v) for k, v in zip(self.k, self.v) if k is not None]
 
     def slots(self, block_table, start: int, count: int) -> np.ndarray:
@@ -80,7 +83,7 @@ class KVCache:
         """Blocks' K and V on the cache's device: (layers, 2, kv_heads, len(block_ids), block_size,
         head_dim)."""
         xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)  # on the cache's device
-        return xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in self._layers])
+        return xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in self.kv_layers])
 
     def gather_block_major(self, block_ids):
         """Blocks' K and V on the cache's device, block-major: (len(block_ids), layers, 2,
@@ -88,10 +91,10 @@ class KVCache:
         into one array, so a spill (which happens when memory is short) needs its own size plus
         one layer's, where stacking the layers and then moving the axis needed three times it."""
         xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)
-        kv_heads, _, block_size, head_dim = self._layers[0][0].shape
-        out = xp.empty((len(block_ids), len(self._layers), 2, kv_heads, block_size, head_dim),
-                       dtype=self._layers[0][0].dtype)
-        for layer, (k, v) in enumerate(self._layers):
+        kv_heads, _, block_size, head_dim = self.kv_layers[0][0].shape
+        out = xp.empty((len(block_ids), len(self.kv_layers), 2, kv_heads, block_size, head_dim),
+                       dtype=self.kv_layers[0][0].dtype)
+        for layer, (k, v) in enumerate(self.kv_layers):
             out[:, layer, 0] = xp.moveaxis(k[:, ids], 1, 0)
             out[:, layer, 1] = xp.moveaxis(v[:, ids], 1, 0)
         return out
@@ -104,7 +107,7 @@ class KVCache:
         """Write blocks laid out as gather_blocks does (on the host or the device) back, possibly
         under other block ids."""
         ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
-        for layer, (k, v) in enumerate(self._layers):
+        for layer, (k, v) in enumerate(self.kv_layers):
             k[:, ids] = self.ops.asarray(data[layer, 0], data.dtype)
             v[:, ids] = self.ops.asarray(data[layer, 1], data.dtype)
 

@@ -63,7 +63,6 @@ class Llama:
         output, delta, and normalises in one pass), so the arrays may hold any storage type."""
         ops, c, w = self.ops, self.config, self.w
         eps = c.rms_norm_eps
-        tokens = token_ids.shape[0]
         rows = {kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.tables.items()}
         temperature = None if self.temperature is None else self.temperature[positions]
         x, delta = ops.embedding(w.embed, token_ids, self.embed_scale), None
@@ -78,30 +77,7 @@ class Llama:
                 x, h = ops.add_rms_norm(x, ops.linear(net, layer.delta_net.out_proj), layer.mlp_norm, eps)
                 delta = self.mlp(h, layer)
                 continue
-            qkv = ops.linear(h, layer.wqkv, layer.bqkv)
-            if layer.q_norm is None:
-                q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
-            else:  # q/k norms: each head normalised before the rotation
-                k_at = c.q_size * (2 if c.attention_gate else 1)  # a gate's rows between q and k
-                q, k = qkv[:, :c.q_size], qkv[:, k_at:k_at + c.kv_size]
-                if c.qk_norm_whole:  # or the whole projection
-                    q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
-                q = q.reshape(tokens, c.num_heads, c.head_dim)
-                k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
-                v = qkv[:, k_at + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
-                if not c.qk_norm_whole:
-                    q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
-                q = ops.rope(q, cos, sin)
-                ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
-            if temperature is not None:
-                q = ops.scale_tokens(q, temperature)
-            attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, self.windows[i],
-                                       c.attn_softcap, layer.sinks)
-            if c.attention_gate:
-                attn = ops.sigmoid_mul(attn, qkv[:, c.q_size:2 * c.q_size])
-            out = ops.linear(attn, layer.wo, layer.bo)
-            if layer.post_attn_norm is not None:
-                out = ops.rms_norm(out, layer.post_attn_norm, eps)
+            out = self.attention(h, layer, i, cos, sin, slots, attn_meta, cache, temperature, self.windows[i])
             x, h = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
             delta = self.mlp(h, layer)
         _, h = ops.add_rms_norm(x[logit_index], delta[logit_index], w.norm, eps)
@@ -109,6 +85,37 @@ class Llama:
         if pooled_index is None:
             return logits
         return logits, ops.add_rms_norm(x[pooled_index], delta[pooled_index], w.norm, eps)[1]
+
+    def attention(self, h, layer, i: int, cos, sin, slots, attn_meta, cache, temperature, window: int):
+        """The attention of layer (the cache's layer i) over the normalised stream h, its K/V
+        written first, through its output projection (and post-attention norm)."""
+        ops, c = self.ops, self.config
+        eps, tokens = c.rms_norm_eps, h.shape[0]
+        qkv = ops.linear(h, layer.wqkv, layer.bqkv)
+        if layer.q_norm is None:
+            q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
+        else:  # q/k norms: each head normalised before the rotation
+            k_at = c.q_size * (2 if c.attention_gate else 1)  # a gate's rows between q and k
+            q, k = qkv[:, :c.q_size], qkv[:, k_at:k_at + c.kv_size]
+            if c.qk_norm_whole:  # or the whole projection
+                q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
+            q = q.reshape(tokens, c.num_heads, c.head_dim)
+            k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
+            v = qkv[:, k_at + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
+            if not c.qk_norm_whole:
+                q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
+            q = ops.rope(q, cos, sin)
+            ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
+        if temperature is not None:
+            q = ops.scale_tokens(q, temperature)
+        attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, window,
+                                   c.attn_softcap, layer.sinks)
+        if c.attention_gate:
+            attn = ops.sigmoid_mul(attn, qkv[:, c.q_size:2 * c.q_size])
+        out = ops.linear(attn, layer.wo, layer.bo)
+        if layer.post_attn_norm is not None:
+            out = ops.rms_norm(out, layer.post_attn_norm, eps)
+        return out
 
     def mlp(self, h, layer):
         """The MLP (or the mixture of experts) of a normalised residual, its output normalised

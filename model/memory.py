@@ -44,7 +44,7 @@ def profile_plan(max_seqs: int, max_batched_tokens: int, max_model_len: int, blo
 
 
 def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: int, max_model_len: int,
-                  block_size: int = DEFAULT_BLOCK_SIZE) -> MemoryPlan:
+                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0) -> MemoryPlan:
     """Run the profiling step, then measure while the memory pool still holds what the step
     allocated. The throwaway cache's blocks are not counted as used: the pool hands its memory
     back to the device before the KV cache is allocated."""
@@ -59,17 +59,20 @@ def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: 
     launcher.synchronize()
     free, total = launcher.memory_info()
     launcher.release_cached()  # the throwaway cache's memory goes back, for the real one to take
-    block_bytes = KVCache.bytes_per_block(config, block_size, model.ops.storage_dtype.itemsize)
-    return MemoryPlan(total=total, used=total - free - num_blocks * block_bytes, budget=int(total * utilization),
+    block_bytes = KVCache.bytes_per_block(config, block_size, model.ops.storage_dtype.itemsize, extra_layers)
+    used = total - free - num_blocks * KVCache.bytes_per_block(config, block_size, model.ops.storage_dtype.itemsize)
+    return MemoryPlan(total=total, used=used, budget=int(total * utilization),
                       block_bytes=block_bytes)
 
 
 def gpu_kv_blocks(model, utilization: float, max_seqs: int, max_batched_tokens: int, max_model_len: int,
-                  block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-    """The KV pool's size in blocks, or a ValueError of one line that says which flag to change."""
+                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0) -> int:
+    """The KV pool's size in blocks (each with extra_layers' K/V beyond the model's), or a
+    ValueError of one line that says which flag to change."""
     lower = f"lower --max-batched-tokens ({max_batched_tokens}) and --max-seqs ({max_seqs})"
     try:
-        memory = plan_kv_cache(model, utilization, max_seqs, max_batched_tokens, max_model_len, block_size)
+        memory = plan_kv_cache(model, utilization, max_seqs, max_batched_tokens, max_model_len, block_size,
+                               extra_layers)
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         raise ValueError(f"out of GPU memory in the profiling step ({e}); {lower}") from None
     if memory.num_blocks < 2:

@@ -69,6 +69,7 @@ class Launched:
     scored: dict = field(default_factory=dict)  # request id -> its chunk's prompt logprobs (Sampled.prompt_logprobs)
     failed: dict = field(default_factory=dict)  # request id -> why its row could not be sampled (its mask failed)
     rewinds: list = field(default_factory=list)  # a hybrid's rows with guesses (model/rewind.py)
+    followed: tuple | None = None  # (the plan's rows, every token's final hidden state) for an MTP proposer
 
 
 @dataclass
@@ -105,19 +106,21 @@ def load_model(model_dir: Path, ops: Ops | None = None, max_model_len: int | Non
 class ModelRunner:
     @on_compute_thread
     def __init__(self, config: ModelConfig, model: Llama, num_blocks: int,
-                 block_size: int = DEFAULT_BLOCK_SIZE, seed: int | None = None, state_slots: int = 1):
-        """state_slots: a hybrid model's requests that may run at once (each holds one)."""
+                 block_size: int = DEFAULT_BLOCK_SIZE, seed: int | None = None, state_slots: int = 1,
+                 extra_layers: int = 0):
+        """state_slots: a hybrid model's requests that may run at once (each holds one);
+        extra_layers: K/V for layers beyond the model's (an MTP proposer's, model/mtp.py)."""
         self.config = config
         self.model = model
         self.ops = model.ops
-        self.cache = KVCache(self.ops, config, num_blocks, block_size, state_slots)
+        self.cache = KVCache(self.ops, config, num_blocks, block_size, state_slots, extra_layers)
         self.rng = np.random.default_rng(seed)
         self.graphs = None  # model.cuda_graphs.DecodeGraphs once captured
         # a device runs the steps: the engine may plan and launch the next before this one lands
         self.overlaps = self.ops.asynchronous
         self.swap = None  # model.swap.SwapPool on a GPU with --swap-space
         self.last_sampled = (None, {})  # the last launched step's ids on the device, and each request's row
-        self.draft = None  # model.draft.DraftModel: guesses for rows with a draft_limit
+        self.draft = None  # model.draft.DraftModel or model.mtp.MTP: guesses for rows with a draft_limit
         self.rewinds: list = []  # the last forward pass's rows with guesses, on a hybrid (model/rewind.py)
         # the position at which a prompt token's attention takes as long as the rest of it
         self.prefill_break_even = config.attention_break_even / self.ops.attention_cost
@@ -132,9 +135,9 @@ class ModelRunner:
     @classmethod
     def from_dir(cls, model_dir: Path, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  ops: Ops | None = None, max_model_len: int | None = None, seed: int | None = None,
-                 state_slots: int = 1) -> "ModelRunner":
+                 state_slots: int = 1, extra_layers: int = 0) -> "ModelRunner":
         model = load_model(model_dir, ops, max_model_len)
-        return cls(model.config, model, num_blocks, block_size, seed, state_slots)
+        return cls(model.config, model, num_blocks, block_size, seed, state_slots, extra_layers)
 
     @property
     def block_size(self) -> int:
@@ -155,9 +158,11 @@ class ModelRunner:
 
     def forward(self, plan: StepPlan):
         """(fp32 logits of the sampling rows, then of every position of the prompt_logprobs rows
-        that predicts a prompt token; the embedding rows' final hidden states or None)."""
+        that predicts a prompt token; the final hidden states of the embedding rows' last tokens,
+        then of every token where the draft follows them (MTP), or None)."""
         self.rewinds = []
-        if self.graphs is not None and self.graphs.can_replay(plan):
+        follows = getattr(self.draft, "wants_hidden", False)
+        if self.graphs is not None and not follows and self.graphs.can_replay(plan):
             return self.graphs.replay(plan, self.fill_ahead), None
         ops, rows = self.ops, plan.rows
         query_lens = [len(r.token_ids) for r in rows]
@@ -169,7 +174,8 @@ class ModelRunner:
         scored = [start + k for r, start in zip(rows, starts) for k in range(len(predicted(r)))]
         sampled = [i for r, end in zip(rows, ends) if r.sample for i in range(end - r.num_draft, end + 1)]
         logit_index = np.array(sampled + scored, dtype=np.int64)
-        pooled_index = np.array([end for r, end in zip(rows, ends) if r.embed], dtype=np.int64)
+        pooled = [end for r, end in zip(rows, ends) if r.embed]
+        pooled_index = np.array(pooled + (list(range(len(token_ids))) if follows else []), dtype=np.int64)
         meta = ops.attention_meta(query_lens, [r.start_pos + n for r, n in zip(rows, query_lens)],
                                   [r.block_table for r in rows], self.block_size)
         device_tokens = ops.asarray(token_ids, np.int64)
@@ -212,10 +218,12 @@ class ModelRunner:
         # one entry per sampled position: a row with guesses has one for each, and one after them
         sampling = [r for r in rows for _ in range(r.num_draft + 1)]
         logits, hidden = self.forward(plan)  # the masks are computed meanwhile
-        embedded = [] if hidden is None else self.embeddings([r for r in plan.rows if r.embed], hidden)
+        embeds = [r for r in plan.rows if r.embed]
+        embedded = self.embeddings(embeds, hidden[:len(embeds)]) if embeds else []
+        followed = (plan.rows, hidden[len(embeds):]) if getattr(self.draft, "wants_hidden", False) else None
         scored = self.score_prompts(plan.rows, logits[len(sampling):])
         if not sampling:
-            return Launched([], None, None, embedded, scored)
+            return Launched([], None, None, embedded, scored, followed=followed)
         histories = [h for r in rows for h in (r.histories() if r.num_draft else [self.history(r)])]
         failed: dict = {}
         masks = [m for r in rows for m in self.masks(r, failed)]
@@ -224,7 +232,7 @@ class ModelRunner:
             self.rng, keys=[r.request_id for r in sampling], masks=masks))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
         return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded, scored, failed,
-                        self.rewinds)
+                        self.rewinds, followed)
 
     @staticmethod
     def masks(row: Row, failed: dict) -> list:
@@ -277,8 +285,12 @@ class ModelRunner:
         NO_TOKEN, which fails that row's request alone (app/engine/outputs.py)."""
         scored = dict(launched.scored)
         out = launched.embedded
+        ids = launched.ids.result() if launched.rows else []
+        if launched.followed is not None:  # the MTP layer's K/V, and its guesses for the next step
+            self.draft.follow(*launched.followed, [NO_TOKEN if r.request_id in launched.failed else i
+                                                   for r, i in zip(launched.rows, ids)])
         if launched.rows:
-            ids, sampled, vocab = launched.ids.result(), launched.sampled, self.config.vocab_size
+            sampled, vocab = launched.sampled, self.config.vocab_size
             failed = launched.failed
             if launched.rewinds:
                 rewind.apply(self.model, self.cache, launched.rewinds, self.guessed_ids(launched.rows, ids))

@@ -25,11 +25,11 @@ class SwapPool:
     def __init__(self, cache, num_slots: int):
         self.cache, self.ops = cache, cache.ops
         self.launcher = self.ops.launcher
-        layers = len(cache.k)
-        kv_heads, _, block_size, head_dim = cache.k[0].shape
-        self.slot_shape = (layers, 2, kv_heads, block_size, head_dim)
+        first = cache.kv_layers[0][0]  # a hybrid's delta-net layers keep none
+        kv_heads, _, block_size, head_dim = first.shape
+        self.slot_shape = (len(cache.kv_layers), 2, kv_heads, block_size, head_dim)
         self.host = self.launcher.pinned(num_slots * int(np.prod(self.slot_shape)),
-                                         cache.k[0].dtype).reshape(num_slots, *self.slot_shape)
+                                         first.dtype).reshape(num_slots, *self.slot_shape)
         self.free = list(range(num_slots - 1, -1, -1))
 
     def save(self, block_ids) -> Spill:

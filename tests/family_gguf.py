@@ -11,7 +11,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from family_models import FAMILIES, random_tensors
+from family_models import FAMILIES, mtp_tensors, random_tensors
 
 ARCHES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
           "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "smollm3": gguf.MODEL_ARCH.SMOLLM3,
@@ -112,9 +112,10 @@ def byte_tokens() -> tuple[list[str], list[str]]:
 
 
 def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | None = None, mtp: bool = False) -> Path:
-    """quant: the type of every matrix but the embedding (F32 for the rest). mtp: a
-    multi-token-prediction block after the layers, as llama.cpp's converter writes Qwen3.5's
-    (block_count one more, nextn_predict_layers 1, its tensors under blk.N)."""
+    """quant: the type of every matrix but the embedding (F32 for the rest). mtp: the
+    multi-token-prediction layer of family_models.mtp_tensors after the layers, as llama.cpp's
+    converter writes Qwen3.5's (block_count one more, nextn_predict_layers 1, its layer's
+    tensors under blk.N and its own as blk.N.nextn.*)."""
     c, _ = FAMILIES[name]
     kind = c["model_type"]
     arch = gguf.MODEL_ARCH_NAMES[ARCHES[kind]]
@@ -194,11 +195,22 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     w.add_token_merges(merges)
     w.add_bos_token_id(c["bos_token_id"])
     w.add_eos_token_id(c["eos_token_id"])
-    names = gguf.get_tensor_name_map(ARCHES[kind], c["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(ARCHES[kind], c["num_hidden_layers"] + mtp)
     dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c["num_hidden_layers"])
     tensors = random_tensors(c)
+    nextn = {}
+    if mtp:  # conversion/qwen.py's renaming: the layer as layer N, the rest as its nextn tensors
+        n = c["num_hidden_layers"]
+        for name, array in mtp_tensors(c).items():
+            if name.startswith("mtp.layers.0."):
+                tensors[f"model.layers.{n}.{name[len('mtp.layers.0.'):]}"] = array
+            else:  # its norms stored as 1 + w, as the others
+                own = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+                       "norm": "shared_head_norm"}[name.split(".")[1]]
+                nextn[f"blk.{n}.nextn.{own}.weight"] = array if own == "eh_proj" else array + np.float32(1.0)
     if kind.startswith("qwen3_5"):
         tensors = qwen35_tensors(c, tensors)
+    extra.update(nextn)
     if kind == "gpt_oss":  # under llama.cpp's names already
         for gguf_name, array in gpt_oss_tensors(c, tensors).items():
             quantized = quant is not None and array.ndim >= 2 and gguf_name.endswith("exps.weight")
@@ -218,11 +230,6 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
             w.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)
         else:
             w.add_tensor(gguf_name, array)
-    if mtp:  # a full-attention block and its own norms and projection, under blk.<layers>
-        n, h = c["num_hidden_layers"], c["hidden_size"]
-        extra = {**extra, **{f"blk.{n}.{t}": np.full(shape, 0.5, np.float32) for t, shape in (
-            ("attn_norm.weight", (h,)), ("attn_q.weight", (8, h)), ("nextn.eh_proj.weight", (h, 2 * h)),
-            ("nextn.enorm.weight", (h,)), ("nextn.hnorm.weight", (h,)), ("nextn.shared_head_norm.weight", (h,)))}}
     for gguf_name, array in extra.items():
         w.add_tensor(gguf_name, array)
     w.write_header_to_file()

@@ -221,12 +221,14 @@ def test_a_gpt_oss_gguf_of_mxfp4_experts_is_served_packed(checkpoints, tmp_path)
 
 def test_a_qwen35_gguf_with_its_mtp_block_serves_the_layers(checkpoints, tmp_path):
     """llama.cpp's converter writes Qwen3.5's multi-token-prediction block after the layers
-    (block_count + 1, nextn_predict_layers 1): it is left unread, and the layers' logits hold."""
+    (block_count + 1, nextn_predict_layers 1): it is named as a checkpoint's MTP layer (read only
+    for speculation, test_mtp.py), and the layers' logits hold."""
     from model.gguf.names import read_gguf_tensors
 
     _, fixture, context = checkpoints("qwen3.5")
     path = write_family_gguf("qwen3.5", tmp_path / "mtp.gguf", mtp=True)
-    assert not any(t.tensor.name.startswith("blk.4.") for t in read_gguf_tensors(path))
+    named = {t.hf_name for t in read_gguf_tensors(path) if t.tensor.name.startswith("blk.4.")}
+    assert {"mtp.fc.weight", "mtp.norm.weight", "model.layers.4.self_attn.o_proj.weight"} <= named
     served = convert_gguf(path, tmp_path / "served")
     assert ModelConfig.load(served).num_layers == 4
     runner = ModelRunner.from_dir(served, num_blocks=16, block_size=4, ops=NumbaOps(), max_model_len=context)

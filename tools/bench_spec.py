@@ -3,6 +3,7 @@
 
     python tools/bench_spec.py [--model DIR|FILE.gguf|Org/Name] [--speculative-config JSON]
         [--max-tokens 200] [--repeats 2]
+    python tools/bench_spec.py --model qwen35-2b.gguf --speculative-config '{"method": "mtp"}'
 
 Each prompt runs alone, greedy, once to warm up and then --repeats times with speculation off
 and on, alternating; the table gives the median decode rate (output tokens after the first,
@@ -23,6 +24,7 @@ import trio  # noqa: E402
 
 from app.engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 from app.engine.speculation import SpeculativeConfig  # noqa: E402
+from app.flags import attach_proposer, extra_kv_layers  # noqa: E402
 from model.backend import resolve  # noqa: E402
 from model.default import resolve_model  # noqa: E402
 from model.runner import ModelRunner  # noqa: E402
@@ -87,7 +89,10 @@ def main() -> None:
         rates = {False: [], True: []}
         outputs, kept = {}, None
         for spec in (False, True):
-            runner = ModelRunner(llama.config, llama, num_blocks=256, seed=0)
+            runner = ModelRunner(llama.config, llama, num_blocks=256, seed=0,
+                                 extra_layers=extra_kv_layers(config) if spec else 0)
+            if spec:
+                attach_proposer(runner, config, backend, model_dir, tokenizer)
             engine = Engine(runner, tokenizer, EngineConfig(max_model_len=4096, decode_log_interval=0,
                                                             speculative=config if spec else None))
             async with trio.open_nursery() as nursery:

@@ -227,6 +227,22 @@ def random_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+def mtp_tensors(config: dict, seed: int = 1) -> dict[str, np.ndarray]:
+    """A Qwen3.5 checkpoint's multi-token-prediction layer (mtp.*, vLLM's names), random: a
+    full-attention layer after the model's, its fc over the normalised embedding and hidden
+    state side by side, and the norms around it."""
+    n, h = config["num_hidden_layers"], config["hidden_size"]
+    longer = {**config, "num_hidden_layers": n + 1, "layer_types": [*config["layer_types"], "full_attention"]}
+    layer = f"model.layers.{n}."
+    shapes = {"mtp.layers.0." + k[len(layer):]: v for k, v in tensor_shapes(longer).items() if k.startswith(layer)}
+    shapes.update({"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+                   "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)})
+    rng = np.random.default_rng(seed)
+    return {name: (0.1 * rng.standard_normal(shape) if name.endswith("norm.weight")  # of 1 + w
+                   else rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+            for name, shape in shapes.items()}
+
+
 def digest(tensors: dict[str, np.ndarray]) -> str:
     """Names and bytes of every tensor: what a fixture was made from."""
     h = hashlib.sha256()

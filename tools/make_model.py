@@ -3,9 +3,10 @@
 Shapes: Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B (their matrices, heads, rope and norms), Qwen3-30B-A3B's
 mixture of experts cut to 8 of its 48 layers (128 experts of 768, 8 a token: every layer as
 the real one's), a Qwen3.5 hybrid of about 2B (Qwen3.5-2B's hidden size, layers and vocabulary;
-its other widths Qwen3.5's defaults scaled down: a GGUF only), GPT-OSS-20B (its every tensor:
-sinks, biases, 32 experts of 2880, MXFP4 experts under --type mxfp4; a GGUF only), `tiny` for tests and `tiny-32k` (one layer, a 32k context) for agents' long
-prompts. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
+its other widths Qwen3.5's defaults scaled down; its multi-token-prediction block after the
+layers: a GGUF only), GPT-OSS-20B (its every tensor: sinks, biases, 32 experts of 2880, MXFP4
+experts under --type mxfp4; a GGUF only), `tiny` for tests and `tiny-32k` (one layer, a 32k
+context) for agents' long prompts. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
 49,152-token byte-level BPE), padded with unused tokens up to the shape's vocabulary, so text
 round-trips. Weights are drawn per tensor from (seed, tensor name), a block of rows at a time,
 quantized by model/quant/kquants.py and written tensor by tensor: peak memory is about one
@@ -29,7 +30,7 @@ import shutil
 import sys
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -68,6 +69,7 @@ class Shape:
     # GPT-OSS: the window of its even layers, and YaRN's (factor, original context)
     sliding_window: int = 0
     yarn: tuple[float, int] | None = None
+    mtp: bool = False  # a multi-token-prediction block after the layers (Qwen3.5's, nextn_predict_layers 1)
 
 
 SHAPES = {
@@ -79,7 +81,7 @@ SHAPES = {
     "qwen3-30b-a3b-8l": Shape("qwen3moe", 2048, 8, 32, 4, 128, 6144, 151936, False, 1000000.0, 1e-6, 40960,
                               experts=128, experts_used=8, expert_ffn=768),
     "qwen3.5-2b": Shape("qwen35", 2048, 24, 8, 2, 256, 6144, 248320, True, 10000000.0, 1e-6, 262144,
-                        delta_net=(16, 16, 128, 128, 4)),
+                        delta_net=(16, 16, 128, 128, 4), mtp=True),
     "gpt-oss-20b": Shape("gpt-oss", 2880, 24, 64, 8, 64, 2880, 201088, False, 150000.0, 1e-5, 131072,
                          experts=32, experts_used=4, expert_ffn=2880, sliding_window=128, yarn=(32.0, 4096)),
     # Small, but every matrix has rows of 256 so that K-quants apply, it is untied so that
@@ -162,6 +164,8 @@ def tensors(s: Shape) -> list[Tensor]:
             Tensor(hf + "mlp.up_proj.weight", gg + "ffn_up.weight", (s.ffn, s.hidden), i),
             Tensor(hf + "mlp.down_proj.weight", gg + "ffn_down.weight", (s.hidden, s.ffn), i),
         ]
+    if s.mtp:
+        out += mtp_block(s)
     out.append(Tensor("model.norm.weight", "output_norm.weight", (s.hidden,)))
     if not s.tied:
         out.append(Tensor("lm_head.weight", "output.weight", (s.vocab, s.hidden)))
@@ -200,6 +204,19 @@ def hybrid_layer(s: Shape, i: int) -> list[Tensor]:
         Tensor(hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", (s.ffn, s.hidden), i),
         Tensor(hf + "mlp.up_proj.weight", gg + "ffn_up.weight", (s.ffn, s.hidden), i),
         Tensor(hf + "mlp.down_proj.weight", gg + "ffn_down.weight", (s.hidden, s.ffn), i)]
+
+
+def mtp_block(s: Shape) -> list[Tensor]:
+    """Qwen3.5's multi-token-prediction block as llama.cpp's converter writes it, under blk.N
+    after the N layers: a full-attention layer (a hybrid's fourth, renamed) and its own fc and
+    norms (blk.N.nextn.*), drawn from the checkpoint's mtp.* names."""
+    n, attention = s.layers, hybrid_layer(s, 3)
+    layer = [replace(t, hf_name=t.hf_name.replace("model.layers.3.", "mtp.layers.0."),
+                     gguf_name=t.gguf_name.replace("blk.3.", f"blk.{n}."), layer=n) for t in attention]
+    own = [Tensor("mtp.fc.weight", f"blk.{n}.nextn.eh_proj.weight", (s.hidden, 2 * s.hidden), n)]
+    own += [Tensor(f"mtp.{hf}.weight", f"blk.{n}.nextn.{gg}.weight", (s.hidden,), n) for hf, gg in (
+        ("pre_fc_norm_embedding", "enorm"), ("pre_fc_norm_hidden", "hnorm"), ("norm", "shared_head_norm"))]
+    return layer + own
 
 
 def gpt_oss_layer(s: Shape, i: int) -> list[Tensor]:
@@ -327,7 +344,9 @@ def write_gguf(path: Path, s: Shape, kind: str, seed: int, shape_name: str) -> N
     w.add_name(f"random {shape_name}")
     w.add_file_type(FILE_TYPES[kind])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_block_count(s.layers)
+    w.add_block_count(s.layers + s.mtp)
+    if s.mtp:
+        w.add_nextn_predict_layers(1)
     w.add_context_length(s.context)
     w.add_embedding_length(s.hidden)
     w.add_feed_forward_length(s.ffn)

@@ -28,13 +28,15 @@ from app.engine.block_tables import BlockTables
 from app.engine.request import Request
 from model.runner import AHEAD, Row
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "mtp")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM's --speculative-config keys: method "ngram" (prompt lookup) or "draft_model" (model:
-    a smaller model with the same tokenizer, model/draft.py)."""
+    """vLLM's --speculative-config keys: method "ngram" (prompt lookup), "draft_model" (model:
+    a smaller model with the same tokenizer, model/draft.py) or "mtp" (the model's own
+    multi-token-prediction layer, model/mtp.py: one guess a row unless num_speculative_tokens
+    says more, as vLLM defaults to the layers the checkpoint has)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -61,6 +63,8 @@ class SpeculativeConfig:
                              f" {sorted(cls.__dataclass_fields__)}")
         if "model" in given and "method" not in given:
             given["method"] = "draft_model"
+        if given.get("method") == "mtp":
+            given.setdefault("num_speculative_tokens", 1)
         config = cls(**given)
         if config.method not in METHODS:
             raise ValueError(f"--speculative-config method {config.method!r} is not supported; Spool has"
@@ -124,7 +128,7 @@ class Speculation:
 
     def __init__(self, config: SpeculativeConfig):
         self.config = config
-        # prompt lookup guesses here; a draft model's guesses are the runner's (model/draft.py)
+        # prompt lookup guesses here; a draft model's or an MTP layer's are the runner's (model/draft.py, mtp.py)
         self.lookup = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max) \
             if config.method == "ngram" else None
         self.paces: dict[str, Pace] = {}

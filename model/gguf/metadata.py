@@ -104,6 +104,9 @@ def read_gguf(path: Path) -> GGUFModel:
         shapes.update({"mlp.shared_expert.gate_proj.weight": (size, hidden), "mlp.shared_expert.up_proj.weight":
                        (size, hidden), "mlp.shared_expert.down_proj.weight": (hidden, size),
                        "mlp.shared_expert_gate.weight": (hidden,)})
+    if mtp:  # the MTP layer's own (names.NEXTN)
+        shapes.update({"mtp.fc.weight": (hidden, 2 * hidden), **{n: (hidden,) for n in (
+            "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight")}})
     for e in found:
         want = _expert_shape(e, experts, hidden, expert_ffn) or shapes.get(e.hf_name) or \
             shapes[e.hf_name.split(".", 3)[3]]

@@ -109,12 +109,18 @@ def read_gguf_tensors(path: Path) -> tuple[GGUFTensor, ...]:
     return tuple(entries(infos, family, int(need["block_count"]) - mtp, heads, kv_heads, path, experts, mtp))
 
 
+# the nextn tensors of a multi-token-prediction block, under a checkpoint's names (model/mtp.py)
+NEXTN = {"nextn.eh_proj.weight": "mtp.fc.weight", "nextn.enorm.weight": "mtp.pre_fc_norm_embedding.weight",
+         "nextn.hnorm.weight": "mtp.pre_fc_norm_hidden.weight", "nextn.shared_head_norm.weight": "mtp.norm.weight"}
+
+
 def entries(tensors, family: Family, layers: int, heads: int, kv_heads: int, path: Path,
             experts: int = 0, mtp: int = 0) -> list[GGUFTensor]:
     """Every tensor (gguf's ReaderTensor or index.TensorInfo) under its Hugging Face name (an
     expert stack as one entry per expert, under the checkpoint's names for it); an unknown one
-    means a model Spool would get wrong. The mtp multi-token-prediction blocks after the layers
-    (nextn_predict_layers: Qwen3.5's, GLM's) are not read."""
+    means a model Spool would get wrong. The first multi-token-prediction block after the layers
+    (nextn_predict_layers: Qwen3.5's) is named as layer `layers` with its nextn tensors under a
+    checkpoint's mtp.* names (model/mtp.py reads them when asked); further blocks are not read."""
     names = layer_names(family)
     moe = (ROUTER, *EXPERT_TENSORS, *EXPERT_BIASES) if experts else ()
     out = []
@@ -128,10 +134,13 @@ def entries(tensors, family: Family, layers: int, heads: int, kv_heads: int, pat
             continue
         parts = name.split(".", 2)
         if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and layers <= int(parts[1]) < layers + mtp:
-            continue
+            if parts[2] in NEXTN and int(parts[1]) == layers:
+                out.append(GGUFTensor(NEXTN[parts[2]], t, 0, shape))
+            if int(parts[1]) > layers or parts[2] not in names and parts[2] not in moe:
+                continue
         if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and (parts[2] in names or parts[2] in moe):
             i = int(parts[1])
-            if i >= layers:
+            if i >= layers + (mtp > 0):
                 raise ModelError(f"{path.name} has tensor {name} beyond its {layers} layers; the file is inconsistent")
             if parts[2] in moe:
                 out += _expert_entries(t, i, parts[2], family, experts, path)
