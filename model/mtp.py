@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model.compute import on_compute_thread
 from model.config import ModelConfig
 from model.errors import ModelError
 from model.runner import Row
@@ -75,6 +76,7 @@ class MTP:
         self.guesses: dict[object, tuple[int, list[int]]] = {}  # request id -> (its next row's start, guesses)
 
     @classmethod
+    @on_compute_thread  # packing the weights runs parallel kernels: on the thread the steps run on
     def load(cls, model_dir: Path, runner, count: int) -> "MTP":
         """runner's cache must hold the layer's K/V (ModelRunner's extra_layers=1)."""
         if len(runner.cache.k) <= runner.config.num_layers:
