@@ -25,7 +25,7 @@ from model.compute import on_compute_thread
 from model.config import ModelConfig
 from model.errors import ModelError
 from model.runner import Row
-from model.weights import LayerWeights, _LayerReader, open_tensors, prepared
+from model.weights import LayerWeights, LayerReader, open_tensors, prepared
 
 # a checkpoint's names (vLLM's Qwen3_5MultiTokenPredictor); a GGUF's map to them (model/gguf/names.py)
 FC, EMBED_NORM, HIDDEN_NORM, NORM = ("mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight",
@@ -60,7 +60,7 @@ def load_mtp_weights(model_dir: Path, config: ModelConfig, prepare, keep_float) 
                              " block); speculate with the ngram method instead")
         for name in [n for n in tensors.entries if n.startswith(LAYER)]:  # read as layer L of the model
             tensors.entries[f"model.layers.{L}.{name[len(LAYER):]}"] = tensors.entries[name]
-        reader = _LayerReader(tensors, model_dir, layer_config(config))
+        reader = LayerReader(tensors, model_dir, layer_config(config))
         layer = prepared(reader.layer(L), prepare, keep_float)
         return MTPWeights(prepare(reader.take(FC, (H, 2 * H))), *(prepare(reader.norm(n, (H,))) for n in
                                                                    (EMBED_NORM, HIDDEN_NORM, NORM)), layer)
@@ -173,7 +173,7 @@ class MTP:
         x, h = ops.add_rms_norm(x, None, w.layer.attn_norm, eps)
         cos, sin = model.tables["global"]
         attn = model.attention(h, w.layer, self.index, cos[positions], sin[positions], slots, meta, self.runner.cache,
-                               None, 0)
+                               temperature=None, window=0)
         if last is None:
             return None, None
         x, h = ops.add_rms_norm(x, attn, w.layer.mlp_norm, eps)

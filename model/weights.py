@@ -162,7 +162,7 @@ def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = float
     with open_tensors(model_dir) as tensors:
         bar = tqdm(total=config.num_layers + 1, desc=f"Loading {Path(model_dir).name}", unit="layer",
                    disable=None if progress is None else not progress, leave=False)
-        reader = _LayerReader(tensors, model_dir, config)
+        reader = LayerReader(tensors, model_dir, config)
         layers = []
         for i in range(config.num_layers):
             layers.append(prepared(reader.layer(i), prepare, keep_float))
@@ -173,7 +173,7 @@ def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = float
     return Weights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 
-class _LayerReader:
+class LayerReader:
     """Reads a layer's tensors, checked against config.json's shapes, fused into their GEMMs."""
 
     def __init__(self, tensors, model_dir: Path, config: ModelConfig):  # ModelTensors or GGUFTensors

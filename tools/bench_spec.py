@@ -9,6 +9,12 @@ Each prompt runs alone, greedy, once to warm up and then --repeats times with sp
 and on, alternating; the table gives the median decode rate (output tokens after the first,
 over the time after the first), the share of guesses kept, and whether the two runs wrote the
 same tokens (they must: greedy rows are exact).
+
+--oracle-acceptance P (method "mtp"): a random-weight model's MTP layer guesses nothing the
+model keeps, so its gain cannot be read off it. The layer still runs in full, its LM head
+included (the cost), but each guess it made is then replaced by the token the plain run wrote
+there, or by another token, kept with probability P: the gain at that acceptance, every cost
+real. A model with trained weights needs no oracle.
 """
 
 import argparse
@@ -20,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import model  # noqa: E402, F401  (first: it sets the thread pools' environment before NumPy loads)
+import numpy as np  # noqa: E402
 import trio  # noqa: E402
 
 from app.engine import Engine, EngineConfig, GenerationParams  # noqa: E402
@@ -67,12 +74,28 @@ async def generate(engine, prompt, max_tokens):
     return ids, time.perf_counter() - first
 
 
+def oracle(mtp, tokens: list[int], acceptance: float, vocab: int) -> None:
+    """After each of the MTP layer's passes, its guesses for the row starting at position `at`
+    become tokens[at + 1 + j] (the plain run's) with probability acceptance, else another."""
+    follow = mtp.follow
+
+    def replaced(rows, hidden, ids):
+        follow(rows, hidden, ids)
+        for at, made in mtp.guesses.values():
+            for j in range(len(made)):
+                right = tokens[at + 1 + j] if at + 1 + j < len(tokens) else made[j]
+                kept = np.random.default_rng([at, j]).random() < acceptance
+                made[j] = right if kept else (right + 1) % vocab
+    mtp.follow = replaced
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4}')
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--oracle-acceptance", type=float, default=None)
     args = parser.parse_args()
 
     model_dir = resolve_model(args.model)
@@ -93,6 +116,8 @@ def main() -> None:
                                  extra_layers=extra_kv_layers(config) if spec else 0)
             if spec:
                 attach_proposer(runner, config, backend, model_dir, tokenizer)
+                if args.oracle_acceptance is not None:
+                    oracle(runner.draft, [*prompt, *outputs[False]], args.oracle_acceptance, llama.config.vocab_size)
             engine = Engine(runner, tokenizer, EngineConfig(max_model_len=4096, decode_log_interval=0,
                                                             speculative=config if spec else None))
             async with trio.open_nursery() as nursery:
