@@ -239,3 +239,24 @@ def test_preemption_keeps_or_rebuilds_the_layers_kv(mtp_dirs, swap_blocks):
             assert got[at][:n] == solo[at][:n], at
             compared += n
     assert compared >= 8, compared
+
+
+def test_a_server_with_mtp_writes_the_same_text_and_counts_it(mtp_dirs):
+    """`spool serve --speculative-config '{"method": "mtp"}'` on a Qwen3.5 checkpoint, against one
+    without: the same greedy tokens over the official client, and guesses kept in /metrics."""
+    from live_server import LiveServer
+
+    path = mtp_dirs("qwen3.5", echo=True)
+    got, counters = [], {}
+    for flags in ((), ("--speculative-config", MTP3)):
+        server = LiveServer(str(path), "--dtype", "q8_0", "--kv-cache-gib", "0.05", *flags)
+        try:
+            with server.openai_client() as client:
+                got.append([client.completions.create(model=path.name, prompt=p, max_tokens=24, temperature=0,
+                                                      logprobs=0).choices[0].logprobs.tokens for p in PROMPTS])
+            counters = {k: v for k, v in server.metrics().items() if "spec_decode" in k}
+        finally:
+            assert server.stop() == 0, server.output()
+    assert got[0] == got[1] and all(got[0])
+    accepted = next(v for k, v in counters.items() if k.startswith("spool:spec_decode_num_accepted_tokens_total"))
+    assert accepted > 5
