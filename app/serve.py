@@ -114,8 +114,8 @@ def load(args, state: ServerState) -> Engine:
     if backend.name == "cuda" and args.kv_cache_gib is None:
         num_blocks = gpu_kv_blocks(model, args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens,
                                    state.max_model_len, extra_layers=extra_layers) - -(-state_bytes // block_bytes)
-    else:
-        kv_cache_gib = args.kv_cache_gib or 1.0
+    else:  # a hybrid's state comes out of a given --kv-cache-gib, and beside the default 1 GiB of K/V
+        kv_cache_gib = args.kv_cache_gib or 1.0 + state_bytes / GIB
         num_blocks = int((kv_cache_gib * GIB - state_bytes) // block_bytes)
         if num_blocks < 2:
             raise ValueError(f"--kv-cache-gib {kv_cache_gib} holds fewer than 2 KV blocks of {block_bytes} bytes"
