@@ -7,7 +7,7 @@ NumPy's OpenBLAS and numba start with as they load.
 import argparse
 import sys
 
-from app import flags, settings, version
+from app import flags, peer_flags, settings, version
 
 COMMANDS = {
     "serve": (flags.serve_arguments, "serve the OpenAI-compatible API over HTTP and WebSocket",
@@ -31,14 +31,14 @@ class Parser(argparse.ArgumentParser):
 
 def command_parser(command: str, prog: str) -> argparse.ArgumentParser:
     add, _, description = COMMANDS[command]
-    parser = Parser(prog=f"{prog} {command}", description=description)
+    parser = Parser(prog=f"{prog} {command}", description=description, allow_abbrev=False)
     add(parser)
     settings.add_arguments(parser)
     return parser
 
 
 def top_parser(prog: str) -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description="Spool: a small LLM inference server.")
+    parser = Parser(prog=prog, description="Spool: a small LLM inference server.", allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (_, help_text, _) in COMMANDS.items():
@@ -53,7 +53,14 @@ def parse(argv: list[str], environ=None, prog: str = "spool") -> tuple[str, argp
         top_parser(prog).parse_args(argv)  # prints help or the usage error, and exits
     command, rest = argv[0], argv[1:]
     parser = command_parser(command, prog)
+    notes = []
+    if command == "serve":  # vLLM's and llama-server's flags, as their users copy them
+        try:
+            rest, notes = peer_flags.screen(rest, set(parser._option_string_actions))
+        except ValueError as e:
+            raise settings.SettingsError(str(e)) from None
     args, sources = settings.resolve(parser, rest, environ)
+    args.peer_notes = notes
     if getattr(args, "model_arg", None) is not None:
         if sources["model"] == "command line" and args.model != args.model_arg:
             parser.error(f"the model is given twice: {args.model_arg!r} and --model {args.model!r}")

@@ -160,6 +160,11 @@ def serve_arguments(parser) -> None:
       help="require one of these keys as 'Authorization: Bearer KEY' (or x-api-key) on every route but /health;"
            " several are space-separated (in SPOOL_API_KEY, comma-separated too), and what one key stores in the"
            " Responses store only that key reads (default: none)")
+    a("--api-key-file", default=None, metavar="FILE",
+      help="--api-key's keys from a file, one a line (as llama-server takes them) (default: none)")
+    a("--seed", "-s", type=int, default=None,
+      help="seed of the draws of requests that send no seed of their own, so a server's unseeded output"
+           " repeats from start to start as vLLM's does (default: none, fresh each start)")
     a("--allowed-origins", type=name_list, default=None, metavar="JSON_LIST",
       help='web pages besides the server\'s own that may call it from a browser, as origins in a JSON list'
            ' (\'["http://localhost:3000"]\', as vLLM takes it) or comma-separated; they get CORS headers; "*" is'

@@ -60,9 +60,24 @@ def validate_flags(args) -> None:
     if args.reasoning_parser is not None and args.reasoning_parser not in reasoning.PARSERS:
         raise ValueError(f"--reasoning-parser {args.reasoning_parser!r} is not one of {', '.join(reasoning.PARSERS)}")
     chat_template_text(args.chat_template)
+    api_keys(args)
     speculative_config(args)
     limits.Limits.from_args(args).validate()
     OriginPolicy.from_args(args)
+
+
+def api_keys(args) -> tuple[str, ...]:
+    """--api-key's keys and --api-key-file's, one a line (blank lines and # comments aside)."""
+    keys = list(args.api_key or ())
+    if args.api_key_file is not None:
+        try:
+            lines = Path(args.api_key_file).expanduser().read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--api-key-file {args.api_key_file!r} cannot be read: {e.strerror or e}") from None
+        keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        if len(keys) == len(args.api_key or ()):
+            raise ValueError(f"--api-key-file {args.api_key_file!r} holds no key")
+    return tuple(keys)
 
 
 def model_names(args) -> list[str]:
@@ -122,7 +137,8 @@ def load(args, state: ServerState) -> Engine:
                              + (f" beside {args.max_num_seqs} requests' state ({state_bytes / GIB:.2f} GiB)"
                                 if state_bytes else ""))
     try:
-        runner = ModelRunner(config, model, num_blocks, state_slots=args.max_num_seqs, extra_layers=extra_layers)
+        runner = ModelRunner(config, model, num_blocks, seed=args.seed, state_slots=args.max_num_seqs,
+                             extra_layers=extra_layers)
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         raise ValueError(f"out of memory allocating the KV cache of {num_blocks} blocks ({one_line(e)});"
                          " lower --gpu-memory-utilization or --kv-cache-gib") from None
@@ -211,13 +227,15 @@ async def serve(state: ServerState, args, load_engine) -> str | None:
 
 def run_serve(args) -> int:
     configure_logging(args)
+    for note in getattr(args, "peer_notes", ()):  # a peer's flag taken with no effect (app/peer_flags)
+        log.warning(note)
     try:
         validate_flags(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     names = model_names(args)
-    state = ServerState(model_name=names[0], aliases=names[1:], api_keys=tuple(args.api_key or ()), ui=not args.no_ui,
+    state = ServerState(model_name=names[0], aliases=names[1:], api_keys=api_keys(args), ui=not args.no_ui,
                         request_timeout=args.request_timeout or None, limits=limits.Limits.from_args(args),
                         responses=ResponseStore(args.responses_store_bytes, args.responses_store_ttl),
                         origins=OriginPolicy.from_args(args))

@@ -14,7 +14,7 @@ from pathlib import Path
 ENV_PREFIX = "SPOOL_"
 SECRET = {"api_key"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
-_NOT_SETTINGS = {"help", "config", "print_config", "model_arg", "prompt"}
+_NOT_SETTINGS = {"help", "config", "print_config", "model_arg", "prompt", "peer_notes"}
 
 
 class SettingsError(ValueError):
