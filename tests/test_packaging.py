@@ -1,5 +1,5 @@
 """What a non-editable install carries: the kernels' sources, where model/ops/kernels.py looks,
-the chat page's files, and every package of app/ and model/ (pyproject.toml lists them one by
+the chat page's files, the peers' flag lists, and every package of app/ and model/ (pyproject.toml lists them one by
 one)."""
 
 import os
@@ -28,6 +28,9 @@ def test_an_installed_copy_carries_every_kernel_source(tmp_path):
     from app.server.chat_page import FILES
 
     assert all((lib / "app" / "server" / "ui" / name).is_file() for name in FILES)
+    from app.peer_flags import LISTS
+
+    assert all((lib / "app" / "peer_flags" / name).is_file() for name in LISTS.values())
     found = subprocess.run([sys.executable, "-c", "from model.ops.kernels import CUDA_DIR; print(CUDA_DIR)"],
                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(lib)}, capture_output=True, text=True)
     assert found.stdout.strip() == str(installed), found.stderr
