@@ -160,6 +160,10 @@ def serve_arguments(parser) -> None:
       help="require one of these keys as 'Authorization: Bearer KEY' (or x-api-key) on every route but /health;"
            " several are space-separated (in SPOOL_API_KEY, comma-separated too), and what one key stores in the"
            " Responses store only that key reads (default: none)")
+    a("--ssl-certfile", "--ssl-cert-file", dest="ssl_certfile", default=None, metavar="FILE",
+      help="serve HTTPS (and wss://) with this PEM certificate chain, beside --ssl-keyfile (default: plain HTTP)")
+    a("--ssl-keyfile", "--ssl-key-file", dest="ssl_keyfile", default=None, metavar="FILE",
+      help="the certificate's PEM private key (default: in --ssl-certfile)")
     a("--api-key-file", default=None, metavar="FILE",
       help="--api-key's keys from a file, one a line (as llama-server takes them) (default: none)")
     a("--seed", "-s", type=int, default=None,

@@ -11,6 +11,7 @@ down with it: there is never a server without a scheduler.
 import functools
 import logging
 import signal
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -61,9 +62,26 @@ def validate_flags(args) -> None:
         raise ValueError(f"--reasoning-parser {args.reasoning_parser!r} is not one of {', '.join(reasoning.PARSERS)}")
     chat_template_text(args.chat_template)
     api_keys(args)
+    tls_context(args)
     speculative_config(args)
     limits.Limits.from_args(args).validate()
     OriginPolicy.from_args(args)
+
+
+def tls_context(args) -> ssl.SSLContext | None:
+    """--ssl-certfile's and --ssl-keyfile's server context (TLS 1.2 and up), or None for plain HTTP."""
+    if args.ssl_certfile is None:
+        if args.ssl_keyfile is not None:
+            raise ValueError("--ssl-keyfile needs --ssl-certfile, the certificate it belongs to")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"--ssl-certfile {args.ssl_certfile!r}"
+                         + (f" with --ssl-keyfile {args.ssl_keyfile!r}" if args.ssl_keyfile else "")
+                         + f" cannot be loaded: {e.strerror or e.reason or e}") from None
+    return context
 
 
 def api_keys(args) -> tuple[str, ...]:
@@ -198,7 +216,7 @@ async def serve(state: ServerState, args, load_engine) -> str | None:
         async def http(task_status=trio.TASK_STATUS_IGNORED):
             # After the drain below, only final frames are left to flush: 5 s is plenty.
             await serve_http(create_app(state), state.limits, state.connections, args.host, args.port,
-                             stop.wait, graceful_timeout=5.0, task_status=task_status)
+                             stop.wait, graceful_timeout=5.0, tls=tls_context(args), task_status=task_status)
             nursery.cancel_scope.cancel()  # the server has closed: the engine goes with it
 
         nursery.start_soon(on_signal)
@@ -212,7 +230,8 @@ async def serve(state: ServerState, args, load_engine) -> str | None:
         if bind_error is not None:
             nursery.cancel_scope.cancel()
             return f"cannot listen on {args.host}:{args.port} ({bind_error.strerror or bind_error}); pick another --port"
-        log.info(f"listening on http://{args.host}:{args.port}; loading the model")
+        scheme = "https" if args.ssl_certfile else "http"
+        log.info(f"listening on {scheme}://{args.host}:{args.port}; loading the model")
         try:
             engine = await trio.to_thread.run_sync(load_engine)
         except (ValueError, ModelError) as e:
@@ -220,7 +239,7 @@ async def serve(state: ServerState, args, load_engine) -> str | None:
             return str(e)
         await nursery.start(engine.run)
         state.engine = engine
-        log.info(f"Spool serving {state.model_name!r} on http://{args.host}:{args.port}")
+        log.info(f"Spool serving {state.model_name!r} on {scheme}://{args.host}:{args.port}")
     log.info("stopped")
     return None
 

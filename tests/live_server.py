@@ -19,12 +19,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_ok(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+def wait_until_ok(url: str, proc: subprocess.Popen, timeout: float, verify=True) -> bool:
     """Poll url until it answers 200 (True), or until proc exits or timeout passes (False)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2, verify=verify).status_code == 200:
                 return True
         except httpx.HTTPError:
             pass
@@ -33,15 +33,17 @@ def wait_until_ok(url: str, proc: subprocess.Popen, timeout: float) -> bool:
 
 
 class LiveServer:
-    def __init__(self, *args: str, env: dict | None = None, port: int | None = None):
+    def __init__(self, *args: str, env: dict | None = None, port: int | None = None, scheme: str = "http",
+                 verify=True):
+        """scheme https: the server was given a certificate, which verify (httpx's) trusts."""
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"spool-server-{self.port}.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--port", str(self.port), *args],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-        if not wait_until_ok(self.url + "/health", self.proc, timeout=180):
+        if not wait_until_ok(self.url + "/health", self.proc, timeout=180, verify=verify):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
             self.stop()

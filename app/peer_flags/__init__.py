@@ -42,7 +42,6 @@ RULES = [
     Rule(r"-s|--seed", SAME, "--seed"),
     Rule(r"--no-webui|--no-ui", SAME, "--no-ui"),
     Rule(r"--api-key-file", SAME, "--api-key-file"),
-    Rule(r"--ssl-key-file|--ssl-cert-file", REFUSE, "TLS is not served yet: put a TLS proxy (Caddy, nginx) in front"),
     Rule(r"-ngl|--gpu-layers|--n-gpu-layers", IGNORE, GPU_LAYERS),
     Rule(r"-fa|--flash-attn", IGNORE, "attention is always the tiled kernel on every backend"),
     Rule(r"--jinja", IGNORE, "chat templates are always rendered by Jinja (a sandboxed jinja2)"),
@@ -122,8 +121,10 @@ RULES = [
          r"|--fully-sharded-loras|--no-fully-sharded-loras|--default-mm-loras", REFUSE, NO_LORA),
     Rule(r"-q|--quantization", REFUSE, "--dtype chooses the weights' type (q8_0, q4_k, float16 ...); a GGUF's types"
                                        " are served as they are"),
-    Rule(r"--ssl-\S+|--enable-ssl-refresh|--no-enable-ssl-refresh", REFUSE,
-         "TLS is not served yet: put a TLS proxy (Caddy, nginx) in front"),
+    Rule(r"--ssl-ca-certs|--ssl-cert-reqs|--ssl-ciphers", REFUSE, "clients are not asked for certificates, and the"
+                                                                   " ciphers are Python's defaults for TLS 1.2 and up"),
+    Rule(r"--enable-ssl-refresh|--no-enable-ssl-refresh|--disable-ssl-refresh", REFUSE,
+         "the certificate is read at start: restart the server to take a renewed one"),
     Rule(r"--block-size", REFUSE, "KV blocks are 16 tokens", "16"),
     Rule(r"--generation-config|--override-generation-config", REFUSE, PER_REQUEST),
     Rule(r"--enable-auto-tool-choice", IGNORE,
@@ -132,7 +133,6 @@ RULES = [
     Rule(r"--device-memory-utilization", SAME, "--gpu-memory-utilization"),
     Rule(r"--no-enforce-eager", IGNORE, "decode steps replay CUDA graphs unless --enforce-eager"),
     Rule(r"--chat-template-kwargs", REFUSE, "send chat_template_kwargs in each request"),
-    Rule(r"--disable-ssl-refresh", REFUSE, "TLS is not served yet: put a TLS proxy (Caddy, nginx) in front"),
     Rule(r"--max-num-queued-reqs", SAME, "--max-queue"),
     Rule(r"--disable-chunked-prefill", REFUSE, "prefill is always chunked; a large --prefill-chunk makes one chunk"),
     Rule(r"--data-parallel-\S+|-dp\w|--distributed-\S+|--nnodes|--node-rank|--master-\S+|\S*expert\S*|-ep"

@@ -60,13 +60,23 @@ def address(getname) -> tuple[str, int] | None:
         return None
 
 
+async def half_close(stream) -> None:
+    """Our side's end: TCP's FIN, the peer still free to send; a TLS stream can only close
+    whole (its close_notify, then the socket)."""
+    if isinstance(stream, trio.SSLStream):
+        await stream.aclose()
+    else:
+        await stream.send_eof()
+
+
 class Connection:
     """The socket side of one client: a read loop feeding the protocol, one lock for writes, and
     a watch task for the deadlines. `reason` says why it closed (the metric's label)."""
 
     def __init__(self, stream: trio.SocketStream, server, head: bytes = b""):
         self.stream, self.server, self.limits = stream, server, server.limits
-        self.peer_address = address(stream.socket.getpeername)
+        self.socket = getattr(stream, "transport_stream", stream).socket  # under TLS, the TCP socket
+        self.peer_address = address(self.socket.getpeername)
         self.peer = "%s:%s" % self.peer_address if self.peer_address else "unknown peer"
         now = trio.current_time()
         self.reason: str | None = None
@@ -109,7 +119,7 @@ class Connection:
                     self.protocol = Http1Protocol(
                         server.app, server.config, server.context, task_group,
                         ConnectionState(server.lifespan_state.copy()), False, self.peer_address,
-                        address(self.stream.socket.getsockname),
+                        address(self.socket.getsockname),
                         self.protocol_send, max_headers=self.limits.max_headers, on_bad_request=self.bad_request)
                     task_group.spawn(self.watch)
                     await self.read()
@@ -224,7 +234,7 @@ class Connection:
 
         async def send_eof():
             self.write_closed = True
-            await self.stream.send_eof()
+            await half_close(self.stream)
 
         await self.on_socket(send_eof)
         self.read_scope.deadline = min(self.read_scope.deadline, trio.current_time() + LINGER)
@@ -234,7 +244,7 @@ class Connection:
         self.close_reason(reason)
         self.write_closed = True
         self.read_scope.cancel()
-        self.stream.socket.close()
+        self.socket.close()
 
     def deadline(self) -> float:
         limits, server = self.limits, self.server

@@ -24,7 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.worker_context import WorkerContext
 
-from app.server.http.connection import LINGER, MAX_RECV, Connection, canned_response
+from app.server.http.connection import LINGER, MAX_RECV, Connection, canned_response, half_close
 from app.server.limits import Limits
 
 log = logging.getLogger("spool.listener")
@@ -124,7 +124,7 @@ async def refuse(stream: trio.SocketStream, linger: bool) -> None:
     with trio.move_on_after(LINGER if linger else 0.1):
         try:
             await stream.send_all(REFUSAL)
-            await stream.send_eof()
+            await half_close(stream)
             while linger and await stream.receive_some(MAX_RECV):
                 pass
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -155,9 +155,10 @@ def raise_open_files_limit(needed: int) -> None:
 
 
 async def serve_http(app, limits: Limits, stats: ConnectionStats, host: str, port: int, shutdown_trigger,
-                     graceful_timeout: float, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                     graceful_timeout: float, tls=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on host:port until shutdown_trigger returns, then stop accepting, let busy
-    connections finish for graceful_timeout, and close the rest. Bind errors raise OSError."""
+    connections finish for graceful_timeout, and close the rest. Bind errors raise OSError. tls:
+    an ssl.SSLContext to serve HTTPS with."""
     raise_open_files_limit(limits.max_connections + 64)
     server = HttpServer(app, limits, stats)
     lifespan = Lifespan(server.app, server.config, server.lifespan_state)
@@ -165,6 +166,8 @@ async def serve_http(app, limits: Limits, stats: ConnectionStats, host: str, por
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         listeners = await trio.open_tcp_listeners(port, host=host)
+        if tls is not None:  # HTTPS: each connection's TLS handshake happens on its first read or write
+            listeners = [trio.SSLListener(listener, tls, https_compatible=True) for listener in listeners]
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(functools.partial(
