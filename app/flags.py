@@ -166,6 +166,12 @@ def serve_arguments(parser) -> None:
       help="the certificate's PEM private key (default: in --ssl-certfile)")
     a("--api-key-file", default=None, metavar="FILE",
       help="--api-key's keys from a file, one a line (as llama-server takes them) (default: none)")
+    a("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+      help="where a request's sampling defaults come from when it leaves temperature, top_p, top_k, min_p,"
+           " repetition_penalty or max_tokens out, as vLLM takes it: auto, the model's generation_config.json; vllm,"
+           " none (OpenAI's defaults); or a folder's generation_config.json (default: auto)")
+    a("--override-generation-config", default=None, metavar="JSON",
+      help='sampling defaults over --generation-config\'s, as a JSON object ({"temperature": 0.6}) (default: none)')
     a("--seed", "-s", type=int, default=None,
       help="seed of the draws of requests that send no seed of their own, so a server's unseeded output"
            " repeats from start to start as vLLM's does (default: none, fresh each start)")

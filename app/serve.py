@@ -25,6 +25,7 @@ from app.server import limits, reasoning, tools
 from app.server.app import create_app
 from app.server.responses.store import ResponseStore
 from app.server.origins import OriginPolicy
+from app.server.generation_config import sampling_defaults
 from app.server.state import ServerState
 from app.server.http.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
@@ -63,6 +64,8 @@ def validate_flags(args) -> None:
     chat_template_text(args.chat_template)
     api_keys(args)
     tls_context(args)
+    sampling_defaults("vllm" if args.generation_config == "auto" else args.generation_config, Path("."),
+                      args.override_generation_config)  # the model's own file is read once it is fetched
     speculative_config(args)
     limits.Limits.from_args(args).validate()
     OriginPolicy.from_args(args)
@@ -116,6 +119,10 @@ def load(args, state: ServerState) -> Engine:
     already answers /health with 503."""
     backend = resolve(args.backend, args.dtype)
     model_dir = fetch_model(args)
+    state.sampling_defaults = sampling_defaults(args.generation_config, model_dir, args.override_generation_config)
+    if state.sampling_defaults:
+        log.info(f"a request's sampling defaults are the generation config's {state.sampling_defaults}"
+                 " (--generation-config vllm for OpenAI's)")
     state.tokenizer = Tokenizer(args.tokenizer or model_dir, chat_template_text(args.chat_template),
                                 render_seconds=state.limits.chat_template_timeout,
                                 render_chars=state.limits.max_chat_template_chars)

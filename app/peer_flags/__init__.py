@@ -126,7 +126,6 @@ RULES = [
     Rule(r"--enable-ssl-refresh|--no-enable-ssl-refresh|--disable-ssl-refresh", REFUSE,
          "the certificate is read at start: restart the server to take a renewed one"),
     Rule(r"--block-size", REFUSE, "KV blocks are 16 tokens", "16"),
-    Rule(r"--generation-config|--override-generation-config", REFUSE, PER_REQUEST),
     Rule(r"--enable-auto-tool-choice", IGNORE,
          "tool calls are always parsed, in the format --tool-call-parser names or the template shows"),
     Rule(r"--disable-prefix-caching", SAME, "--no-enable-prefix-caching"),

@@ -23,18 +23,25 @@ from model.sampling import SamplingParams
 from model.tokenizer import THINK_TAGS, ChatTemplateError
 
 
-def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
-    """The request's sampling fields with OpenAI's defaults; the engine validates them."""
+def sampling_params(req, logprobs: int | None, index: int, defaults: dict | None = None) -> SamplingParams:
+    """The request's sampling fields; those it leaves out are the model's generation config's
+    (defaults: app/server/generation_config.py), else OpenAI's. The engine validates them."""
+    given = defaults or {}
+
+    def field(name, default):
+        value = getattr(req, name)
+        return given.get(name, default) if value is None else value
+
     try:
         bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
     except ValueError:
         raise APIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
     return SamplingParams(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
-        min_p=req.min_p or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        temperature=field("temperature", 1.0),
+        top_p=field("top_p", 1.0),
+        top_k=field("top_k", 0),
+        min_p=field("min_p", 0.0),
+        repetition_penalty=field("repetition_penalty", 1.0),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         logit_bias=bias,
@@ -43,18 +50,21 @@ def sampling_params(req, logprobs: int | None, index: int) -> SamplingParams:
     )
 
 
-def generation_params(req, index: int, grammar_text: str | None = None, thinking=None) -> GenerationParams:
+def generation_params(req, index: int, grammar_text: str | None = None, thinking=None,
+                      defaults: dict | None = None) -> GenerationParams:
     prompt_logprobs = req.prompt_logprobs
+    defaults = defaults or {}
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = defaults.get("max_new_tokens") if max_tokens is None else max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
-        max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
+        max_tokens = req.max_tokens if req.max_tokens is not None else defaults.get("max_new_tokens", 16)  # OpenAI's
         logprobs = req.logprobs
         if req.echo and logprobs is not None:  # the echoed prompt's tokens carry theirs too
             prompt_logprobs = max(logprobs, prompt_logprobs or 0)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    return GenerationParams(sampling_params(req, logprobs, index), max_tokens=max_tokens,
+    return GenerationParams(sampling_params(req, logprobs, index, defaults), max_tokens=max_tokens,
                             min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
                             ignore_eos=req.ignore_eos, grammar=grammar_text, thinking=thinking,
                             prompt_logprobs=prompt_logprobs)
@@ -90,7 +100,8 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
         grammar_text, field = tools.grammar(), "tools"
     if not isinstance(req, ChatCompletionRequest):
         prompts = completion_prompts(req, tokenizer)
-        params = (generation_params(req, index, grammar_text) for index in range(len(prompts) * req.n))
+        params = (generation_params(req, index, grammar_text, defaults=state.sampling_defaults)
+                  for index in range(len(prompts) * req.n))
         return Checked(check_choices(engine, prompts, req.n, params, field))
     prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables(),
                          state.tool_format)
@@ -103,7 +114,7 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
         grammar_text = after_thinking(tokenizer, grammar_text, inside)
     elif grammar_text is not None and state.reasoning == HARMONY and field != "tools":
         grammar_text = after_analysis(tokenizer, grammar_text)
-    params = (generation_params(req, index, grammar_text, thinking) for index in range(req.n))
+    params = (generation_params(req, index, grammar_text, thinking, state.sampling_defaults) for index in range(req.n))
     reading = Reading(tools, inside, harmony=state.reasoning == HARMONY,
                       think_tags=tokenizer.think_tags or THINK_TAGS[0])
     return Checked(check_choices(engine, [prompt], req.n, params, field), reading)

@@ -33,6 +33,7 @@ class ServerState:
     model_type: str = ""
     architectures: list = field(default_factory=list)
     request_timeout: float | None = None  # seconds; None: no limit
+    sampling_defaults: dict = field(default_factory=dict)  # the generation config's (generation_config.py)
     limits: Limits = field(default_factory=Limits)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
     responses: object = None  # the Responses API's store (app/server/responses/store.py), once serve() makes it
