@@ -139,12 +139,25 @@ BAD = [
         ("audio", "/v1/chat/completions", {"messages": QUESTION}, {"voice": "alloy", "format": "wav"}),
         ("modalities", "/v1/chat/completions", {"messages": QUESTION}, ["text", "audio"]),
         ("suffix", "/v1/completions", {"prompt": "x"}, "y"),
+        # vLLM's and llama-server's samplers Spool does not implement, set on
+        ("dry_multiplier", "/v1/chat/completions", {"messages": QUESTION}, 0.8),
+        ("xtc_probability", "/v1/completions", {"prompt": "x"}, 0.5),
+        ("typical_p", "/v1/completions", {"prompt": "x"}, 0.9),
+        ("top_n_sigma", "/v1/chat/completions", {"messages": QUESTION}, 1.0),
+        ("mirostat", "/v1/completions", {"prompt": "x"}, 2),
+        ("dynatemp_range", "/v1/completions", {"prompt": "x"}, 0.5),
+        ("bad_words", "/v1/chat/completions", {"messages": QUESTION}, ["Paris"]),
+        ("allowed_token_ids", "/v1/completions", {"prompt": "x"}, [5, 6]),
+        ("repeat_penalty", "/v1/completions", {"prompt": "x"}, 1.1),
+        ("use_beam_search", "/v1/completions", {"prompt": "x"}, True),
     ]],
 ]
+SAMPLERS = ("dry_multiplier", "xtc_probability", "typical_p", "top_n_sigma", "mirostat", "dynatemp_range", "bad_words",
+            "allowed_token_ids", "repeat_penalty", "use_beam_search")
 
 # the field a refusal names, by the case's id
 NAMED = {"an image part": "messages.0.content.1", **{f"unsupported {f}": f for f in (
-    "functions", "tools", "tool_choice", "audio", "modalities", "suffix")}}
+    "functions", "tools", "tool_choice", "audio", "modalities", "suffix", *SAMPLERS)}}
 
 
 @pytest.mark.parametrize("what,path,body,status", BAD, ids=[b[0] for b in BAD])
@@ -164,6 +177,12 @@ def test_fields_that_ask_for_nothing_new_are_accepted(client):
     r = client.chat.completions.create(model=model_name(client), messages=QUESTION, max_tokens=2, temperature=0,
                                        response_format={"type": "text"}, tool_choice="none", user="u", store=False,
                                        metadata={"k": "v"}, service_tier="auto")
+    assert r.choices[0].finish_reason == "length"
+    off = {"dry_multiplier": 0, "dry_base": 1.75, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
+           "top_n_sigma": -1, "mirostat": 0, "dynatemp_range": 0, "bad_words": [], "repeat_penalty": 1.0,
+           "samplers": ["top_k", "top_p", "temperature"], "n_probs": 0}  # llama-server's web page sends these
+    r = client.chat.completions.create(model=model_name(client), messages=QUESTION, max_tokens=2, temperature=0,
+                                       extra_body=off)
     assert r.choices[0].finish_reason == "length"
 
 

@@ -39,6 +39,20 @@ UNSUPPORTED = {
     "web_search_options": "web search is not supported",
 }
 
+# vLLM's and llama-server's samplers and sampling switches that Spool does not implement yet,
+# each with the values that leave it off (a request that sends those passes)
+UNSUPPORTED_SAMPLERS = {
+    "dry_multiplier": (0,), "dry_base": None, "dry_allowed_length": None, "dry_penalty_last_n": None,
+    "dry_sequence_breakers": None,  # DRY's settings matter only with a multiplier
+    "xtc_probability": (0,), "xtc_threshold": None,
+    "typical_p": (1,), "top_n_sigma": (-1,), "mirostat": (0,), "mirostat_tau": None, "mirostat_eta": None,
+    "dynatemp_range": (0,), "dynatemp_exponent": None,
+    "bad_words": (), "allowed_token_ids": (), "samplers": None, "repeat_last_n": None, "penalty_last_n": None,
+    "use_beam_search": (), "length_penalty": (1,), "truncate_prompt_tokens": (), "logits_processors": (),
+    "lora": (), "n_probs": (0,), "min_keep": (0,), "repeat_penalty": (1,),
+}
+SAMPLER_WHY = "this sampler is not implemented yet; leave it out or off (docs/apis.md)"
+
 
 def asks_for_nothing(field: str, value: Any) -> bool:
     if value == "auto":  # the default, except that tool_choice auto lets the model call tools
@@ -91,6 +105,10 @@ class SamplingFields(BaseModel):
                     if field == "best_of" and data[field] == data.get("n", 1):
                         continue
                     raise PydanticCustomError("unsupported", f"{field}: {why}", {"field": field})
+            for field, off in UNSUPPORTED_SAMPLERS.items():
+                value = data.get(field)
+                if off is not None and not asks_for_nothing(field, value) and value not in off:
+                    raise PydanticCustomError("unsupported", f"{field}: {SAMPLER_WHY}", {"field": field})
         return data
 
     def shows_prompt(self) -> bool:
