@@ -1,7 +1,8 @@
 // Sampling, one block per row of fp32 logits (penalties and logit bias already applied):
 // greedy (temperature 0) is the argmax, lowest id on ties; otherwise softmax at the row's
-// temperature, then the kept set: top-k, top-p over the renormalised top-k, and min-p against
-// the most likely token, each a threshold on the tokens' weights (probability relative to the
+// temperature, then the kept set: top-k, top-p over the renormalised top-k, and min-p and top-nσ
+// against the most likely token (top-nσ: logits n standard deviations of the finite ones below the
+// largest, or nearer), each a threshold on the tokens' weights (probability relative to the
 // most likely, in (0, 1]); then one inverse-CDF draw over the kept tokens in id order with the
 // row's uniform u, which the host takes from seeded_uniform(seed, index) for a seeded row, so a
 // row's token never depends on the rest of the batch. A row whose logits hold no finite value
@@ -80,7 +81,7 @@ __device__ float threshold(const float* row, int vocab, float top, float inv_t, 
 
 __global__ void sample(int* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperature,
                        const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
-                       const float* __restrict__ uniform, int vocab) {
+                       const float* __restrict__ top_n_sigma, const float* __restrict__ uniform, int vocab) {
     int r = blockIdx.x;
     const float* row = logits + size_t(r) * vocab;
     float m = neg_inf();
@@ -105,6 +106,22 @@ __global__ void sample(int* __restrict__ out, const float* __restrict__ logits, 
 
     // The threshold: kept tokens have weight >= floor.
     float floor = min_p[r] > 0.0f ? min_p[r] : 0.0f;
+    if (top_n_sigma[r] > 0.0f) {  // the finite logits' standard deviation, from their gaps below the largest
+        float sum = 0.0f, squares = 0.0f, finite = 0.0f;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float gap = row[i] - top;
+            if (gap > neg_inf()) {
+                sum += gap;
+                squares += gap * gap;
+                finite += 1.0f;
+            }
+        }
+        sum = block_sum(sum);
+        squares = block_sum(squares);
+        finite = block_sum(finite);
+        float mean = sum / finite, sigma = sqrtf(fmaxf(squares / finite - mean * mean, 0.0f));
+        floor = fmaxf(floor, __expf(-top_n_sigma[r] * sigma * inv_t));
+    }
     int k = top_k[r];
     if (k > 0 && k < vocab) floor = threshold(row, vocab, top, inv_t, floor, true, float(k));
     if (top_p[r] < 1.0f) floor = threshold(row, vocab, top, inv_t, floor, false, top_p[r]);

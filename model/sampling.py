@@ -20,6 +20,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
     min_p: float = 0.0
+    top_n_sigma: float = -1.0  # top-nσ: logits within n standard deviations of the largest; <= 0: off
     repetition_penalty: float = 1.0  # over prompt and output, as in transformers
     presence_penalty: float = 0.0  # over output, as in OpenAI's API
     frequency_penalty: float = 0.0
@@ -43,7 +44,7 @@ class SamplingParams:
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
 
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+        for name in ("temperature", "top_p", "min_p", "top_n_sigma", "repetition_penalty",
                      "presence_penalty", "frequency_penalty"):
             finite(name, getattr(self, name))
         if self.temperature < 0:

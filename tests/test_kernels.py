@@ -13,7 +13,8 @@ import pytest
 from cuda_harness import CpuLauncher, DeviceLauncher, as_float, gpu_available, poisoned, storage
 from model.ops.cuda_ops import CudaOps, decode_blocks, prefill_shared_bytes, prefill_variant
 from model.ops.kernels import TENSOR_CORE_TYPES, name_expression
-from model.ops.numpy_ops import NumpyOps, _apply_penalties
+from model.ops.numpy_ops import NumpyOps
+from model.ops.numpy_sampling import apply_penalties
 from model.ops.protocol import SampleBatch
 
 NUMPY = NumpyOps()
@@ -319,23 +320,28 @@ def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, k
     assert_close(out, want, dtype, floor=1.0)
 
 
-def run_sample(launcher, logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, uniform=None):
+def run_sample(launcher, logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, uniform=None, top_n_sigma=-1.0):
     rows, vocab = logits.shape
     per_row = lambda v, t: np.full(rows, v, dtype=t)  # noqa: E731
     out = np.full(rows, -7, dtype=np.int32)
     uniform = per_row(0.5, np.float32) if uniform is None else np.asarray(uniform, dtype=np.float32)
     launcher.function("sampling.cu", "sample")((rows,), (64,), (
         out, np.ascontiguousarray(logits, dtype=np.float32), per_row(temperature, np.float32),
-        per_row(top_k, np.int32), per_row(top_p, np.float32), per_row(min_p, np.float32), uniform, np.int32(vocab)))
+        per_row(top_k, np.int32), per_row(top_p, np.float32), per_row(min_p, np.float32),
+        per_row(top_n_sigma, np.float32), uniform, np.int32(vocab)))
     return out
 
 
-def kept_set(logits, temperature, top_k=0, top_p=1.0, min_p=0.0) -> set:
-    """model/ops/numpy_ops._pick's candidates, as a set: min-p, then top-k, then top-p of what is left."""
+def kept_set(logits, temperature, top_k=0, top_p=1.0, min_p=0.0, top_n_sigma=-1.0) -> set:
+    """model/ops/numpy_sampling.pick's candidates, as a set: min-p and top-nσ (the published
+    definition: logits at least the largest minus n standard deviations), then top-k, then top-p
+    of what is left."""
     probs = np.exp((logits - logits.max()) / temperature)
     probs /= probs.sum()
     order = np.lexsort((np.arange(len(probs)), -probs))
     order = order[probs[order] >= min_p * probs.max()]
+    if top_n_sigma > 0:
+        order = order[logits[order] >= logits.max() - top_n_sigma * logits.astype(np.float64).std()]
     if top_k:
         order = order[:top_k]
     kept = probs[order] / probs[order].sum()
@@ -384,7 +390,8 @@ def test_draws_follow_the_distribution(launcher):
 
 
 @pytest.mark.parametrize("filters", [{"top_k": 5}, {"top_p": 0.6}, {"min_p": 0.2}, {"top_k": 20, "top_p": 0.8},
-                                     {"min_p": 0.05, "top_k": 8, "top_p": 0.9}])
+                                     {"min_p": 0.05, "top_k": 8, "top_p": 0.9}, {"top_n_sigma": 1.0},
+                                     {"top_n_sigma": 2.0, "top_k": 30, "top_p": 0.95}])
 def test_filters_pick_exactly_the_kept_set(launcher, filters):
     """Uniforms spread evenly over [0, 1): every pick is in numpy_ops' kept set, and every kept
     token with more than 1.5/n of the kept mass is picked (the thresholds are neither too tight
@@ -455,7 +462,7 @@ def test_penalties_and_logit_bias_match_numpy_ops(launcher):
         want = logits[r].copy()
         if p.logit_bias:
             want[list(p.logit_bias)] += np.array(list(p.logit_bias.values()), dtype=np.float32)
-        _apply_penalties(want, p, prompts[r], outputs[r])
+        apply_penalties(want, p, prompts[r], outputs[r])
         np.testing.assert_allclose(got[r], want, rtol=1e-6, atol=1e-5)
     assert not np.array_equal(got[0], logits[0])  # the penalties did something
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from model.ops.numpy_ops import SAMPLING_CANDIDATES, NumpyOps
+from model.ops.numpy_ops import NumpyOps
+from model.ops.numpy_sampling import SAMPLING_CANDIDATES
 from model.ops.protocol import SampleBatch
 from model.sampling import SamplingParams, seeded_uniform
 
@@ -51,6 +52,28 @@ def test_top_p_and_min_p():
     assert set(draw(LOGITS, SamplingParams(top_p=0.85), n=400)) == {0, 1, 2}
     assert set(draw(LOGITS, SamplingParams(min_p=0.5), n=400)) == {0, 1}
     assert set(draw(LOGITS, SamplingParams(min_p=0.2), n=400)) == {0, 1, 2}
+
+
+def test_top_n_sigma_keeps_the_logits_within_n_deviations_of_the_largest():
+    """Top-nσ (Tang et al., as llama.cpp's sampler): the kept tokens are those with a logit at
+    least max - n * std over the row, whatever the temperature; with top-k it keeps the smaller set."""
+    logits = np.random.default_rng(4).standard_normal(300) * 2
+    for n, temperature in ((1.0, 1.0), (1.5, 3.0), (0.5, 0.7)):
+        kept = set(np.flatnonzero(logits >= logits.max() - n * logits.std()).tolist())
+        tokens = draw(logits, SamplingParams(temperature=temperature, top_n_sigma=n), n=1500)
+        assert set(tokens.tolist()) == kept, (n, temperature)
+    both = draw(logits, SamplingParams(temperature=2.0, top_n_sigma=2.0, top_k=3), n=300)
+    assert set(both.tolist()) == set(np.argsort(-logits)[:3].tolist())
+
+
+def test_top_n_sigma_draws_the_same_token_alone_and_in_a_batch():
+    rng = np.random.default_rng(5)
+    batch = rng.standard_normal((6, 400)).astype(np.float32) * 3
+    params = [SamplingParams(temperature=1.0, top_n_sigma=1.0, seed=s) for s in range(6)]
+    together = NumpyOps().sample(batch, SampleBatch(params, [()] * 6, [()] * 6, rng)).token_ids
+    for r in range(6):
+        alone = NumpyOps().sample(batch[r:r + 1], SampleBatch(params[r:r + 1], [()], [()], rng)).token_ids
+        assert alone[0] == together[r]
 
 
 def test_top_p_reaching_past_the_candidates_is_exact():

@@ -143,7 +143,6 @@ BAD = [
         ("dry_multiplier", "/v1/chat/completions", {"messages": QUESTION}, 0.8),
         ("xtc_probability", "/v1/completions", {"prompt": "x"}, 0.5),
         ("typical_p", "/v1/completions", {"prompt": "x"}, 0.9),
-        ("top_n_sigma", "/v1/chat/completions", {"messages": QUESTION}, 1.0),
         ("mirostat", "/v1/completions", {"prompt": "x"}, 2),
         ("dynatemp_range", "/v1/completions", {"prompt": "x"}, 0.5),
         ("bad_words", "/v1/chat/completions", {"messages": QUESTION}, ["Paris"]),
@@ -152,7 +151,7 @@ BAD = [
         ("use_beam_search", "/v1/completions", {"prompt": "x"}, True),
     ]],
 ]
-SAMPLERS = ("dry_multiplier", "xtc_probability", "typical_p", "top_n_sigma", "mirostat", "dynatemp_range", "bad_words",
+SAMPLERS = ("dry_multiplier", "xtc_probability", "typical_p", "mirostat", "dynatemp_range", "bad_words",
             "allowed_token_ids", "repeat_penalty", "use_beam_search")
 
 # the field a refusal names, by the case's id

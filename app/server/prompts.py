@@ -41,6 +41,7 @@ def sampling_params(req, logprobs: int | None, index: int, defaults: dict | None
         top_p=field("top_p", 1.0),
         top_k=field("top_k", 0),
         min_p=field("min_p", 0.0),
+        top_n_sigma=field("top_n_sigma", -1.0),
         repetition_penalty=field("repetition_penalty", 1.0),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,

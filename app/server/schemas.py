@@ -45,7 +45,7 @@ UNSUPPORTED_SAMPLERS = {
     "dry_multiplier": (0,), "dry_base": None, "dry_allowed_length": None, "dry_penalty_last_n": None,
     "dry_sequence_breakers": None,  # DRY's settings matter only with a multiplier
     "xtc_probability": (0,), "xtc_threshold": None,
-    "typical_p": (1,), "top_n_sigma": (-1,), "mirostat": (0,), "mirostat_tau": None, "mirostat_eta": None,
+    "typical_p": (1,), "mirostat": (0,), "mirostat_tau": None, "mirostat_eta": None,
     "dynatemp_range": (0,), "dynatemp_exponent": None,
     "bad_words": (), "allowed_token_ids": (), "samplers": None, "repeat_last_n": None, "penalty_last_n": None,
     "use_beam_search": (), "length_penalty": (1,), "truncate_prompt_tokens": (), "logits_processors": (),
@@ -72,6 +72,7 @@ class SamplingFields(BaseModel):
     top_p: float | None = None
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1 or 0: off; past the vocabulary: off
     min_p: float | None = None
+    top_n_sigma: float | None = None  # llama-server's top-nσ; -1 or 0: off
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None

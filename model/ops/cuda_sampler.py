@@ -100,7 +100,8 @@ class DeviceSampler:
             ids, adjusted, ops.asarray([p.temperature for p in params], np.float32),
             ops.asarray([min(p.top_k, vocab) if p.top_k > 0 else 0 for p in params], np.int32),
             ops.asarray([p.top_p for p in params], np.float32), ops.asarray([p.min_p for p in params], np.float32),
-            ops.asarray(uniform, np.float32), np.int32(vocab)))
+            ops.asarray([p.top_n_sigma for p in params], np.float32), ops.asarray(uniform, np.float32),
+            np.int32(vocab)))
         if (count_rows >= 0).any():
             ops.kernel("penalties.cu", "count_tokens")((-(-rows // 32),), (32,), (
                 self.counts, device_rows, ids, np.int32(rows), np.int32(vocab)))

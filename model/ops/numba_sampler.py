@@ -40,7 +40,8 @@ def _draw(logits, temperature, u, rows, out):
 
 def plain(p) -> bool:
     """Asks for nothing but a temperature: no filters, bias, penalties or logprobs."""
-    return (p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 and not p.logit_bias and not p.penalized
+    return (p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 and p.top_n_sigma <= 0 and not p.logit_bias
+            and not p.penalized
             and p.logprobs is None)
 
 

@@ -12,9 +12,10 @@ import numpy as np
 
 from model.ops import delta_rule
 from model.ops.moe import ExpertPlan, add_bias, clamped_swiglu, combine, route
+from model.ops.numpy_sampling import apply_penalties, log_softmax, most_likely, pick
 from model.ops.protocol import Download, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
-from model.sampling import SamplingParams, allowed_tokens
+from model.sampling import allowed_tokens
 from model.weights import Experts
 
 # Attention chunks: at most this many rows, and padding to at most this share of the chunk.
@@ -23,8 +24,6 @@ ATTENTION_CHUNK_SLACK = 1.25
 # Up to this many tokens, a projection runs as (w @ x.T).T, which OpenBLAS computes 1.2-1.5x
 # faster than x @ w.T for a few rows (measured with numpy 2.4's OpenBLAS 0.3.31, SkylakeX).
 SKINNY_ROWS = 64
-# Candidates kept for top-k / top-p before falling back to a full sort of the vocabulary.
-SAMPLING_CANDIDATES = 256
 
 
 @dataclass
@@ -56,57 +55,6 @@ def soft_capped(x: np.ndarray, cap: float) -> np.ndarray:
         np.tanh(x, out=x)
         x *= np.float32(cap)
     return x
-
-
-def _apply_penalties(logits: np.ndarray, p: SamplingParams,
-                     prompt_ids, output_ids) -> None:
-    vocab = logits.shape[0]
-    if p.repetition_penalty != 1.0:
-        seen = np.unique(np.concatenate([np.asarray(prompt_ids, dtype=np.int64),
-                                         np.asarray(output_ids, dtype=np.int64)]))
-        vals = logits[seen]
-        logits[seen] = np.where(vals > 0, vals / np.float32(p.repetition_penalty),
-                                vals * np.float32(p.repetition_penalty))
-    if (p.presence_penalty or p.frequency_penalty) and len(output_ids):
-        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=vocab).astype(np.float32)
-        logits -= np.float32(p.frequency_penalty) * counts
-        logits -= np.float32(p.presence_penalty) * (counts > 0)
-
-
-def _pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
-    """Draw one token by inverse CDF over the kept candidates, taken in a canonical order
-    (probability descending, then token id), so the draw depends only on logits and u.
-
-    Filters: top-k, then top-p over the renormalized top-k, and min-p relative to the most
-    likely token. Only the candidates are sorted, never the whole vocabulary unless top-p
-    needs more than SAMPLING_CANDIDATES tokens."""
-    scaled = logits / np.float32(p.temperature)
-    scaled -= scaled.max()
-    probs = np.exp(scaled)
-    probs /= probs.sum()
-    vocab = probs.shape[0]
-    top_k = p.top_k if 0 < p.top_k < vocab else 0
-    if not top_k and p.top_p >= 1.0 and p.min_p <= 0.0:
-        cdf = np.cumsum(probs)
-        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), vocab - 1))
-    if p.min_p > 0.0:
-        cand = np.flatnonzero(probs >= p.min_p * probs.max())
-    elif top_k:
-        cand = np.argpartition(-probs, top_k - 1)[:top_k]
-    else:  # top-p alone: the nucleus is usually small
-        n = min(SAMPLING_CANDIDATES, vocab)
-        cand = np.argpartition(-probs, n - 1)[:n]
-        if probs[cand].sum() < p.top_p:
-            cand = np.arange(vocab)
-    cand = cand[np.lexsort((cand, -probs[cand]))]
-    if top_k:
-        cand = cand[:top_k]
-    kept = probs[cand] / probs[cand].sum()
-    if p.top_p < 1.0:
-        before = np.cumsum(kept) - kept
-        kept = kept[before < p.top_p]
-    cdf = np.cumsum(kept)
-    return int(cand[min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(kept) - 1)])
 
 
 class NumpyOps:
@@ -364,8 +312,8 @@ class NumpyOps:
                 if p.logit_bias:
                     ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
                     row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)
-                _apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
-            token_ids[r] = int(np.argmax(row)) if p.greedy else _pick(row, p, batch.uniform(r))
+                apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
+            token_ids[r] = int(np.argmax(row)) if p.greedy else pick(row, p, batch.uniform(r))
             if p.logprobs is not None:
                 lsm = log_softmax(logits[r])
                 logprobs[r] = float(lsm[token_ids[r]])
@@ -381,18 +329,3 @@ class NumpyOps:
 
     def release(self, key) -> None:
         """A request has ended; this sampler keeps nothing per request."""
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Along the last axis, in float32."""
-    raw = logits - logits.max(axis=-1, keepdims=True)
-    return raw - np.log(np.exp(raw).sum(axis=-1, keepdims=True))
-
-
-def most_likely(lsm: np.ndarray, n: int) -> list[tuple[int, float]]:
-    """The n most likely (token id, logprob) of one row, ties to the lower id."""
-    if not n:
-        return []
-    best = np.argpartition(-lsm, n - 1)[:n]
-    best = best[np.lexsort((best, -lsm[best]))]
-    return [(int(t), float(lsm[t])) for t in best]
