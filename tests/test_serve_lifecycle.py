@@ -28,7 +28,8 @@ def tiny_setup(tiny_dir):
     tok = Tokenizer(tiny_dir)
     engine = Engine(FakeRunner(16, 4, vocab=tok.vocab_size), tok, EngineConfig(max_model_len=64))
     state = ServerState(model_name="tiny", tokenizer=tok, max_model_len=64)
-    return engine, state, argparse.Namespace(host="127.0.0.1", port=free_port(), shutdown_timeout=1.0)
+    return engine, state, argparse.Namespace(host="127.0.0.1", port=free_port(), shutdown_timeout=1.0,
+                                             ssl_certfile=None, ssl_keyfile=None)
 
 
 async def test_a_crashed_engine_stops_the_server(tiny_dir):
