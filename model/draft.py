@@ -23,6 +23,8 @@ from model.tokenizer import Tokenizer
 
 
 class DraftModel:
+    wants_hidden = False  # guesses before the step, from the draft's own forward (MTP's come after)
+
     def __init__(self, runner: ModelRunner):
         self.runner = runner
         self.computed: dict[object, int] = {}  # request id -> positions the draft's cache holds

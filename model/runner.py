@@ -161,7 +161,7 @@ class ModelRunner:
         that predicts a prompt token; the final hidden states of the embedding rows' last tokens,
         then of every token where the draft follows them (MTP), or None)."""
         self.rewinds = []
-        follows = getattr(self.draft, "wants_hidden", False)
+        follows = self.draft is not None and self.draft.wants_hidden
         if self.graphs is not None and not follows and self.graphs.can_replay(plan):
             return self.graphs.replay(plan, self.fill_ahead), None
         ops, rows = self.ops, plan.rows
@@ -220,7 +220,7 @@ class ModelRunner:
         logits, hidden = self.forward(plan)  # the masks are computed meanwhile
         embeds = [r for r in plan.rows if r.embed]
         embedded = self.embeddings(embeds, hidden[:len(embeds)]) if embeds else []
-        followed = (plan.rows, hidden[len(embeds):]) if getattr(self.draft, "wants_hidden", False) else None
+        followed = (plan.rows, hidden[len(embeds):]) if self.draft is not None and self.draft.wants_hidden else None
         scored = self.score_prompts(plan.rows, logits[len(sampling):])
         if not sampling:
             return Launched([], None, None, embedded, scored, followed=followed)

@@ -33,15 +33,16 @@ PER_REQUEST = "a request's sampling is its own: send the field in each request (
 ROPE = "RoPE and YaRN come from the model's own config.json or GGUF metadata"
 THREADS = "numba's pool runs -t/--threads threads; pinning, priorities and NUMA placement are the OS's"
 GPU_LAYERS = "every layer runs on the backend chosen (--backend cuda puts all of them on the GPU)"
+ONE_DEVICE = "one process serves one device; for more, run replicas behind a router (docs/scale-out.md)"
+NO_KV_QUANT = "a quantized KV cache is not built yet: K/V is float16 (q8_0 and q4_k --dtype) or float32"
+TEXT_ONLY = "images, audio and video are not served: Spool serves text models"
 
 # first match wins; a flag of a peer's list that no rule names is refused with its peer's name
 RULES = [
     # llama-server
     Rule(r"-hf|-hfr|--hf-repo", SAME, "--model"),
     Rule(r"-to|--timeout", SAME, "--request-timeout"),
-    Rule(r"-s|--seed", SAME, "--seed"),
-    Rule(r"--no-webui|--no-ui", SAME, "--no-ui"),
-    Rule(r"--api-key-file", SAME, "--api-key-file"),
+    Rule(r"--no-webui", SAME, "--no-ui"),
     Rule(r"-ngl|--gpu-layers|--n-gpu-layers", IGNORE, GPU_LAYERS),
     Rule(r"-fa|--flash-attn", IGNORE, "attention is always the tiled kernel on every backend"),
     Rule(r"--jinja", IGNORE, "chat templates are always rendered by Jinja (a sandboxed jinja2)"),
@@ -64,7 +65,7 @@ RULES = [
     Rule(r"--cache-prompt", IGNORE, "prompt prefixes are cached in KV blocks (--enable-prefix-caching)"),
     Rule(r"--no-cache-prompt", SAME, "--no-enable-prefix-caching"),
     Rule(r"-ctk|--cache-type-k|-ctv|--cache-type-v", REFUSE,
-         "a quantized KV cache is not built yet: K/V is float16 (q8_0 and q4_k --dtype) or float32"),
+         NO_KV_QUANT),
     Rule(r"--lora|--lora-scaled|--lora-init-without-apply|--control-vector\S*", REFUSE, NO_LORA),
     Rule(r"--draft|--draft-max|--draft-n|--draft-min|--draft-n-min|--draft-p-min|--draft-p-split", REFUSE,
          "how many guesses a row carries is --speculative-config's num_speculative_tokens"),
@@ -82,7 +83,7 @@ RULES = [
     Rule(r"--rerank|--reranking|--pooling", REFUSE, "Spool serves generation and /v1/embeddings (last-token"
                                                     " pooling); reranking is not served"),
     Rule(r"--mmproj\S*|--no-mmproj\S*|-mm|-mmu|-mmdev|--image-\S+|--video-\S+|--media-path|--mtmd-\S+", REFUSE,
-         "images, audio and video are not served: Spool serves text models"),
+         TEXT_ONLY),
     Rule(r"-hff", SAME, "--gguf-file"),
     Rule(r"--chat-template-file", SAME, "--chat-template"),
     Rule(r"-hft|--hf-token", REFUSE, "Hub downloads read the token from HF_TOKEN in the environment"),
@@ -115,8 +116,8 @@ RULES = [
     Rule(r"--disable-log-stats|--no-disable-log-stats|--enable-log-requests|--no-enable-log-requests"
          r"|--no-disable-log-requests", IGNORE, "--log-level and --disable-log-requests set Spool's logs"),
     Rule(r"-tp|--tensor-parallel-size|-pp|--pipeline-parallel-size|-dp|--data-parallel-size", REFUSE,
-         "one process serves one device; for more, run replicas behind a router (docs/scale-out.md)", "1"),
-    Rule(r"--kv-cache-dtype", REFUSE, "a quantized KV cache is not built yet: K/V is float16 or float32", "auto"),
+         ONE_DEVICE, "1"),
+    Rule(r"--kv-cache-dtype", REFUSE, NO_KV_QUANT, "auto"),
     Rule(r"--enable-lora|--no-enable-lora|--lora-modules|--max-loras|--max-lora-rank|--max-cpu-loras|--lora-\S+"
          r"|--fully-sharded-loras|--no-fully-sharded-loras|--default-mm-loras", REFUSE, NO_LORA),
     Rule(r"-q|--quantization", REFUSE, "--dtype chooses the weights' type (q8_0, q4_k, float16 ...); a GGUF's types"
@@ -139,7 +140,7 @@ RULES = [
          r"|--\S*context-parallel\S*|--dcp-\S+|--no-dcp-\S+|--cp-\S+|\S*all-reduce\S*|--all2all-backend"
          r"|--dp-\S+|--elastic-ep-\S+|--enable-elastic-ep|--disable-elastic-ep|--device-ids|--enable-scale-out"
          r"|--disable-scale-out|--cpu-distributed-timeout-seconds|--disable-hc-sp|--enable-hc-sp", REFUSE,
-         "one process serves one device; for more, run replicas behind a router (docs/scale-out.md)"),
+         ONE_DEVICE),
     Rule(r"\S*cudagraph\S*|-cc|--compilation-config|-O|--optimization-level|--performance-mode|--attention-\S+"
          r"|--\S+-backend|--kernel-config|\S*flashinfer\S*|--monokernel|--no-monokernel|--ir-op-priority"
          r"|--\S*cascade-attn|\S*dbo\S*|--enable-cumem-allocator|--disable-cumem-allocator|--jit-monitor-\S+"
@@ -151,7 +152,7 @@ RULES = [
          r"|--allowed-media-domains|--\S*mm-embeds|--\S*chunked-mm-input|--interleave-mm-strings"
          r"|--no-interleave-mm-strings|--skip-mm-profiling|--no-skip-mm-profiling|--\S*prompt-embeds"
          r"|--language-model-only|--no-language-model-only|--trust-request-mm-kwargs|--no-trust-request-mm-kwargs",
-         REFUSE, "images, audio and video are not served: Spool serves text models"),
+         REFUSE, TEXT_ONLY),
     Rule(r"--\S*log-\S+|--max-log-len|--logging-\S+|--log-config-file|--otlp-\S+|--collect-detailed-traces"
          r"|--show-hidden-metrics-for-version|--disable-access-log-for-endpoints|--enable-uvicorn-access-log"
          r"|--\S*metrics\S*|--aggregate-engine-logging|--custom-histogram-buckets|--\S*layerwise-nvtx-tracing"
@@ -201,7 +202,6 @@ RULES = [
 @dataclass(frozen=True)
 class Flag:
     peers: tuple[str, ...]  # whose it is
-    row: tuple[str, ...]  # the flags of its row in that peer's list (a short and a long spelling)
     values: str  # "0", "1" or "?" (an optional value); "1" where the list does not say
 
 
@@ -213,11 +213,9 @@ def peer_flags() -> dict[str, Flag]:
             if not line.strip() or line.startswith("#"):
                 continue
             row, _, values = line.partition(" ")
-            spellings = tuple(row.split(","))
-            for flag in spellings:
+            for flag in row.split(","):
                 held = found.get(flag)
-                found[flag] = Flag((*held.peers, peer) if held else (peer,), held.row if held else spellings,
-                                   held.values if held else values.strip() or "1")
+                found[flag] = Flag((*held.peers, peer), held.values) if held else Flag((peer,), values.strip() or "1")
     return found
 
 
