@@ -122,11 +122,13 @@ def cpu_kernels() -> type:
 
 def check_model(backend: Backend, config: ModelConfig) -> None:
     """Refuse, before loading weights, a model the backend's kernels cannot run."""
-    if backend.name == "cpu" and config.head_dim % 8:
+    dims = sorted({config.head_dim_of(i) for i in range(config.num_layers)})  # Gemma 4's full layers' own
+    named = " and ".join(map(str, dims))
+    if backend.name == "cpu" and any(d % 8 for d in dims):
         raise ValueError(f"the CPU kernels read K/V rows eight values at a time; this model's head_dim is"
-                         f" {config.head_dim}; use --backend numpy")
+                         f" {named}; use --backend numpy")
     if backend.name != "cuda":
         return
-    if config.head_dim > CUDA_MAX_HEAD_DIM or config.head_dim % 4:
+    if dims[-1] > CUDA_MAX_HEAD_DIM or any(d % 4 for d in dims):
         raise ValueError(f"the CUDA kernels take a head_dim that is a multiple of 4, at most {CUDA_MAX_HEAD_DIM};"
-                         f" this model's is {config.head_dim}; use --backend cpu")
+                         f" this model's is {named}; use --backend cpu")

@@ -64,6 +64,15 @@ class ModelConfig:
     swiglu_clamp: tuple[float, float] | None = None  # experts' (alpha, limit): GPT-OSS's clamped SwiGLU
     attention_temperature: tuple[float, int] | None = None  # Llama 4's (beta, every n positions): queries
     # times 1 + beta * log(1 + floor(position / n)) (Ministral 3)
+    layer_heads: tuple[tuple[int, int], ...] | None = None  # each layer's (kv heads, head_dim) where
+    # layers differ (Gemma 4's full layers); None: (num_kv_heads, head_dim) everywhere
+    kv_sources: tuple[int, ...] | None = None  # the layer whose K/V each layer reads (itself, or an earlier
+    # one's: Gemma 4's last layers keep none); None: each its own
+    value_norm: bool = False  # v RMS-normalised (without a weight) before it is cached
+    layer_widths: tuple[int, ...] | None = None  # each layer's MLP width where they differ; None: intermediate_size
+    per_layer_input: int = 0  # Gemma 4's per-layer embeddings: each layer's width of them (0: none)
+    per_layer_vocab: int = 0  # ... and the rows of their table
+    experts_beside_mlp: bool = False  # the experts' output added to a dense MLP's (Gemma 4), not in its place
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
@@ -77,6 +86,7 @@ class ModelConfig:
                 f" Spool runs the Llama family: {supported}"
             )
         try:
+            raw = family.raw_config(raw)
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
             kv_heads = int(raw.get("num_key_value_heads") or heads)
@@ -179,14 +189,38 @@ class ModelConfig:
         windows = self.layer_windows or (0,)
         return 0 if not all(windows) else min(windows)
 
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_heads[layer][0] if self.layer_heads else self.num_kv_heads
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_heads[layer][1] if self.layer_heads else self.head_dim
+
+    def q_size_of(self, layer: int) -> int:
+        return self.num_heads * self.head_dim_of(layer)
+
+    def kv_size_of(self, layer: int) -> int:
+        return self.kv_heads_of(layer) * self.head_dim_of(layer)
+
+    def width_of(self, layer: int) -> int:
+        """The layer's dense MLP width."""
+        return self.layer_widths[layer] if self.layer_widths else self.intermediate_size
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose K/V this layer attends to: itself unless it keeps none of its own."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    @property
+    def max_head_dim(self) -> int:
+        return max(self.head_dim_of(i) for i in range(self.num_layers))
+
     def linear(self, layer: int) -> bool:
         """Whether layer is a gated delta net (linear attention: a state slot, no K/V)."""
         return self.linear_layers is not None and self.linear_layers[layer]
 
     @property
     def attention_layers(self) -> list[int]:
-        """The layers that keep K/V."""
-        return [i for i in range(self.num_layers) if not self.linear(i)]
+        """The layers that keep K/V (not a delta net, not reading another layer's)."""
+        return [i for i in range(self.num_layers) if not self.linear(i) and self.kv_source(i) == i]
 
     def sparse(self, layer: int) -> bool:
         """Whether layer routes to experts."""

@@ -5,8 +5,8 @@ The engine decides which block ids and which state slot a request holds; this cl
 memory behind them. Per attention layer, K and V are (kv_heads, num_blocks, block_size,
 head_dim) arrays: kv-head-major, so attention gathers whole blocks and multiplies contiguous
 matrices. A token at position p of a request lives in flat slot
-table[p // block_size] * block_size + p % block_size. Per delta-net layer (None in the K/V
-lists), a slot holds the recurrent state (value_heads, key_dim, value_dim) and the convolution's
+table[p // block_size] * block_size + p % block_size. A layer that reads an earlier layer's K/V
+(Gemma 4's last ones) keeps none (None in the K/V lists). Per delta-net layer (None too), a slot holds the recurrent state (value_heads, key_dim, value_dim) and the convolution's
 last inputs (conv_kernel - 1, conv_channels), float32 on every backend: the state is summed into
 at every token, for as long as the request lives.
 """
@@ -47,10 +47,12 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.state_slots = state_slots if config.delta_net else 0
-        shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
-        attends = [not config.linear(i) for i in range(config.num_layers)] + [True] * extra_layers
-        self.k = [ops.zeros(shape, ops.storage_dtype) if a else None for a in attends]
-        self.v = [ops.zeros(shape, ops.storage_dtype) if a else None for a in attends]
+        keeps = set(config.attention_layers)
+        shapes = [(config.kv_heads_of(i), num_blocks, block_size, config.head_dim_of(i)) if i in keeps else None
+                  for i in range(config.num_layers)]
+        shapes += [(config.num_kv_heads, num_blocks, block_size, config.head_dim)] * extra_layers
+        self.k = [None if shape is None else ops.zeros(shape, ops.storage_dtype) for shape in shapes]
+        self.v = [None if shape is None else ops.zeros(shape, ops.storage_dtype) for shape in shapes]
         net = config.delta_net
         self.conv = [ops.zeros((self.state_slots, net.conv_kernel - 1, net.conv_channels)) if config.linear(i)
                      else None for i in range(config.num_layers)]
@@ -60,14 +62,15 @@ class KVCache:
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, itemsize: int = 4,
                         extra_layers: int = 0) -> int:
-        return 2 * (len(config.attention_layers) + extra_layers) * block_size * config.kv_size * itemsize
+        floats = sum(map(config.kv_size_of, config.attention_layers)) + extra_layers * config.kv_size
+        return 2 * floats * block_size * itemsize
 
     @staticmethod
     def bytes_per_state_slot(config: ModelConfig) -> int:
         """One request's delta-net state over every such layer (float32); 0 for other models."""
         if config.delta_net is None:
             return 0
-        return 4 * config.delta_net.state_floats * (config.num_layers - len(config.attention_layers))
+        return 4 * config.delta_net.state_floats * sum(map(config.linear, range(config.num_layers)))
 
     @property
     def kv_layers(self) -> list[tuple]:
@@ -79,24 +82,24 @@ class KVCache:
         table = np.asarray(block_table, dtype=np.int64)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def gather_blocks(self, block_ids):
-        """Blocks' K and V on the cache's device: (layers, 2, kv_heads, len(block_ids), block_size,
-        head_dim)."""
-        xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)  # on the cache's device
-        return xp.stack([xp.stack([k[:, ids], v[:, ids]]) for k, v in self.kv_layers])
+    @property
+    def block_floats(self) -> int:
+        """One block's K and V over every layer that keeps them."""
+        return sum(2 * k[:, 0].size for k, _ in self.kv_layers)
 
-    def gather_block_major(self, block_ids):
-        """Blocks' K and V on the cache's device, block-major: (len(block_ids), layers, 2,
-        kv_heads, block_size, head_dim), one contiguous slot a block. Written a layer at a time
-        into one array, so a spill (which happens when memory is short) needs its own size plus
-        one layer's, where stacking the layers and then moving the axis needed three times it."""
-        xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)
-        kv_heads, _, block_size, head_dim = self.kv_layers[0][0].shape
-        out = xp.empty((len(block_ids), len(self.kv_layers), 2, kv_heads, block_size, head_dim),
-                       dtype=self.kv_layers[0][0].dtype)
-        for layer, (k, v) in enumerate(self.kv_layers):
-            out[:, layer, 0] = xp.moveaxis(k[:, ids], 1, 0)
-            out[:, layer, 1] = xp.moveaxis(v[:, ids], 1, 0)
+    def gather_blocks(self, block_ids):
+        """Blocks' K and V on the cache's device, block-major: (len(block_ids), block_floats), each
+        block's layers in order, a layer's K then V, each (kv_heads, block_size, head_dim). Flat,
+        so that layers of different shapes (Gemma 4's) share one layout; written a layer at a
+        time, so a spill (which happens when memory is short) needs its own size plus one layer's."""
+        xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)  # on the cache's device
+        out = xp.empty((len(block_ids), self.block_floats), dtype=self.kv_layers[0][0].dtype)
+        at = 0
+        for k, v in self.kv_layers:
+            for part in (k, v):
+                size = part[:, 0].size
+                out[:, at:at + size] = xp.moveaxis(part[:, ids], 1, 0).reshape(len(block_ids), size)
+                at += size
         return out
 
     def save_blocks(self, block_ids) -> np.ndarray:
@@ -107,9 +110,14 @@ class KVCache:
         """Write blocks laid out as gather_blocks does (on the host or the device) back, possibly
         under other block ids."""
         ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
-        for layer, (k, v) in enumerate(self.kv_layers):
-            k[:, ids] = self.ops.asarray(data[layer, 0], data.dtype)
-            v[:, ids] = self.ops.asarray(data[layer, 1], data.dtype)
+        at = 0
+        for k, v in self.kv_layers:
+            for part in (k, v):
+                size = part[:, 0].size
+                block = (len(block_ids), part.shape[0], *part.shape[2:])
+                part[:, ids] = self.ops.xp.moveaxis(self.ops.asarray(data[:, at:at + size], data.dtype)
+                                                    .reshape(block), 0, 1)
+                at += size
 
     def save_state(self, slot: int) -> list:
         """A slot's delta-net state copied to the host (a preempted request's spill)."""

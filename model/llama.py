@@ -24,11 +24,12 @@ class Llama:
         self.config = config
         self.ops = ops
         positions = max_positions or config.max_position_embeddings
-        tables = {"global": rope_tables(config, positions)}
-        if config.local_rope_theta is not None:  # sliding layers with their own theta, unscaled
-            tables["local"] = rope_tables(replace(config, rope_theta=config.local_rope_theta, rope_scaling=None),
-                                          positions)
         self.windows = config.layer_windows or (0,) * config.num_layers
+        full = next((config.head_dim_of(i) for i, w in enumerate(self.windows) if not w), config.head_dim)
+        tables = {"global": rope_tables(replace(config, head_dim=full), positions)}
+        if config.local_rope_theta is not None:  # sliding layers with their own theta, unscaled, whole
+            tables["local"] = rope_tables(replace(config, rope_theta=config.local_rope_theta, rope_scaling=None,
+                                                  partial_rotary_factor=1.0), positions)
         rotates = config.rope_layers or (True,) * config.num_layers
         if not all(rotates):  # layers without rotation: the identity's table
             tables["still"] = np.ones_like(tables["global"][0]), np.zeros_like(tables["global"][1])
@@ -43,11 +44,16 @@ class Llama:
             beta, every = config.attention_temperature
             steps = np.floor(np.arange(positions) / every)
             self.temperature = ops.asarray((1 + beta * np.log1p(steps)).astype(np.float32))
+        # Gemma 4: each layer's output scalar by position (a factor per token), per-layer embeddings' scale
+        self.scalars = {i: ops.asarray(np.full(positions, layer.scalar, np.float32))
+                        for i, layer in enumerate(weights.layers) if layer.scalar not in (None, 1.0)}
+        self.per_layer_scale = math.sqrt(config.per_layer_input) * 0.5 ** 0.5  # the sum's 2 ** -0.5 in it
 
     @property
     def weight_bytes(self) -> int:
         """What the weights hold in memory (a tied LM head counted once)."""
-        arrays = [self.w.embed, self.w.norm, *(v for layer in self.w.layers for v in vars(layer).values())]
+        arrays = [self.w.embed, self.w.norm, self.w.per_layer,
+                  *(v for layer in self.w.layers for v in vars(layer).values() if not isinstance(v, float))]
         if self.w.lm_head is not self.w.embed:
             arrays.append(self.w.lm_head)
         return sum(a.nbytes for a in arrays if a is not None)
@@ -66,6 +72,7 @@ class Llama:
         rows = {kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.tables.items()}
         temperature = None if self.temperature is None else self.temperature[positions]
         x, delta = ops.embedding(w.embed, token_ids, self.embed_scale), None
+        per_layer = None if w.per_layer is None else self.per_layer_inputs(x, token_ids)
         for i, layer in enumerate(w.layers):
             cos, sin = rows[self.layer_rope[i]]
             x, h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
@@ -79,56 +86,93 @@ class Llama:
                 continue
             out = self.attention(h, layer, i, cos, sin, slots, attn_meta, cache, temperature, self.windows[i])
             x, h = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
-            delta = self.mlp(h, layer)
-        _, h = ops.add_rms_norm(x[logit_index], delta[logit_index], w.norm, eps)
+            delta = self.mlp(h, layer, x)
+            if layer.scalar is not None:
+                x, delta = self.layer_end(x, delta, layer, i, per_layer, positions), None
+        last = (lambda index: None) if delta is None else (lambda index: delta[index])  # noqa: E731
+        _, h = ops.add_rms_norm(x[logit_index], last(logit_index), w.norm, eps)
         logits = ops.logits(h, w.lm_head, c.final_softcap)
         if pooled_index is None:
             return logits
-        return logits, ops.add_rms_norm(x[pooled_index], delta[pooled_index], w.norm, eps)[1]
+        return logits, ops.add_rms_norm(x[pooled_index], last(pooled_index), w.norm, eps)[1]
 
     def attention(self, h, layer, i: int, cos, sin, slots, attn_meta, cache, temperature, window: int):
         """The attention of layer (the cache's layer i) over the normalised stream h, its K/V
-        written first, through its output projection (and post-attention norm)."""
+        written first (unless it reads an earlier layer's), through its output projection (and
+        post-attention norm)."""
         ops, c = self.ops, self.config
-        eps, tokens = c.rms_norm_eps, h.shape[0]
+        eps, tokens, source = c.rms_norm_eps, h.shape[0], c.kv_source(i)
+        Q, KV, D, kv_heads = c.q_size_of(i), c.kv_size_of(i), c.head_dim_of(i), c.kv_heads_of(i)
         qkv = ops.linear(h, layer.wqkv, layer.bqkv)
         if layer.q_norm is None:
             q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
         else:  # q/k norms: each head normalised before the rotation
-            k_at = c.q_size * (2 if c.attention_gate else 1)  # a gate's rows between q and k
-            q, k = qkv[:, :c.q_size], qkv[:, k_at:k_at + c.kv_size]
+            k_at = Q * (2 if c.attention_gate else 1)  # a gate's rows between q and k
+            q = qkv[:, :Q]
             if c.qk_norm_whole:  # or the whole projection
-                q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
-            q = q.reshape(tokens, c.num_heads, c.head_dim)
-            k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
-            v = qkv[:, k_at + c.kv_size:].reshape(tokens, c.num_kv_heads, c.head_dim)
+                q = ops.rms_norm(q, layer.q_norm, eps)
+            q = q.reshape(tokens, c.num_heads, D)
             if not c.qk_norm_whole:
-                q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)
+                q = ops.rms_norm(q, layer.q_norm, eps)
             q = ops.rope(q, cos, sin)
-            ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
+            if source == i:
+                k = qkv[:, k_at:k_at + KV]
+                k = ops.rms_norm(k, layer.k_norm, eps) if c.qk_norm_whole else k
+                k = k.reshape(tokens, kv_heads, D)
+                k = k if c.qk_norm_whole else ops.rms_norm(k, layer.k_norm, eps)
+                v = qkv[:, k_at + KV:].reshape(tokens, kv_heads, D)
+                if layer.v_norm is not None:
+                    v = ops.rms_norm(v, layer.v_norm, eps)
+                ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
         if temperature is not None:
             q = ops.scale_tokens(q, temperature)
-        attn = ops.paged_attention(q, cache.k[i], cache.v[i], attn_meta, self.scale, window,
+        attn = ops.paged_attention(q, cache.k[source], cache.v[source], attn_meta, self.scale, window,
                                    c.attn_softcap, layer.sinks)
         if c.attention_gate:
-            attn = ops.sigmoid_mul(attn, qkv[:, c.q_size:2 * c.q_size])
+            attn = ops.sigmoid_mul(attn, qkv[:, Q:2 * Q])
         out = ops.linear(attn, layer.wo, layer.bo)
         if layer.post_attn_norm is not None:
             out = ops.rms_norm(out, layer.post_attn_norm, eps)
         return out
 
-    def mlp(self, h, layer):
+    def mlp(self, h, layer, x=None):
         """The MLP (or the mixture of experts) of a normalised residual, its output normalised
-        where the family has a post-MLP norm."""
+        where the family has a post-MLP norm; experts beside the MLP read the stream x itself."""
         ops, c = self.ops, self.config
-        if layer.experts is not None:
+        eps = c.rms_norm_eps
+        if layer.experts is not None and layer.expert_norms is None:
             delta = ops.moe(h, layer.experts, c.gelu)
         else:
             gate_up = ops.linear(h, layer.w_gate_up)
             delta = ops.linear(ops.gelu_and_mul(gate_up) if c.gelu else ops.silu_and_mul(gate_up), layer.w_down)
+        if layer.expert_norms is not None:
+            n = layer.expert_norms
+            routed = ops.moe(ops.rms_norm(x, n.experts_in, eps), layer.experts, c.gelu, ops.rms_norm(x, n.router, eps))
+            delta, _ = ops.add_rms_norm(ops.rms_norm(delta, n.mlp_out, eps), ops.rms_norm(routed, n.experts_out, eps),
+                                        n.mlp_out, eps)  # the sum; its norm unused
         if layer.post_mlp_norm is not None:
-            delta = ops.rms_norm(delta, layer.post_mlp_norm, eps=c.rms_norm_eps)
+            delta = ops.rms_norm(delta, layer.post_mlp_norm, eps=eps)
         return delta
+
+    def per_layer_inputs(self, x, token_ids):
+        """Gemma 4's per-layer inputs, (tokens, layers, width): each token's rows of the table plus
+        the normalised projection of its embedding x, their sum times 2 ** -0.5 (in both)."""
+        ops, c, table = self.ops, self.config, self.w.per_layer
+        shape = (x.shape[0] * c.num_layers, c.per_layer_input)
+        rows = ops.embedding(table.table, token_ids, self.per_layer_scale).reshape(shape)
+        projected = ops.rms_norm(ops.linear(x, table.proj).reshape(shape), table.norm, c.rms_norm_eps)
+        return ops.add_rms_norm(rows, projected, table.norm, c.rms_norm_eps)[0].reshape(x.shape[0], c.num_layers, -1)
+
+    def layer_end(self, x, delta, layer, i: int, per_layer, positions):
+        """Gemma 4's end of a layer: the MLP's output added, then the per-layer input's gated
+        residual, then the whole stream times the layer's scalar."""
+        ops, eps = self.ops, self.config.rms_norm_eps
+        x, _ = ops.add_rms_norm(x, delta, layer.attn_norm, eps)  # the stream whole; its norm unused
+        if layer.per_layer is not None:
+            p = layer.per_layer
+            gated = ops.gelu_and_mul(ops.xp.concatenate([ops.linear(x, p.gate), per_layer[:, i]], axis=1))
+            x, _ = ops.add_rms_norm(x, ops.rms_norm(ops.linear(gated, p.proj), p.norm, eps), layer.attn_norm, eps)
+        return ops.scale_tokens(x, self.scalars[i][positions]) if i in self.scalars else x
 
 
 def embedding_scale(config: ModelConfig) -> float:

@@ -1,5 +1,5 @@
 """Rotary position tables as Hugging Face defines them: the plain rotation, the scalings
-checkpoints name (linear, llama3, yarn, longrope), partial rotation, and layers that do not
+checkpoints name (linear, llama3, yarn, longrope, proportional), partial rotation, and layers that do not
 rotate.
 
 Every backend rotates (x1, x2) halves by a (positions, head_dim / 2) table of cos and sin, so a
@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-KINDS = ("default", "linear", "llama3", "yarn", "longrope")
+KINDS = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 def scaling_kind(scaling: dict | None) -> str:
@@ -83,8 +83,14 @@ def _longrope(dim: int, theta: float, s: dict, max_positions: int) -> tuple[np.n
     return 1.0 / (ext * theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)), float(attention)
 
 
-def rotary_dim(config) -> int:
-    return int(config.head_dim * config.partial_rotary_factor)
+def rotary_dim(config, head_dim: int | None = None) -> int:
+    """The dims each head (of head_dim, config's where None) rotates in pairs (j, j + rotary_dim
+    / 2): all of them in a proportional rotation (Gemma 4's), whose pairs past its share stand
+    still."""
+    head_dim = head_dim or config.head_dim
+    if scaling_kind(config.rope_scaling) == "proportional":
+        return head_dim
+    return int(head_dim * config.partial_rotary_factor)
 
 
 def frequencies(config, max_positions: int) -> tuple[np.ndarray, float]:
@@ -92,6 +98,9 @@ def frequencies(config, max_positions: int) -> tuple[np.ndarray, float]:
     dim, theta, s = rotary_dim(config), config.rope_theta, config.rope_scaling or {}
     inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     kind = scaling_kind(s)
+    if kind == "proportional":  # the first share of the pairs at head_dim's frequencies, the rest still
+        pairs = int(config.partial_rotary_factor * dim // 2)
+        return inv_freq[:pairs] / float(s.get("factor", 1.0)), 1.0
     if kind == "linear":
         return inv_freq / float(s["factor"]), 1.0
     if kind == "llama3":

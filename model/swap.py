@@ -11,8 +11,6 @@ copy, copies the slots up and scatters them into the new blocks. The scheduler c
 
 from dataclasses import dataclass
 
-import numpy as np
-
 
 @dataclass
 class Spill:
@@ -26,14 +24,11 @@ class SwapPool:
         self.cache, self.ops = cache, cache.ops
         self.launcher = self.ops.launcher
         first = cache.kv_layers[0][0]  # a hybrid's delta-net layers keep none
-        kv_heads, _, block_size, head_dim = first.shape
-        self.slot_shape = (len(cache.kv_layers), 2, kv_heads, block_size, head_dim)
-        self.host = self.launcher.pinned(num_slots * int(np.prod(self.slot_shape)),
-                                         first.dtype).reshape(num_slots, *self.slot_shape)
+        self.host = self.launcher.pinned(num_slots * cache.block_floats, first.dtype).reshape(num_slots, -1)
         self.free = list(range(num_slots - 1, -1, -1))
 
     def save(self, block_ids) -> Spill:
-        gathered = self.cache.gather_block_major(block_ids)  # one slot a block
+        gathered = self.cache.gather_blocks(block_ids)  # one slot a block
         slots = [self.free.pop() for _ in block_ids]
         copied = self.launcher.copy_to_host(gathered, [self.host[s] for s in slots])
         return Spill(slots, copied, gathered)
@@ -41,7 +36,7 @@ class SwapPool:
     def load(self, block_ids, spill: Spill) -> None:
         """The spilled blocks back under block_ids (as many as were saved)."""
         data = self.launcher.copy_to_device([self.host[s] for s in spill.slots], spill.copied)
-        self.cache.load_blocks(block_ids, self.ops.xp.moveaxis(data, 0, 3))
+        self.cache.load_blocks(block_ids, data)
 
     def release(self, spill: Spill) -> None:
         """The slots are free again: a later copy into them runs after this one on the side stream."""

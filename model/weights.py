@@ -134,6 +134,12 @@ class LayerWeights:
     delta_net: DeltaNetWeights | None = None  # a hybrid model's linear-attention layer: in place of attention
     bo: np.ndarray | None = None  # (hidden,): the output projection's bias, where the checkpoint has one
     sinks: np.ndarray | None = None  # (heads,): each query head's sink logit (Family.attention_sinks)
+    v_norm: np.ndarray | None = None  # (head_dim,) ones: v RMS-normalised (ModelConfig.value_norm)
+    # Gemma 4's (model/families/gemma4.py): its per-layer embeddings' use, and the norms around
+    # experts beside the dense MLP (ModelConfig.experts_beside_mlp)
+    per_layer: object | None = None  # PerLayerInput
+    expert_norms: object | None = None  # ExpertNorms
+    scalar: float | None = None  # the stream times this at the layer's end (Gemma 4's layer_scalar)
 
 
 @dataclass
@@ -142,14 +148,15 @@ class Weights:
     layers: list[LayerWeights]
     norm: np.ndarray
     lm_head: np.ndarray  # (vocab, hidden); the embedding itself when tied
+    per_layer: object | None = None  # Gemma 4's per-layer embeddings (families/gemma4.PerLayerEmbedding)
 
 
 def prepared(layer: LayerWeights, prepare: Callable, keep_float: Callable = float32) -> LayerWeights:
     """A layer as read (float32 arrays, a GGUF's blocks) as the ops keep it (ops.weight on each;
     a router and the sinks through keep_float, ops.asarray: Experts.prepared)."""
-    return replace(layer, **{k: v.prepared(prepare, keep_float) if isinstance(v, (Experts, DeltaNetWeights))
+    return replace(layer, **{k: v.prepared(prepare, keep_float) if hasattr(v, "prepared")
                              else keep_float(v) if k == "sinks" else prepare(v)
-                             for k, v in vars(layer).items() if v is not None})
+                             for k, v in vars(layer).items() if v is not None and k != "scalar"})
 
 
 def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = float32,
@@ -168,9 +175,10 @@ def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = float
             layers.append(prepared(reader.layer(i), prepare, keep_float))
             bar.update()
         embed, norm, lm_head = reader.outer(prepare)
+        extras = config.family.outer_extras(reader, prepare)
         bar.update()
         bar.close()
-    return Weights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+    return Weights(embed=embed, layers=layers, norm=norm, lm_head=lm_head, **extras)
 
 
 class LayerReader:
@@ -217,12 +225,12 @@ class LayerReader:
 
     def layer(self, i: int) -> LayerWeights:
         c, f = self.config, self.config.family
-        H, I = c.hidden_size, c.intermediate_size
+        H, I = c.hidden_size, c.width_of(i)
         p = f"model.layers.{i}."
         experts, w_gate_up, w_down = None, None, None
         if c.sparse(i):
             experts = self.experts(i)
-        else:
+        if not c.sparse(i) or c.experts_beside_mlp:
             if f.gate_up:
                 w_gate_up = self.take(p + f.gate_up, (2 * I, H))
             else:
@@ -232,7 +240,7 @@ class LayerReader:
         layer = LayerWeights(**{"wqkv": None, "bqkv": None, "q_norm": None, "k_norm": None, "wo": None, **mixer},
                              attn_norm=self.norm(p + "input_layernorm.weight", (H,)),
                              mlp_norm=self.norm(p + f.mlp_norm, (H,)), w_gate_up=w_gate_up, w_down=w_down,
-                             experts=experts)
+                             experts=experts, **f.layer_extras(self, i))
         if f.post_norms:
             layer.post_attn_norm = self.norm(p + f.post_norms[0], (H,))
             layer.post_mlp_norm = self.norm(p + f.post_norms[1], (H,))
@@ -242,23 +250,30 @@ class LayerReader:
         """Layer i's attention tensors, as LayerWeights fields: q/k/v fused (and q_proj's gate
         after them, where the family gates the output), its biases, q/k norms, output."""
         c, f = self.config, self.config.family
-        H, Q, KV, D = c.hidden_size, c.q_size, c.kv_size, c.head_dim
+        H, Q, KV, D = c.hidden_size, c.q_size_of(i), c.kv_size_of(i), c.head_dim_of(i)
         a = f"model.layers.{i}.self_attn."
         q_rows = 2 * Q if c.attention_gate else Q  # a gate after each head's query rows
+        if c.kv_source(i) != i:  # it reads an earlier layer's K/V: a query and its norm only
+            return dict(wqkv=self.take(a + "q_proj.weight", (Q, H)), bqkv=None, k_norm=None,
+                        q_norm=self.norm(a + "q_norm.weight", (D,)), wo=self.take(a + "o_proj.weight", (H, Q)))
         bias = None
         if c.attention_bias:
             bias = self.fused([(a + "q_proj.bias", (q_rows,)), (a + "k_proj.bias", (KV,)),
                                (a + "v_proj.bias", (KV,))])
+        # without v_proj, a family whose keys may be its values (Gemma 4's full layers) reads k_proj twice
+        values = a + ("v_proj.weight" if a + "v_proj.weight" in self.tensors.entries or not f.keys_as_values
+                      else "k_proj.weight")
         if f.qkv:
             wqkv = self.take(f"model.layers.{i}.{f.qkv}", (Q + 2 * KV, H))
         else:
-            wqkv = self.fused([(a + "q_proj.weight", (q_rows, H)), (a + "k_proj.weight", (KV, H)),
-                               (a + "v_proj.weight", (KV, H))])
+            wqkv = self.fused([(a + "q_proj.weight", (q_rows, H)), (a + "k_proj.weight", (KV, H)), (values, (KV, H))])
         norm = (Q, KV) if c.qk_norm_whole else (D, D)
         q_norm = self.norm(a + "q_norm.weight", (norm[0],)) if c.qk_norm else None
         k_norm = self.norm(a + "k_norm.weight", (norm[1],)) if c.qk_norm else None
-        order = rotary_row_order(D, rotary_dim(c))
+        order = rotary_row_order(D, rotary_dim(c, D))
         out = dict(wo=self.take(a + "o_proj.weight", (H, Q)))
+        if c.value_norm:
+            out["v_norm"] = np.ones(D, np.float32)
         if a + "o_proj.bias" in self.tensors.entries:
             out["bo"] = float32(self.take(a + "o_proj.bias", (H,)))
         if f.attention_sinks:
@@ -273,7 +288,7 @@ class LayerReader:
         heads = [(np.arange(c.num_heads)[:, None] * stride + within).ravel()]
         if c.attention_gate:
             heads.append((np.arange(c.num_heads)[:, None] * stride + D + np.arange(D)).ravel())
-        heads += [(np.arange(c.num_kv_heads)[:, None] * D + within).ravel() + q_rows, q_rows + KV + np.arange(KV)]
+        heads += [(np.arange(c.kv_heads_of(i))[:, None] * D + within).ravel() + q_rows, q_rows + KV + np.arange(KV)]
         rows = np.concatenate(heads)
         return dict(wqkv=take_rows(wqkv, rows), bqkv=None if bias is None else take_rows(bias, rows),
                     q_norm=q_norm if q_norm is None or order is None else q_norm[order],

@@ -273,6 +273,10 @@ def test_family_switches_are_read():
     assert c["llama3-rope"].rope_layers is None and c["llama3-rope"].partial_rotary_factor == 1.0
     assert c["gemma2"].layer_windows == (8, 0) and c["gemma2"].attn_softcap == 2.0 and c["gemma2"].gelu
     assert c["gemma3"].layer_windows == (6, 6, 0) and c["gemma3"].local_rope_theta == 100.0
+    assert c["gemma4"].layer_heads == ((2, 16), (2, 16), (2, 32), (2, 16), (2, 32)) and c["gemma4"].value_norm
+    assert c["gemma4"].kv_sources == (0, 1, 2, 1, 2) and c["gemma4"].layer_widths == (128,) * 3 + (256,) * 2
+    assert c["gemma4"].per_layer_input == 8 and c["gemma4"].query_scale == 1.0 and c["gemma4"].final_softcap == 3.0
+    assert c["gemma4"].rope_scaling == {"rope_type": "proportional"} and c["gemma4"].partial_rotary_factor == 0.25
     assert c["gemma3"].query_scale == 16 ** -0.5 and c["gemma3"].qk_norm and c["gemma3"].final_softcap == 0.0
     oss = c["gpt-oss"]
     assert oss.layer_windows == (6, 0) and oss.swiglu_clamp == (1.702, 1.5) and oss.attention_bias

@@ -27,6 +27,12 @@ def _factors(n: int, seed: int, low: float, high: float) -> list[float]:
     return [round(float(v), 4) for v in np.random.default_rng(seed).uniform(low, high, n)]
 
 
+_GEMMA4 = dict(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+               rms_norm_eps=1e-6, sliding_window=6, global_head_dim=32, final_logit_softcapping=3.0, rope_theta=None,
+               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                   "rope_theta": 10000.0}})
+
 # name -> (config.json, the context Spool serves it with: LongRoPE's factors depend on it)
 FAMILIES = {
     "llama3-rope": (_family("llama", "LlamaForCausalLM", rope_scaling={
@@ -96,6 +102,19 @@ FAMILIES = {
                         rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                          "original_max_position_embeddings": 64}), 256),
+    # Gemma 4 E2B/E4B's shape: its own head size on full layers (rotated proportionally, a
+    # quarter), the last two layers reading earlier layers' K/V with double-wide MLPs,
+    # per-layer embeddings, a soft cap on the logits
+    "gemma4": (_family("gemma4_text", "Gemma4ForCausalLM", **_GEMMA4, num_hidden_layers=5,
+                       layer_types=["sliding_attention"] * 2 + ["full_attention", "sliding_attention",
+                                                                "full_attention"],
+                       hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=2,
+                       use_double_wide_mlp=True), 256),
+    # its 26B-A4B's: full layers with one K/V head whose keys are its values, experts beside the MLP
+    "gemma4-moe": (_family("gemma4_text", "Gemma4ForCausalLM", **_GEMMA4, num_hidden_layers=3,
+                           layer_types=["sliding_attention"] * 2 + ["full_attention"], intermediate_size=64,
+                           hidden_size_per_layer_input=0, attention_k_eq_v=True, num_global_key_value_heads=1,
+                           enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32), 256),
 }
 
 
@@ -146,6 +165,9 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         if kind == "gpt_oss":
             shapes.update(gpt_oss_shapes(c, p))
             continue
+        if kind == "gemma4_text":
+            shapes.update(gemma4_shapes(c, n))
+            continue
         if kind.startswith("gemma"):
             shapes[p + "pre_feedforward_layernorm.weight"] = shapes[p + "post_feedforward_layernorm.weight"] = (h,)
         if kind == "phi3":
@@ -172,6 +194,46 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             shapes[a + "q_norm.weight"] = shapes[a + "k_norm.weight"] = (c["head_dim"],)
         if kind == "olmoe":  # over the whole projection, not per head
             shapes[a + "q_norm.weight"], shapes[a + "k_norm.weight"] = (q,), (kv,)
+    if c.get("hidden_size_per_layer_input"):  # Gemma 4's per-layer embeddings
+        ple = c["num_hidden_layers"] * c["hidden_size_per_layer_input"]
+        shapes.update({"model.embed_tokens_per_layer.weight": (c["vocab_size_per_layer_input"], ple),
+                       "model.per_layer_model_projection.weight": (ple, h),
+                       "model.per_layer_projection_norm.weight": (c["hidden_size_per_layer_input"],)})
+    return shapes
+
+
+def gemma4_shapes(c: dict, n: int) -> dict[str, tuple[int, ...]]:
+    """A Gemma 4 layer's tensors: a full layer's own head size (and K/V heads where its keys are
+    its values), no K/V projections in the last num_kv_shared_layers (their MLPs double-wide where
+    use_double_wide_mlp), per-layer input tensors, experts beside the MLP."""
+    p, a, h = f"model.layers.{n}.", f"model.layers.{n}.self_attn.", c["hidden_size"]
+    full = c["layer_types"][n] == "full_attention"
+    d = c["global_head_dim"] if full else c["head_dim"]
+    keys_are_values = full and c.get("attention_k_eq_v", False)
+    kv = (c["num_global_key_value_heads"] if keys_are_values else c["num_key_value_heads"]) * d
+    shared = n >= c["num_hidden_layers"] - c.get("num_kv_shared_layers", 0)
+    i = c["intermediate_size"] * (2 if shared and c.get("use_double_wide_mlp") else 1)
+    q = c["num_attention_heads"] * d
+    shapes = {a + "q_proj.weight": (q, h), a + "q_norm.weight": (d,), a + "o_proj.weight": (h, q),
+              p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
+              p + "layer_scalar": (1,)}
+    for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm"):
+        shapes[p + norm + ".weight"] = (h,)
+    if not shared:
+        shapes.update({a + "k_proj.weight": (kv, h), a + "k_norm.weight": (d,)})
+        if not keys_are_values:
+            shapes[a + "v_proj.weight"] = (kv, h)
+    if c.get("hidden_size_per_layer_input"):
+        ple = c["hidden_size_per_layer_input"]
+        shapes.update({p + "per_layer_input_gate.weight": (ple, h), p + "per_layer_projection.weight": (h, ple),
+                       p + "post_per_layer_input_norm.weight": (h,)})
+    if c.get("enable_moe_block"):
+        e, m = c["num_experts"], c["moe_intermediate_size"]
+        shapes.update({p + "router.scale": (h,), p + "router.per_expert_scale": (e,), p + "router.proj.weight": (e, h),
+                       p + "experts.gate_up_proj": (e, 2 * m, h), p + "experts.down_proj": (e, h, m)})
+        for norm in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):
+            shapes[p + norm + ".weight"] = (h,)
     return shapes
 
 
@@ -202,7 +264,7 @@ def random_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """float32 tensors scaled so that logits are neither flat nor one-hot."""
     rng = np.random.default_rng(seed)
     # Gemma and Qwen3.5 store w of 1 + w (but for Qwen3.5's gated delta-net norms)
-    unit = 0.0 if config["model_type"].startswith(("gemma", "qwen3_5")) else 1.0
+    unit = 0.0 if config["model_type"].startswith(("gemma2", "gemma3", "qwen3_5")) else 1.0
     out = {}
     for name, shape in tensor_shapes(config).items():
         if name.endswith("linear_attn.norm.weight"):
@@ -213,8 +275,16 @@ def random_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
             t = 0.5 * rng.standard_normal(shape)
         elif name.endswith("conv1d.weight"):
             t = 0.5 * rng.standard_normal(shape)
-        elif name.endswith("norm.weight"):
+        elif name.endswith(("norm.weight", "norm_1.weight", "norm_2.weight")):
             t = unit + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(("layer_scalar", "router.per_expert_scale")):
+            t = rng.uniform(0.5, 1.5, shape)
+        elif name.endswith("router.scale"):
+            t = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")) and config["model_type"] == "gemma4_text":
+            t = rng.standard_normal(shape) / np.sqrt(shape[2])
+        elif name == "model.embed_tokens_per_layer.weight":
+            t = rng.standard_normal(shape)
         elif name.endswith(("bias", "sinks")):
             t = 0.5 * rng.standard_normal(shape)
         elif name == "model.embed_tokens.weight":  # tied: small, or each token predicts itself

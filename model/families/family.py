@@ -23,6 +23,7 @@ class Family:
     qk_norm: bool = False  # q and k RMS-normalised before the rotation
     qk_norm_whole: bool = False  # ... over the whole projection, not per head
     qkv: str | None = None  # q, k and v stored as one tensor under this per-layer name
+    keys_as_values: bool = False  # a layer without v_proj uses k_proj's output as its values too
     attention_sinks: bool = False  # a learned logit per query head beside the scores (self_attn.sinks)
 
     # the MLP, or a mixture of experts in its place
@@ -55,6 +56,19 @@ class Family:
     # a vision-language model whose language model this family serves
     wrapper_type: str | None = None  # its config.json's model_type
     text_defaults: dict | None = None  # its text_config's defaults, given only where they differ
+
+    def raw_config(self, raw: dict) -> dict:
+        """config.json under the keys the common fields are read by (a family that names them
+        otherwise renames them here)."""
+        return raw
+
+    def layer_extras(self, reader, layer: int) -> dict:
+        """LayerWeights fields only this family reads, through reader (weights.LayerReader)."""
+        return {}
+
+    def outer_extras(self, reader, prepare) -> dict:
+        """Weights fields beside the layers only this family reads, prepared."""
+        return {}
 
     def switches(self, raw: dict, layers: int) -> dict:
         """ModelConfig fields only this family reads from config.json (raw)."""

@@ -223,16 +223,17 @@ class CudaOps:
             np.int32(shape.tiled), np.int32(projections), np.float32(eps)))
         return out
 
-    def moe(self, x, experts, gelu: bool = False):
+    def moe(self, x, experts, gelu: bool = False, router_x=None):
         """NumpyOps.moe in cuda/moe.cu's kernels: routed and sorted on the device, each expert's
         rows a tile of one grouped GEMM per projection, no host round trip."""
         xp, x = self.xp, self.contiguous(x)
+        router_x = x if router_x is None else self.contiguous(router_x)
         tokens, hidden = x.shape
         count, k = experts.count, experts.top_k
         routed = tokens * k
         ids, weights = xp.empty((tokens, k), dtype=np.int32), xp.empty((tokens, k), dtype=np.float32)
         self.kernel("moe.cu", "moe_route")((tokens,), (THREADS,), (
-            ids, weights, x, experts.router, optional(experts.router_bias), np.int32(hidden), np.int32(count),
+            ids, weights, router_x, experts.router, optional(experts.router_bias), np.int32(hidden), np.int32(count),
             np.int32(k), np.int32(experts.normalize)))
         starts, tile_starts = xp.empty(count + 1, dtype=np.int32), xp.empty(count + 1, dtype=np.int32)
         tokens_of, position = xp.empty(routed, dtype=np.int32), xp.empty(routed, dtype=np.int32)

@@ -86,11 +86,12 @@ class NumpyOps:
         """float32, a GGUF's blocks dequantized (per tensor)."""
         return self.asarray(float32(x))
 
-    def moe(self, x: np.ndarray, experts: Experts, gelu: bool = False) -> np.ndarray:
-        """The mixture of experts' output for tokens x: routed (model/ops/moe.py), each expert's
-        rows through its gate/up and down as one GEMM each (and their biases), summed per token;
-        plus a shared expert's output, gated, where the layer has one."""
-        logits = self.router_logits(x, experts.router)
+    def moe(self, x: np.ndarray, experts: Experts, gelu: bool = False, router_x=None) -> np.ndarray:
+        """The mixture of experts' output for tokens x: routed (model/ops/moe.py) on router_x
+        (x where None), each expert's rows through its gate/up and down as one GEMM each (and
+        their biases), summed per token; plus a shared expert's output, gated, where the layer
+        has one."""
+        logits = self.router_logits(x if router_x is None else router_x, experts.router)
         if experts.router_bias is not None:
             logits += experts.router_bias
         plan = route(logits, experts.top_k, experts.normalize)

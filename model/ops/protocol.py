@@ -125,7 +125,8 @@ class Ops(Protocol):
     # a delta-net layer from its input projection to its gated output (model/ops/delta_rule.py); the
     # layer's state slots (kv_cache.KVCache.conv, .recurrent) updated for the rows (kv_cache.StateRows)
     def gated_delta_net(self, proj, weights, shape, history, state, rows, eps: float): ...
-    def moe(self, x, experts, gelu: bool = False): ...  # model.weights.Experts in place of the MLP
+    def moe(self, x, experts, gelu: bool = False, router_x=None): ...  # model.weights.Experts in place of the
+    # MLP; router_x: what the router reads where it is not x (Gemma 4's)
     def write_kv(self, cache_k, cache_v, slots, k, v) -> None: ...
     def rope_and_cache(self, qkv, cos, sin, cache_k, cache_v, slots, heads: int) -> Any: ...  # rotated q
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int): ...  # once per step
