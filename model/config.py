@@ -71,7 +71,7 @@ class ModelConfig:
     value_norm: bool = False  # v RMS-normalised (without a weight) before it is cached
     layer_widths: tuple[int, ...] | None = None  # each layer's MLP width where they differ; None: intermediate_size
     per_layer_input: int = 0  # Gemma 4's per-layer embeddings: each layer's width of them (0: none)
-    per_layer_vocab: int = 0  # ... and the rows of their table
+    per_layer_vocab: int = 0  # ... and the rows of their table (0: vocab_size)
     experts_beside_mlp: bool = False  # the experts' output added to a dense MLP's (Gemma 4), not in its place
 
     @classmethod

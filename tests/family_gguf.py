@@ -111,6 +111,75 @@ def byte_tokens() -> tuple[list[str], list[str]]:
     return ["Ġ", "t", *alphabet[:253], "Ġt"], ["Ġ t"]
 
 
+def add_byte_vocab(w: gguf.GGUFWriter, c: dict) -> None:
+    """byte_tokens' vocabulary, and the family's BOS and EOS."""
+    tokens, merges = byte_tokens()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
+
+
+def write_gemma4_gguf(c: dict, path: Path, quant: gguf.GGMLQuantizationType | None) -> Path:
+    """A dense Gemma 4 as conversion/gemma.py's Gemma4Model writes it: key_length the full
+    layers' head size and key_length_swa the sliding ones'; K/V heads and MLP widths one a layer
+    where they differ; a window flag a layer; its norms as they are (w, not 1 + w); layer_scalar
+    as layer_output_scale.weight; the proportional rotation as a rope_freqs tensor of 1 for the
+    turning pairs and 1e30 for the rest."""
+    arch, layers = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.GEMMA4], c["num_hidden_layers"]
+    w = gguf.GGUFWriter(str(path), arch)
+    full, sliding = c["rope_parameters"]["full_attention"], c["rope_parameters"]["sliding_attention"]
+    swa = [t == "sliding_attention" for t in c["layer_types"]]
+    shared = c.get("num_kv_shared_layers", 0)
+    w.add_block_count(layers)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    width = c["intermediate_size"]
+    if c.get("use_double_wide_mlp"):
+        w.add_feed_forward_length([width if i < layers - shared else 2 * width for i in range(layers)])
+    else:
+        w.add_feed_forward_length(width)
+    w.add_head_count(c["num_attention_heads"])
+    if c.get("num_global_key_value_heads"):
+        w.add_head_count_kv([c["num_key_value_heads"] if s else c["num_global_key_value_heads"] for s in swa])
+    else:
+        w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["global_head_dim"])
+    w.add_value_length(c["global_head_dim"])
+    w.add_key_length_swa(c["head_dim"])
+    w.add_value_length_swa(c["head_dim"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(full["rope_theta"])
+    w.add_float32(f"{arch}.rope.freq_base_swa", sliding["rope_theta"])
+    w.add_rope_dimension_count(c["global_head_dim"])
+    w.add_rope_dimension_count_swa(c["head_dim"])
+    w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    w.add_sliding_window(c["sliding_window"])
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(c.get("hidden_size_per_layer_input") or 0)
+    add_byte_vocab(w, c)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, layers)
+    for hf, array in random_tensors(c).items():
+        hf = hf + ".weight" if hf.endswith("layer_scalar") else hf
+        gguf_name = names.get_name(hf, try_suffixes=(".weight",))
+        if quant is not None and array.ndim >= 2 and "embed_tokens" not in hf and array.shape[1] % 32 == 0:
+            w.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            w.add_tensor(gguf_name, array)
+    turning = int(full["partial_rotary_factor"] * c["global_head_dim"] / 2)
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * turning + [1e30] * (c["global_head_dim"] // 2 - turning),
+                                               dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | None = None, mtp: bool = False) -> Path:
     """quant: the type of every matrix but the embedding (F32 for the rest). mtp: the
     multi-token-prediction layer of family_models.mtp_tensors after the layers, as llama.cpp's
@@ -118,6 +187,8 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
     tensors under blk.N and its own as blk.N.nextn.*)."""
     c, _ = FAMILIES[name]
     kind = c["model_type"]
+    if kind == "gemma4_text":
+        return write_gemma4_gguf(c, path, quant)
     arch = gguf.MODEL_ARCH_NAMES[ARCHES[kind]]
     w = gguf.GGUFWriter(str(path), arch)
     heads, rope = c["num_attention_heads"], c.get("rope_parameters") or c.get("rope_scaling") or {}
@@ -187,14 +258,7 @@ def write_family_gguf(name: str, path: Path, quant: gguf.GGMLQuantizationType | 
         w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
         w.add_full_attention_interval(c["layer_types"].index("full_attention") + 1)
         w.add_rope_dimension_sections([11, 11, 10, 0])
-    tokens, merges = byte_tokens()
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * len(tokens))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(c["bos_token_id"])
-    w.add_eos_token_id(c["eos_token_id"])
+    add_byte_vocab(w, c)
     names = gguf.get_tensor_name_map(ARCHES[kind], c["num_hidden_layers"] + mtp)
     dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c["num_hidden_layers"])
     tensors = random_tensors(c)

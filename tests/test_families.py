@@ -162,7 +162,7 @@ def test_a_mistral3_vision_language_checkpoint_serves_its_language_model(checkpo
 
 
 # Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)
-GGUF_FAMILIES = ["gemma3", "gpt-oss", "ministral3", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
+GGUF_FAMILIES = ["gemma3", "gemma4", "gpt-oss", "ministral3", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
                  "qwen3-moe", "qwen3-yarn", "qwen3.5", "qwen3.5-moe", "smollm3-4"]
 
 
@@ -178,24 +178,24 @@ def test_family_gguf_matches_transformers(checkpoints, tmp_path, name, backend):
     assert_matches(runner, fixture)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mixtral", "phi4-mini"])
+@pytest.mark.parametrize("name", ["gemma3", "gemma4", "mixtral", "phi4-mini"])
 def test_family_gguf_of_q8_0_served_packed(checkpoints, tmp_path, name):
     """Q8_0 matrices kept in their blocks (fused q/k/v and gate/up for Phi, every expert's slice
     of Mixtral's 3-D stacks, its router F32 as llama.cpp keeps it): logits within
     Q8_0's rounding of transformers' float32 ones (weights and activations both rounded to 8
-    bits: 2-4% of the largest logit at these widths, as for a llama checkpoint quantized while
-    loading)."""
+    bits: 2-5% of the largest logit at these widths and depths, as for a llama checkpoint
+    quantized while loading; twice what rounding the weights alone gives)."""
     _, fixture, context = checkpoints(name)
     path = write_family_gguf(name, tmp_path / f"{name}.gguf", gguf.GGMLQuantizationType.Q8_0)
     runner = ModelRunner.from_dir(convert_gguf(path, tmp_path / "served"), num_blocks=16, block_size=4,
                                   ops=NumbaOps("q8_0"), max_model_len=context)
-    for layer in runner.model.w.layers:
+    for layer in runner.model.w.layers:  # (Gemma 4's per-layer projections are 8 wide: F32 in the file)
         mlp = (layer.w_gate_up,) if layer.experts is None else (layer.experts.gate_up, layer.experts.down)
         assert all(isinstance(w, Strips) for w in (layer.wqkv, *mlp))
     ids = [int(i) for i in fixture["ids"]]
     plan = StepPlan([Row("a", ids, 0, list(range(16)), sample=True)])
     err = rel_err(runner.ops.to_host(runner.logits(plan))[0], fixture["logits"][-1])
-    assert 1e-5 < err < 5e-2, err
+    assert 1e-5 < err < 6e-2, err
 
 
 def test_a_gpt_oss_gguf_of_mxfp4_experts_is_served_packed(checkpoints, tmp_path):

@@ -78,6 +78,25 @@ def test_the_cache_keeps_each_layers_shape_and_none_where_a_layer_reads_anothers
             assert np.array_equal(k[:, [3, 0]], k[:, [1, 6]])
 
 
+def test_its_gguf_reads_as_its_checkpoint(tmp_path):
+    """llama.cpp's metadata (key_length the full layers', key_length_swa the sliding ones', a
+    window flag a layer, the widths one a layer, shared_kv_layers, the rope_freqs tensor) gives
+    the checkpoint's config; its 26B-A4B's experts are refused in one line."""
+    from family_gguf import write_family_gguf
+    from model.errors import ModelError
+    from model.families.gemma4 import FAMILY
+    from model.gguf.convert import convert_gguf
+
+    want = ModelConfig.from_dict(FAMILIES["gemma4"][0])
+    got = ModelConfig.load(convert_gguf(write_family_gguf("gemma4", tmp_path / "g.gguf"), tmp_path / "served"))
+    for field in ("layer_heads", "kv_sources", "layer_widths", "layer_windows", "rope_scaling", "partial_rotary_factor",
+                  "rope_theta", "local_rope_theta", "query_scale", "value_norm", "per_layer_input", "final_softcap",
+                  "head_dim", "num_kv_heads", "intermediate_size"):
+        assert getattr(got, field) == getattr(want, field), field
+    with pytest.raises(ModelError, match="26B-A4B"):
+        FAMILY.gguf_switches(lambda key, default=None: 4 if key.endswith("expert_count") else default, 3, 64, 4, 32)
+
+
 def test_head_sizes_the_cuda_kernels_do_not_take_are_refused_by_name():
     config = ModelConfig.from_dict({**FAMILIES["gemma4"][0], "global_head_dim": 512})
     with pytest.raises(ValueError, match="this model.s is 16 and 512"):

@@ -52,6 +52,7 @@ class Family:
     # hybrid models: the full-attention layers' output gated (q_proj holds a gate beside each head)
     attention_gate: bool = False
     gguf_names: dict | None = None  # GGUF per-layer suffixes of its own -> Hugging Face per-layer names
+    gguf_globals: dict | None = None  # GGUF tensors of its own outside the layers -> Hugging Face names
 
     # a vision-language model whose language model this family serves
     wrapper_type: str | None = None  # its config.json's model_type
@@ -82,6 +83,11 @@ class Family:
     def gguf_switches(self, field: Callable, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
         """ModelConfig fields only this family reads (or infers, as llama.cpp does) from a GGUF's
         metadata; field(key, default=None) reads one key."""
+        return {}
+
+    def gguf_shapes(self, switches: dict, hidden: int, layers: int, vocab: int) -> dict:
+        """Hugging Face shapes of the GGUF tensors of its own (gguf_names' per-layer names, the
+        same in every layer; gguf_globals' full names), from its gguf_switches."""
         return {}
 
     def gguf_mixers(self, field, layers: int) -> tuple[bool, ...] | None:

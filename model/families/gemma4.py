@@ -90,8 +90,29 @@ class PerLayerEmbedding:
         return sum(v.nbytes for v in vars(self).values())
 
 
+def shared_kv_sources(types: list[str], shared: int) -> tuple[int, ...] | None:
+    """The layer whose K/V each layer reads: its own, but in the last `shared` layers the last
+    earlier layer of its kind (sliding or full)."""
+    if not shared:
+        return None
+    first, sources = len(types) - shared, list(range(len(types)))
+    for i in range(first, len(types)):
+        owners = [j for j in range(first) if types[j] == types[i]]
+        if not owners:
+            raise ModelError(f"layer {i} ({types[i]}) reads an earlier layer's K/V, but no earlier layer of its kind"
+                             " keeps any; the model's config is inconsistent")
+        sources[i] = owners[-1]
+    return tuple(sources)
+
+
 class Gemma4(Family):
-    model_type, architecture = "gemma4_text", "Gemma4ForCausalLM"
+    model_type, architecture, gguf_arch = "gemma4_text", "Gemma4ForCausalLM", "gemma4"
+    gguf_sliding_window = True
+    gguf_names = {"layer_output_scale.weight": "layer_scalar", "inp_gate.weight": "per_layer_input_gate.weight",
+                  "proj.weight": "per_layer_projection.weight", "post_norm.weight": "post_per_layer_input_norm.weight"}
+    gguf_globals = {"per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
+                    "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+                    "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight"}
     qk_norm = True
     keys_as_values = True
     mlp_norm = "pre_feedforward_layernorm.weight"
@@ -132,22 +153,68 @@ class Gemma4(Family):
         heads = tuple((int(overrides.get(i, {}).get("num_key_value_heads", sliding[0])),
                        int(overrides.get(i, {}).get("head_dim", sliding[1]))) for i in range(layers))
         shared = int(raw.get("num_kv_shared_layers") or 0)
-        first = layers - shared
-        sources = list(range(layers))
-        for i in range(first, layers):
-            owners = [j for j in range(first) if types[j] == types[i]]
-            if not owners:
-                raise ModelError(f"config.json's layer {i} ({types[i]}) shares K/V, but no earlier layer of its"
-                                 " kind keeps any")
-            sources[i] = owners[-1]
         width = int(raw["intermediate_size"])
-        widths = tuple(2 * width if i >= first and raw.get("use_double_wide_mlp") else width for i in range(layers))
+        widths = tuple(2 * width if i >= layers - shared and raw.get("use_double_wide_mlp") else width
+                       for i in range(layers))
         per_layer = int(raw.get("hidden_size_per_layer_input") or 0)
-        return {"query_scale": 1.0, "layer_heads": heads, "kv_sources": tuple(sources) if shared else None,
+        return {"query_scale": 1.0, "layer_heads": heads, "kv_sources": shared_kv_sources(types, shared),
                 "value_norm": True, "layer_widths": widths if len(set(widths)) > 1 else None,
                 "per_layer_input": per_layer,
                 "per_layer_vocab": int(raw.get("vocab_size_per_layer_input") or raw["vocab_size"]) if per_layer else 0,
                 "experts_beside_mlp": bool(raw.get("enable_moe_block"))}
+
+    def gguf_switches(self, field, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
+        """As llama.cpp's converter writes them (conversion/gemma.py, Gemma4Model): key_length the
+        full layers' head size, key_length_swa the sliding ones'; head_count_kv and
+        feed_forward_length one a layer where layers differ; a flag a layer for the window. (Its
+        rope_freqs tensor is the proportional rotation: model/gguf/rope.py.)"""
+        k = lambda name: f"{self.gguf_arch}.{name}"  # noqa: E731
+        if field(k("expert_count")):
+            raise ModelError("Gemma 4's mixture of experts (26B-A4B) is not served from a GGUF yet; use its"
+                             " Hugging Face checkpoint")
+        pattern = field(k("attention.sliding_window_pattern"))
+        if not isinstance(pattern, list) or len(pattern) != layers or all(pattern):
+            raise ModelError(f"{k('attention.sliding_window_pattern')} is not a flag a layer with a full layer among"
+                             " them; the file is inconsistent")
+        kv, widths = (tuple(int(v) for v in (value if isinstance(value, list) else [value] * layers))
+                      for value in (field(k("attention.head_count_kv"), heads), field(k("feed_forward_length"))))
+        swa_dim = int(field(k("attention.key_length_swa"), head_dim))
+        layer_heads = tuple((kv[i], swa_dim if pattern[i] else head_dim) for i in range(layers))
+        window = int(field(k("attention.sliding_window"), 0) or 0)
+        types = ["sliding_attention" if flag else "full_attention" for flag in pattern]
+        return {"head_dim": swa_dim, "num_kv_heads": kv[pattern.index(True)] if any(pattern) else kv[0],
+                "intermediate_size": widths[0], "layer_heads": layer_heads,
+                "kv_sources": shared_kv_sources(types, int(field(k("attention.shared_kv_layers"), 0) or 0)),
+                "layer_widths": widths if len(set(widths)) > 1 else None,
+                "layer_windows": tuple(window if flag else 0 for flag in pattern),
+                "local_rope_theta": float(str(np.float32(field(k("rope.freq_base_swa"), 10000.0)))),
+                "query_scale": 1.0, "value_norm": True, "gelu": True,
+                "final_softcap": float(field(k("final_logit_softcapping"), 0.0) or 0.0),
+                "per_layer_input": int(field(k("embedding_length_per_layer_input"), 0) or 0)}
+
+    def gguf_shapes(self, switches: dict, hidden: int, layers: int, vocab: int) -> dict:
+        P = switches["per_layer_input"]
+        if not P:
+            return {"layer_scalar": (1,)}
+        return {"layer_scalar": (1,), "per_layer_input_gate.weight": (P, hidden),
+                "per_layer_projection.weight": (hidden, P), "post_per_layer_input_norm.weight": (hidden,),
+                "model.embed_tokens_per_layer.weight": (vocab, layers * P),
+                "model.per_layer_model_projection.weight": (layers * P, hidden),
+                "model.per_layer_projection_norm.weight": (P,)}
+
+    def hf_fields(self, c) -> dict:
+        """transformers 5.23's spelling: each full layer's head size and K/V heads in per_layer_config."""
+        windows = c.layer_windows
+        shared = sum(c.kv_source(i) != i for i in range(c.num_layers))
+        return {"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": c.final_softcap or None,
+                "per_layer_config": {str(i): {"head_dim": c.head_dim_of(i), "num_key_value_heads": c.kv_heads_of(i)}
+                                     for i in range(c.num_layers) if not windows[i]},
+                "num_kv_shared_layers": shared, "use_double_wide_mlp": c.layer_widths is not None,
+                "hidden_size_per_layer_input": c.per_layer_input,
+                "vocab_size_per_layer_input": c.per_layer_vocab or c.vocab_size,
+                "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": c.local_rope_theta},
+                                    "full_attention": {"rope_type": "proportional", "rope_theta": c.rope_theta,
+                                                       "partial_rotary_factor": c.partial_rotary_factor}}}
 
     def stacked_experts(self, read, layer: int, experts: int, hidden: int, inner: int) -> dict | None:
         """Each layer's experts stacked (gate rows, then up rows, per expert, as Experts keeps
@@ -180,7 +247,7 @@ class Gemma4(Family):
             return {}
         H, P, L = c.hidden_size, c.per_layer_input, c.num_layers
         return {"per_layer": PerLayerEmbedding(
-            table=prepare(reader.unread("model.embed_tokens_per_layer.weight", (c.per_layer_vocab, L * P))),
+            table=prepare(reader.unread("model.embed_tokens_per_layer.weight", (c.per_layer_vocab or c.vocab_size, L * P))),
             proj=prepare(float32(reader.take("model.per_layer_model_projection.weight", (L * P, H)))
                          * np.float32(H ** -0.5)),
             norm=prepare(float32(reader.norm("model.per_layer_projection_norm.weight", (P,))) * np.float32(0.5 ** 0.5)))}

@@ -57,10 +57,11 @@ def read_gguf(path: Path) -> GGUFModel:
     mtp = int(_field(reader, k("nextn_predict_layers"), 0) or 0)  # multi-token-prediction blocks, last
     layers = int(_require(reader, k("block_count"), path)) - mtp
     # a model whose every layer routes (Qwen3.5-MoE) may have no dense width: its shared expert's
-    ffn = int(_field(reader, k("feed_forward_length")) or _field(reader, k("expert_shared_feed_forward_length"))
-              or _require(reader, k("feed_forward_length"), path))
+    ffn = int(_first(_field(reader, k("feed_forward_length")) or _field(reader, k("expert_shared_feed_forward_length"))
+                     or _require(reader, k("feed_forward_length"), path)))
     heads = int(_require(reader, k("attention.head_count"), path))
-    kv_heads = int(_field(reader, k("attention.head_count_kv"), heads))
+    # one a layer where layers differ (Gemma 4's): the family's gguf_switches read them whole
+    kv_heads = int(_first(_field(reader, k("attention.head_count_kv"), heads)))
     head_dim = int(_field(reader, k("attention.key_length"), hidden // heads))
     value_dim = int(_field(reader, k("attention.value_length"), head_dim))
     if value_dim != head_dim:
@@ -80,13 +81,14 @@ def read_gguf(path: Path) -> GGUFModel:
 
     tensors = {t.name: t for t in reader.tensors}
     scaling = rope_scaling(lambda name: _field(reader, k(f"rope.{name}")), tensors, rope_dims, theta, path, ctx)
+    partial = scaling.pop("partial_rotary_factor", None) if scaling else None
     if scaling and scaling["rope_type"] == "yarn" and not family.gguf_yarn_truncate:
         scaling["truncate"] = False
+    switches = family.gguf_switches(field, layers, hidden, heads, head_dim)
     found = entries(reader.tensors, family, layers, heads, kv_heads, path, experts, mtp)
     have = {e.tensor.name for e in found}
     sparse = tuple(f"blk.{i}.{ROUTER}" in have for i in range(layers)) if experts else ()
-    switches = family.gguf_switches(field, layers, hidden, heads, head_dim)
-    _check_complete(have, family, layers, path, sparse, switches.get("linear_layers"))
+    _check_complete(have, family, layers, path, sparse, switches.get("linear_layers"), switches.get("kv_sources"))
     biases = {f"blk.{i}.attn_{x}.bias" for i in range(layers) for x in "qkv"}
     has_bias = any(n in have for n in biases)
     if has_bias and not biases <= have:
@@ -107,9 +109,20 @@ def read_gguf(path: Path) -> GGUFModel:
     if mtp:  # the MTP layer's own (names.NEXTN)
         shapes.update({"mtp.fc.weight": (hidden, 2 * hidden), **{n: (hidden,) for n in (
             "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight")}})
+    shapes.update(family.gguf_shapes(switches, hidden, layers, vocab))
+    heads_of, widths = switches.get("layer_heads"), switches.get("layer_widths")
+
+    def layer_shape(e: GGUFTensor) -> tuple:
+        """Its shape in its layer, by that layer's K/V heads, head size and MLP width where they differ."""
+        _, _, i, suffix = e.hf_name.split(".", 3)
+        if heads_of or widths:
+            kv, dim = heads_of[int(i)] if heads_of else (kv_heads, head_dim)
+            own = _hf_shapes(vocab, hidden, widths[int(i)] if widths else ffn, heads, kv, dim, family.qk_norm_whole)
+            return own.get(suffix) or shapes[suffix]
+        return shapes[suffix]
+
     for e in found:
-        want = _expert_shape(e, experts, hidden, expert_ffn) or shapes.get(e.hf_name) or \
-            shapes[e.hf_name.split(".", 3)[3]]
+        want = _expert_shape(e, experts, hidden, expert_ffn) or shapes.get(e.hf_name) or layer_shape(e)
         if e.shape != want:
             raise ModelError(
                 f"tensor {e.tensor.name} in {path.name} has shape {e.shape}, but the metadata implies {want};"
@@ -121,15 +134,14 @@ def read_gguf(path: Path) -> GGUFModel:
         moe = dict(num_experts=experts, experts_per_token=int(_require(reader, k("expert_used_count"), path)),
                    expert_intermediate_size=expert_ffn, moe_layers=None if all(sparse) else sparse,
                    norm_topk_prob=bool(_field(reader, k("expert_weights_norm"), family.gguf_top_k_normalised)))
-    config = ModelConfig(
+    config = ModelConfig(**{**dict(
         model_type=family.model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=eps, rope_theta=theta,
         rope_scaling=scaling, max_position_embeddings=ctx, tie_word_embeddings="output.weight" not in tensors,
         attention_bias=has_bias, qk_norm=family.qk_norm,
         eos_token_ids=() if v.eos_id is None else (v.eos_id,), bos_token_id=v.bos_id, torch_dtype="float16",
-        architectures=(family.architecture,), partial_rotary_factor=rope_dims / head_dim,
-        qk_norm_whole=family.qk_norm_whole, **moe, **switches,
-    )
+        architectures=(family.architecture,), partial_rotary_factor=partial or rope_dims / head_dim,
+        qk_norm_whole=family.qk_norm_whole), **moe, **switches})  # the family's own over the rest
     return GGUFModel(architecture=arch, config=config, tensors=tuple(found), vocab=v)
 
 
@@ -157,6 +169,11 @@ def _field(reader, key: str, default: Any = None) -> Any:
         raise ModelError(f"GGUF metadata {key} is unreadable ({one_line(exc)}); re-download the file") from None
 
 
+def _first(value: Any) -> Any:
+    """A value stated one a layer (a list): the first layer's."""
+    return value[0] if isinstance(value, list) and value else value
+
+
 def _require(reader, key: str, path: Path) -> Any:
     value = _field(reader, key)
     if value is None:
@@ -175,11 +192,11 @@ def _expert_shape(e: GGUFTensor, experts: int, hidden: int, ffn: int) -> tuple |
 
 
 def _check_complete(have: set[str], family: Family, layers: int, path: Path, sparse: tuple = (),
-                    linear: tuple | None = None) -> None:
+                    linear: tuple | None = None, kv_sources: tuple | None = None) -> None:
     missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in have]
     moe = (ROUTER, *EXPERT_TENSORS)
     for i in range(layers):
-        required = required_layer_tensors(family, bool(linear and linear[i]))
+        required = required_layer_tensors(family, bool(linear and linear[i]), not kv_sources or kv_sources[i] == i)
         wanted = [s for s in required if not (sparse and sparse[i] and s.startswith(("ffn_gate.", "ffn_up.", "ffn_down.")))]
         missing += [f"blk.{i}.{s}" for s in wanted + (list(moe) if sparse and sparse[i] else [])
                     if f"blk.{i}.{s}" not in have]

@@ -74,18 +74,20 @@ def layer_names(family: Family) -> dict[str, str]:
     return names
 
 
-def required_layer_tensors(family: Family, linear: bool = False) -> tuple[str, ...]:
+def required_layer_tensors(family: Family, linear: bool = False, keeps_kv: bool = True) -> tuple[str, ...]:
     """The GGUF per-layer suffixes every (dense) layer of the family must have; linear: a
-    hybrid's delta-net layer's."""
+    hybrid's delta-net layer's; keeps_kv False: a layer that reads an earlier layer's K/V (no
+    k or v of its own). A family whose keys may be its values needs no attn_v."""
     own = family.gguf_names or {}
     mlp_norm = next((g for g, h in own.items() if h == family.mlp_norm), "ffn_norm.weight")
     mlp = ("ffn_up.weight",) if family.gate_up else ("ffn_gate.weight", "ffn_up.weight")
     if linear:
         return ("attn_norm.weight", *(g for g, h in own.items() if h.startswith("linear_attn.")), mlp_norm, *mlp,
                 "ffn_down.weight")
-    attn = ("attn_qkv.weight",) if family.qkv else ("attn_q.weight", "attn_k.weight", "attn_v.weight")
+    kv = ("attn_k.weight",) * keeps_kv + ("attn_v.weight",) * (keeps_kv and not family.keys_as_values)
+    attn = ("attn_qkv.weight",) if family.qkv else ("attn_q.weight", *kv)
     extra = ("post_attention_norm.weight", "post_ffw_norm.weight") if family.post_norms else ()
-    norms = ("attn_q_norm.weight", "attn_k_norm.weight") if family.qk_norm else ()
+    norms = ("attn_q_norm.weight", *("attn_k_norm.weight",) * keeps_kv) if family.qk_norm else ()
     biases = ("attn_q.bias", "attn_k.bias", "attn_v.bias") if family.attention_bias else ()
     return ("attn_norm.weight", *attn, "attn_output.weight", mlp_norm, *mlp, "ffn_down.weight", *extra,
             *norms, *biases)
@@ -122,6 +124,7 @@ def entries(tensors, family: Family, layers: int, heads: int, kv_heads: int, pat
     (nextn_predict_layers: Qwen3.5's) is named as layer `layers` with its nextn tensors under a
     checkpoint's mtp.* names (model/mtp.py reads them when asked); further blocks are not read."""
     names = layer_names(family)
+    outer = {**_GLOBAL_TENSORS, **(family.gguf_globals or {})}
     moe = (ROUTER, *EXPERT_TENSORS, *EXPERT_BIASES) if experts else ()
     out = []
     for t in tensors:
@@ -129,8 +132,8 @@ def entries(tensors, family: Family, layers: int, heads: int, kv_heads: int, pat
         if name in _CONSUMED or name.endswith(".attn_rot_embd"):
             continue
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        if name in _GLOBAL_TENSORS:
-            out.append(GGUFTensor(_GLOBAL_TENSORS[name], t, 0, shape))
+        if name in outer:
+            out.append(GGUFTensor(outer[name], t, 0, shape))
             continue
         parts = name.split(".", 2)
         if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and layers <= int(parts[1]) < layers + mtp:

@@ -1,6 +1,7 @@
 """A GGUF's rope scaling as Hugging Face's config.json states it: linear and YaRN from the
 metadata, LongRoPE from the rope_factors tensors Phi-3 files carry, Llama 3's from the
-rope_freqs tensor by matching the factors it would have."""
+rope_freqs tensor by matching the factors it would have (or, where it holds 1 for a share of the
+pairs and 1e30 for the rest, Gemma 4's proportional rotation)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def rope_scaling(field: Callable[[str], Any], tensors: dict, head_dim: int, thet
 
         t = tensors["rope_freqs.weight"]
         freqs = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64).ravel()
+        turning = int(np.sum(freqs == 1.0))
+        if freqs.size == head_dim // 2 and turning < freqs.size and np.all(freqs[turning:] >= 1e29) and \
+                np.all(freqs[:turning] == 1.0):  # llama.cpp's proportional rotation: the pairs past a share still
+            return {"rope_type": "proportional", "partial_rotary_factor": 2 * turning / head_dim}
         scaling = _match_llama3_rope(freqs, head_dim, theta)
         if scaling is None:
             raise ModelError(
