@@ -55,11 +55,13 @@ def copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
 
 
 def bytes_per_token(model) -> int:
-    """What one decode token reads of the weights: all of them, less an untied embedding table,
-    and of a mixture's experts only the top k it is routed to."""
+    """What one decode token reads of the weights: all of them, less an untied embedding table
+    (and Gemma 4's per-layer one: a row a token), and of a mixture's experts only the top k it
+    is routed to."""
     w = model.w
     unread = sum((e.gate_up.nbytes + e.down.nbytes) * (1 - e.top_k / e.count)
                  for e in (layer.experts for layer in w.layers) if e is not None)
+    unread += w.per_layer.table.nbytes if w.per_layer is not None else 0
     return int(model.weight_bytes - (w.embed.nbytes if w.lm_head is not w.embed else 0) - unread)
 
 

@@ -5,7 +5,8 @@ mixture of experts cut to 8 of its 48 layers (128 experts of 768, 8 a token: eve
 the real one's), a Qwen3.5 hybrid of about 2B (Qwen3.5-2B's hidden size, layers and vocabulary;
 its other widths Qwen3.5's defaults scaled down; its multi-token-prediction block after the
 layers: a GGUF only), GPT-OSS-20B (its every tensor: sinks, biases, 32 experts of 2880, MXFP4
-experts under --type mxfp4; a GGUF only), `tiny` for tests and `tiny-32k` (one layer, a 32k
+experts under --type mxfp4; a GGUF only), Gemma 4 E2B's language model (per-layer embeddings,
+shared K/V, full layers' heads of 512; a GGUF only), `tiny` for tests and `tiny-32k` (one layer, a 32k
 context) for agents' long prompts. The tokenizer is a real one already on the machine: the default model's (SmolLM2's
 49,152-token byte-level BPE), padded with unused tokens up to the shape's vocabulary, so text
 round-trips. Weights are drawn per tensor from (seed, tensor name), a block of rows at a time,
@@ -70,6 +71,9 @@ class Shape:
     sliding_window: int = 0
     yarn: tuple[float, int] | None = None
     mtp: bool = False  # a multi-token-prediction block after the layers (Qwen3.5's, nextn_predict_layers 1)
+    # Gemma 4: (the full layers' head size, every n-th layer full, the last layers reading earlier
+    # layers' K/V with double-wide MLPs, per-layer embeddings' width)
+    gemma4: tuple[int, int, int, int] | None = None
 
 
 SHAPES = {
@@ -84,6 +88,11 @@ SHAPES = {
                         delta_net=(16, 16, 128, 128, 4), mtp=True),
     "gpt-oss-20b": Shape("gpt-oss", 2880, 24, 64, 8, 64, 2880, 201088, False, 150000.0, 1e-5, 131072,
                          experts=32, experts_used=4, expert_ffn=2880, sliding_window=128, yarn=(32.0, 4096)),
+    # Gemma 4 E2B's language model: 35 layers of 1536 (every fifth full, heads of 512 there, 256
+    # in the sliding ones, one K/V head), the last 20 reading earlier layers' K/V, per-layer
+    # embeddings of 256 (a 262,144 x 8,960 table), a window of 512
+    "gemma4-e2b": Shape("gemma4", 1536, 35, 8, 1, 256, 6144, 262144, True, 1000000.0, 1e-6, 131072,
+                        sliding_window=512, gemma4=(512, 5, 20, 256)),
     # Small, but every matrix has rows of 256 so that K-quants apply, it is untied so that
     # token_embd and output take their own Q4_K_M types, and 128 padding tokens are exercised.
     "tiny": Shape("llama", 256, 2, 4, 2, 64, 512, 49280, False, 10000.0, 1e-5, 2048),
@@ -133,6 +142,11 @@ def tensors(s: Shape) -> list[Tensor]:
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     rope = s.arch == "llama"
     out = [Tensor("model.embed_tokens.weight", "token_embd.weight", (s.vocab, s.hidden))]
+    if s.gemma4:
+        width = s.layers * s.gemma4[3]
+        out += [Tensor("model.embed_tokens_per_layer.weight", "per_layer_token_embd.weight", (s.vocab, width)),
+                Tensor("model.per_layer_model_projection.weight", "per_layer_model_proj.weight", (width, s.hidden)),
+                Tensor("model.per_layer_projection_norm.weight", "per_layer_proj_norm.weight", (s.gemma4[3],))]
     for i in range(s.layers):
         hf, gg = f"model.layers.{i}.", f"blk.{i}."
         if s.delta_net:
@@ -140,6 +154,9 @@ def tensors(s: Shape) -> list[Tensor]:
             continue
         if s.arch == "gpt-oss":
             out += gpt_oss_layer(s, i)
+            continue
+        if s.gemma4:
+            out += gemma4_layer(s, i)
             continue
         out += [
             Tensor(hf + "input_layernorm.weight", gg + "attn_norm.weight", (s.hidden,), i),
@@ -217,6 +234,56 @@ def mtp_block(s: Shape) -> list[Tensor]:
     own += [Tensor(f"mtp.{hf}.weight", f"blk.{n}.nextn.{gg}.weight", (s.hidden,), n) for hf, gg in (
         ("pre_fc_norm_embedding", "enorm"), ("pre_fc_norm_hidden", "hnorm"), ("norm", "shared_head_norm"))]
     return layer + own
+
+
+def gemma4_full(s: Shape, i: int) -> bool:
+    return (i + 1) % s.gemma4[1] == 0 or i == s.layers - 1
+
+
+def gemma4_layer(s: Shape, i: int) -> list[Tensor]:
+    """A Gemma 4 layer under llama.cpp's names: a full layer's own head size, no K/V of its own
+    in the last layers (their MLPs twice as wide), the per-layer input's gate and projection,
+    its output scalar."""
+    hf, gg, a = f"model.layers.{i}.", f"blk.{i}.", f"model.layers.{i}.self_attn."
+    dim = s.gemma4[0] if gemma4_full(s, i) else s.head_dim
+    shared = i >= s.layers - s.gemma4[2]
+    ffn, per_layer = s.ffn * (2 if shared else 1), s.gemma4[3]
+    out = [Tensor(hf + "input_layernorm.weight", gg + "attn_norm.weight", (s.hidden,), i),
+           Tensor(a + "q_proj.weight", gg + "attn_q.weight", (s.heads * dim, s.hidden), i),
+           Tensor(a + "q_norm.weight", gg + "attn_q_norm.weight", (dim,), i)]
+    if not shared:
+        out += [Tensor(a + "k_proj.weight", gg + "attn_k.weight", (s.kv_heads * dim, s.hidden), i),
+                Tensor(a + "v_proj.weight", gg + "attn_v.weight", (s.kv_heads * dim, s.hidden), i),
+                Tensor(a + "k_norm.weight", gg + "attn_k_norm.weight", (dim,), i)]
+    return out + [
+        Tensor(a + "o_proj.weight", gg + "attn_output.weight", (s.hidden, s.heads * dim), i),
+        Tensor(hf + "post_attention_layernorm.weight", gg + "post_attention_norm.weight", (s.hidden,), i),
+        Tensor(hf + "pre_feedforward_layernorm.weight", gg + "ffn_norm.weight", (s.hidden,), i),
+        Tensor(hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", (ffn, s.hidden), i),
+        Tensor(hf + "mlp.up_proj.weight", gg + "ffn_up.weight", (ffn, s.hidden), i),
+        Tensor(hf + "mlp.down_proj.weight", gg + "ffn_down.weight", (s.hidden, ffn), i),
+        Tensor(hf + "post_feedforward_layernorm.weight", gg + "post_ffw_norm.weight", (s.hidden,), i),
+        Tensor(hf + "per_layer_input_gate.weight", gg + "inp_gate.weight", (per_layer, s.hidden), i),
+        Tensor(hf + "per_layer_projection.weight", gg + "proj.weight", (s.hidden, per_layer), i),
+        Tensor(hf + "post_per_layer_input_norm.weight", gg + "post_norm.weight", (s.hidden,), i),
+        Tensor(hf + "layer_scalar", gg + "layer_output_scale.weight", (1,), i)]
+
+
+def gemma4_metadata(w: gguf.GGUFWriter, s: Shape) -> None:
+    """What conversion/gemma.py's Gemma4Model writes beyond the common keys."""
+    full_dim, _, shared, per_layer = s.gemma4
+    w.add_feed_forward_length([s.ffn * (2 if i >= s.layers - shared else 1) for i in range(s.layers)])
+    w.add_key_length(full_dim)
+    w.add_value_length(full_dim)
+    w.add_key_length_swa(s.head_dim)
+    w.add_value_length_swa(s.head_dim)
+    w.add_rope_dimension_count(full_dim)
+    w.add_rope_dimension_count_swa(s.head_dim)
+    w.add_float32(f"{s.arch}.rope.freq_base_swa", 10000.0)
+    w.add_sliding_window_pattern([not gemma4_full(s, i) for i in range(s.layers)])
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(per_layer)
+    w.add_final_logit_softcapping(30.0)
 
 
 def gpt_oss_layer(s: Shape, i: int) -> list[Tensor]:
@@ -349,12 +416,15 @@ def write_gguf(path: Path, s: Shape, kind: str, seed: int, shape_name: str) -> N
         w.add_nextn_predict_layers(1)
     w.add_context_length(s.context)
     w.add_embedding_length(s.hidden)
-    w.add_feed_forward_length(s.ffn)
     w.add_head_count(s.heads)
     w.add_head_count_kv(s.kv_heads)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(s.head_dim // 4 if s.delta_net else s.head_dim)
+    if s.gemma4:
+        gemma4_metadata(w, s)
+    else:
+        w.add_feed_forward_length(s.ffn)
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+        w.add_rope_dimension_count(s.head_dim // 4 if s.delta_net else s.head_dim)
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
     w.add_vocab_size(s.vocab)
@@ -392,6 +462,9 @@ def write_gguf(path: Path, s: Shape, kind: str, seed: int, shape_name: str) -> N
     if s.llama3_rope:
         factors = llama3_rope_factors(s.head_dim, s.rope_theta, *s.llama3_rope).astype(np.float32)
         extra.append(("rope_freqs.weight", factors))
+    if s.gemma4:  # the full layers' proportional rotation: a quarter of the pairs turn
+        pairs = s.gemma4[0] // 2
+        extra.append(("rope_freqs.weight", np.array([1.0] * (pairs // 4) + [1e30] * (pairs - pairs // 4), np.float32)))
     for name, values in extra:
         w.add_tensor_info(name, values.shape, values.dtype, values.nbytes)
     for t, qtype in plan:
@@ -472,6 +545,8 @@ def main(argv: list[str] | None = None) -> None:
     if kind not in kinds:
         p.error(f"--type for {a.format} is one of {', '.join(kinds)}")
     start = time.perf_counter()
+    if a.format == "hf" and SHAPES[a.shape].gemma4:
+        p.error(f"--shape {a.shape} is written as a GGUF only")
     if a.format == "gguf":
         a.out.parent.mkdir(parents=True, exist_ok=True)
         write_gguf(a.out, SHAPES[a.shape], kind, a.seed, a.shape)
