@@ -67,6 +67,7 @@ class Experts:
     gate_up_bias: np.ndarray | None = None  # (experts x 2 x intermediate,)
     down_bias: np.ndarray | None = None  # (experts x hidden,)
     swiglu_clamp: tuple[float, float] | None = None
+    expert_scale: np.ndarray | None = None  # (experts,) float32: each expert's output times its own (Gemma 4)
 
     @property
     def count(self) -> int:
@@ -75,7 +76,7 @@ class Experts:
     @property
     def floats(self) -> tuple:
         """The small float32 tensors beside the matrices: the router's, a shared gate, biases."""
-        return self.router, self.shared_gate, self.router_bias, self.gate_up_bias, self.down_bias
+        return self.router, self.shared_gate, self.router_bias, self.gate_up_bias, self.down_bias, self.expert_scale
 
     @property
     def nbytes(self) -> int:
@@ -89,7 +90,8 @@ class Experts:
         shared = {} if self.shared_gate is None else dict(
             shared_gate_up=prepare(self.shared_gate_up), shared_down=prepare(self.shared_down))
         floats = {k: keep_float(float32(getattr(self, k))) for k in
-                  ("router", "shared_gate", "router_bias", "gate_up_bias", "down_bias") if getattr(self, k) is not None}
+                  ("router", "shared_gate", "router_bias", "gate_up_bias", "down_bias", "expert_scale")
+                  if getattr(self, k) is not None}
         return replace(self, gate_up=prepare(self.gate_up), down=prepare(self.down), **shared, **floats)
 
 
@@ -334,10 +336,12 @@ class LayerReader:
         router = moe + c.family.router
         biased = dict(router_bias=float32(self.take(router + ".bias", (E,)))) if router + ".bias" in \
             self.tensors.entries else {}
-        matrices = c.family.stacked_experts(self.present, i, E, H, I)
-        if matrices is None:
-            matrices = dict(gate_up=self.fused([(f"{moe}experts.{e}.{names[part]}.weight", (I, H))
-                                                for e in range(E) for part in ("gate", "up")]),
+        matrices = c.family.stacked_experts(self.present, i, E, H, I) or {}
+        if "gate_up" not in matrices:  # per expert, under the checkpoint's (or a GGUF's) names
+            fused = f"{moe}experts.0.gate_up_proj.weight" in self.tensors.entries  # a GGUF's fused stack, per expert
+            gate_up = [(f"{moe}experts.{e}.gate_up_proj.weight", (2 * I, H)) for e in range(E)] if fused else \
+                [(f"{moe}experts.{e}.{names[part]}.weight", (I, H)) for e in range(E) for part in ("gate", "up")]
+            matrices.update(gate_up=self.fused(gate_up),
                             down=self.fused([(f"{moe}experts.{e}.{names['down']}.weight", (H, I)) for e in range(E)]))
             if f"{moe}experts.0.{names['gate']}.bias" in self.tensors.entries:  # a GGUF's GPT-OSS
                 matrices.update(

@@ -124,11 +124,12 @@ def add_byte_vocab(w: gguf.GGUFWriter, c: dict) -> None:
 
 
 def write_gemma4_gguf(c: dict, path: Path, quant: gguf.GGMLQuantizationType | None) -> Path:
-    """A dense Gemma 4 as conversion/gemma.py's Gemma4Model writes it: key_length the full
+    """A Gemma 4 as conversion/gemma.py's Gemma4Model writes it: key_length the full
     layers' head size and key_length_swa the sliding ones'; K/V heads and MLP widths one a layer
     where they differ; a window flag a layer; its norms as they are (w, not 1 + w); layer_scalar
     as layer_output_scale.weight; the proportional rotation as a rope_freqs tensor of 1 for the
-    turning pairs and 1e30 for the rest."""
+    turning pairs and 1e30 for the rest; experts as fused gate_up and down stacks, the router's
+    scale as ffn_gate_inp.scale and each expert's as ffn_down_exps.scale."""
     arch, layers = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.GEMMA4], c["num_hidden_layers"]
     w = gguf.GGUFWriter(str(path), arch)
     full, sliding = c["rope_parameters"]["full_attention"], c["rope_parameters"]["sliding_attention"]
@@ -161,12 +162,19 @@ def write_gemma4_gguf(c: dict, path: Path, quant: gguf.GGMLQuantizationType | No
     w.add_sliding_window_pattern(swa)
     w.add_shared_kv_layers(shared)
     w.add_embedding_length_per_layer_input(c.get("hidden_size_per_layer_input") or 0)
+    if c.get("enable_moe_block"):
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["top_k_experts"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
     add_byte_vocab(w, c)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, layers)
+    scales = {"router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale"}
     for hf, array in random_tensors(c).items():
-        hf = hf + ".weight" if hf.endswith("layer_scalar") else hf
-        gguf_name = names.get_name(hf, try_suffixes=(".weight",))
-        if quant is not None and array.ndim >= 2 and "embed_tokens" not in hf and array.shape[1] % 32 == 0:
+        hf = hf + ".weight" if hf.endswith(("layer_scalar", "experts.gate_up_proj", "experts.down_proj")) else hf
+        own = next((g for h, g in scales.items() if hf.endswith(h)), None)
+        gguf_name = f"blk.{hf.split('.')[2]}.{own}" if own else names.get_name(hf, try_suffixes=(".weight",))
+        keep = "embed_tokens" in hf or "router" in hf or array.shape[-1] % 32  # llama.cpp keeps routers F32
+        if quant is not None and array.ndim >= 2 and not keep:
             w.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)
         else:
             w.add_tensor(gguf_name, array)

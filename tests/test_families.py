@@ -162,7 +162,7 @@ def test_a_mistral3_vision_language_checkpoint_serves_its_language_model(checkpo
 
 
 # Gemma 2's GGUF scales queries by head_dim ** -0.5 as llama.cpp infers it (its fixture uses 24)
-GGUF_FAMILIES = ["gemma3", "gemma4", "gpt-oss", "ministral3", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
+GGUF_FAMILIES = ["gemma3", "gemma4", "gemma4-moe", "gpt-oss", "ministral3", "mixtral", "olmoe", "phi3-longrope-long", "phi3-longrope-short", "phi4-mini", "qwen2",
                  "qwen3-moe", "qwen3-yarn", "qwen3.5", "qwen3.5-moe", "smollm3-4"]
 
 
@@ -178,7 +178,7 @@ def test_family_gguf_matches_transformers(checkpoints, tmp_path, name, backend):
     assert_matches(runner, fixture)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "gemma4", "mixtral", "phi4-mini"])
+@pytest.mark.parametrize("name", ["gemma3", "gemma4", "gemma4-moe", "mixtral", "phi4-mini"])
 def test_family_gguf_of_q8_0_served_packed(checkpoints, tmp_path, name):
     """Q8_0 matrices kept in their blocks (fused q/k/v and gate/up for Phi, every expert's slice
     of Mixtral's 3-D stacks, its router F32 as llama.cpp keeps it): logits within
@@ -195,7 +195,9 @@ def test_family_gguf_of_q8_0_served_packed(checkpoints, tmp_path, name):
     ids = [int(i) for i in fixture["ids"]]
     plan = StepPlan([Row("a", ids, 0, list(range(16)), sample=True)])
     err = rel_err(runner.ops.to_host(runner.logits(plan))[0], fixture["logits"][-1])
-    assert 1e-5 < err < 6e-2, err
+    # Gemma 4's MoE: a near tie of two experts (logits 0.0530 and 0.0530, layer 2, token 11) goes
+    # the other way on rounded weights, so one token is routed differently
+    assert 1e-5 < err < (0.1 if name == "gemma4-moe" else 6e-2), err
 
 
 def test_a_gpt_oss_gguf_of_mxfp4_experts_is_served_packed(checkpoints, tmp_path):

@@ -81,10 +81,8 @@ def test_the_cache_keeps_each_layers_shape_and_none_where_a_layer_reads_anothers
 def test_its_gguf_reads_as_its_checkpoint(tmp_path):
     """llama.cpp's metadata (key_length the full layers', key_length_swa the sliding ones', a
     window flag a layer, the widths one a layer, shared_kv_layers, the rope_freqs tensor) gives
-    the checkpoint's config; its 26B-A4B's experts are refused in one line."""
+    the checkpoint's config, and its 26B-A4B's experts beside the MLP."""
     from family_gguf import write_family_gguf
-    from model.errors import ModelError
-    from model.families.gemma4 import FAMILY
     from model.gguf.convert import convert_gguf
 
     want = ModelConfig.from_dict(FAMILIES["gemma4"][0])
@@ -93,8 +91,11 @@ def test_its_gguf_reads_as_its_checkpoint(tmp_path):
                   "rope_theta", "local_rope_theta", "query_scale", "value_norm", "per_layer_input", "final_softcap",
                   "head_dim", "num_kv_heads", "intermediate_size"):
         assert getattr(got, field) == getattr(want, field), field
-    with pytest.raises(ModelError, match="26B-A4B"):
-        FAMILY.gguf_switches(lambda key, default=None: 4 if key.endswith("expert_count") else default, 3, 64, 4, 32)
+    want = ModelConfig.from_dict(FAMILIES["gemma4-moe"][0])
+    got = ModelConfig.load(convert_gguf(write_family_gguf("gemma4-moe", tmp_path / "m.gguf"), tmp_path / "moe"))
+    for field in ("layer_heads", "num_experts", "experts_per_token", "expert_intermediate_size", "norm_topk_prob",
+                  "experts_beside_mlp", "moe_layers", "per_layer_input"):
+        assert getattr(got, field) == getattr(want, field), field
 
 
 def test_head_sizes_the_cuda_kernels_do_not_take_are_refused_by_name():

@@ -85,7 +85,7 @@ class Family:
         metadata; field(key, default=None) reads one key."""
         return {}
 
-    def gguf_shapes(self, switches: dict, hidden: int, layers: int, vocab: int) -> dict:
+    def gguf_shapes(self, switches: dict, hidden: int, layers: int, vocab: int, experts: int = 0) -> dict:
         """Hugging Face shapes of the GGUF tensors of its own (gguf_names' per-layer names, the
         same in every layer; gguf_globals' full names), from its gguf_switches."""
         return {}
@@ -96,7 +96,7 @@ class Family:
 
     def stacked_experts(self, read: Callable, layer: int, experts: int, hidden: int, inner: int) -> dict | None:
         """Experts fields from a checkpoint that stacks a layer's experts in one tensor per
-        projection; None: they are read per expert (expert_tensors)."""
+        projection; None (or fields without gate_up): they are read per expert (expert_tensors)."""
         return None
 
     def hf_fields(self, c) -> dict:

@@ -12,10 +12,11 @@ of six layers sliding; and besides
   a projection of the embedding, feeding a gated residual at each layer's end;
 - each layer's output times a learned scalar; the logits soft-capped;
 - 26B-A4B: experts beside the dense MLP, routed on the stream's own norm, each expert's output
-  times a learned scale (folded into its down projection here).
+  times a learned scale (Experts.expert_scale, on its routing weight).
 
 Its checkpoints are vision-language models (Gemma4ForConditionalGeneration) whose language
-model is served.
+model is served. Its GGUFs are read as conversion/gemma.py's Gemma4Model writes them
+(gguf_switches).
 """
 
 from dataclasses import dataclass
@@ -109,7 +110,12 @@ class Gemma4(Family):
     model_type, architecture, gguf_arch = "gemma4_text", "Gemma4ForCausalLM", "gemma4"
     gguf_sliding_window = True
     gguf_names = {"layer_output_scale.weight": "layer_scalar", "inp_gate.weight": "per_layer_input_gate.weight",
-                  "proj.weight": "per_layer_projection.weight", "post_norm.weight": "post_per_layer_input_norm.weight"}
+                  "proj.weight": "per_layer_projection.weight", "post_norm.weight": "post_per_layer_input_norm.weight",
+                  "ffn_gate_inp.scale": "router.scale", "ffn_down_exps.scale": "router.per_expert_scale",
+                  "pre_ffw_norm_2.weight": "pre_feedforward_layernorm_2.weight",
+                  "post_ffw_norm_1.weight": "post_feedforward_layernorm_1.weight",
+                  "post_ffw_norm_2.weight": "post_feedforward_layernorm_2.weight"}
+    gguf_top_k_normalised = True
     gguf_globals = {"per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
                     "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
                     "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight"}
@@ -132,7 +138,7 @@ class Gemma4(Family):
                              " not serve")
         raw = dict(raw)
         if raw.get("enable_moe_block"):
-            raw["num_experts_per_tok"] = raw["top_k_experts"]
+            raw["num_experts_per_tok"] = raw.get("top_k_experts") or raw["num_experts_per_tok"]
         else:
             raw.pop("num_experts", None)
         layers = int(raw["num_hidden_layers"])
@@ -169,9 +175,6 @@ class Gemma4(Family):
         feed_forward_length one a layer where layers differ; a flag a layer for the window. (Its
         rope_freqs tensor is the proportional rotation: model/gguf/rope.py.)"""
         k = lambda name: f"{self.gguf_arch}.{name}"  # noqa: E731
-        if field(k("expert_count")):
-            raise ModelError("Gemma 4's mixture of experts (26B-A4B) is not served from a GGUF yet; use its"
-                             " Hugging Face checkpoint")
         pattern = field(k("attention.sliding_window_pattern"))
         if not isinstance(pattern, list) or len(pattern) != layers or all(pattern):
             raise ModelError(f"{k('attention.sliding_window_pattern')} is not a flag a layer with a full layer among"
@@ -190,13 +193,17 @@ class Gemma4(Family):
                 "local_rope_theta": float(str(np.float32(field(k("rope.freq_base_swa"), 10000.0)))),
                 "query_scale": 1.0, "value_norm": True, "gelu": True,
                 "final_softcap": float(field(k("final_logit_softcapping"), 0.0) or 0.0),
-                "per_layer_input": int(field(k("embedding_length_per_layer_input"), 0) or 0)}
+                "per_layer_input": int(field(k("embedding_length_per_layer_input"), 0) or 0),
+                "experts_beside_mlp": bool(field(k("expert_count")))}
 
-    def gguf_shapes(self, switches: dict, hidden: int, layers: int, vocab: int) -> dict:
+    def gguf_shapes(self, switches: dict, hidden: int, layers: int, vocab: int, experts: int = 0) -> dict:
         P = switches["per_layer_input"]
+        moe = {"router.scale": (hidden,), "router.per_expert_scale": (experts,),
+               **{norm: (hidden,) for norm in ("pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
+                                                "post_feedforward_layernorm_2.weight")}} if experts else {}
         if not P:
-            return {"layer_scalar": (1,)}
-        return {"layer_scalar": (1,), "per_layer_input_gate.weight": (P, hidden),
+            return {"layer_scalar": (1,), **moe}
+        return {"layer_scalar": (1,), **moe, "per_layer_input_gate.weight": (P, hidden),
                 "per_layer_projection.weight": (hidden, P), "post_per_layer_input_norm.weight": (hidden,),
                 "model.embed_tokens_per_layer.weight": (vocab, layers * P),
                 "model.per_layer_model_projection.weight": (layers * P, hidden),
@@ -210,20 +217,23 @@ class Gemma4(Family):
                 "per_layer_config": {str(i): {"head_dim": c.head_dim_of(i), "num_key_value_heads": c.kv_heads_of(i)}
                                      for i in range(c.num_layers) if not windows[i]},
                 "num_kv_shared_layers": shared, "use_double_wide_mlp": c.layer_widths is not None,
-                "hidden_size_per_layer_input": c.per_layer_input,
+                "hidden_size_per_layer_input": c.per_layer_input, "enable_moe_block": bool(c.num_experts),
                 "vocab_size_per_layer_input": c.per_layer_vocab or c.vocab_size,
                 "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": c.local_rope_theta},
                                     "full_attention": {"rope_type": "proportional", "rope_theta": c.rope_theta,
                                                        "partial_rotary_factor": c.partial_rotary_factor}}}
 
     def stacked_experts(self, read, layer: int, experts: int, hidden: int, inner: int) -> dict | None:
-        """Each layer's experts stacked (gate rows, then up rows, per expert, as Experts keeps
-        them), every expert's down projection times its learned scale."""
+        """A checkpoint's experts stacked (gate rows, then up rows, per expert, as Experts keeps
+        them), and each expert's learned scale; None for a GGUF's (read per expert: its gate and
+        up fused, its scale beside them)."""
         p = f"model.layers.{layer}."
         scale = read(p + "router.per_expert_scale", (experts,))
-        down = read(p + "experts.down_proj", (experts, hidden, inner))
-        return dict(gate_up=read(p + "experts.gate_up_proj", (experts, 2 * inner, hidden)).reshape(-1, hidden),
-                    down=(down * scale[:, None, None]).reshape(-1, inner))
+        gate_up = read(p + "experts.gate_up_proj", (experts, 2 * inner, hidden))
+        if gate_up is None:
+            return {"expert_scale": scale}
+        return dict(gate_up=gate_up.reshape(-1, hidden), expert_scale=scale,
+                    down=read(p + "experts.down_proj", (experts, hidden, inner)).reshape(-1, inner))
 
     def layer_extras(self, reader, layer: int) -> dict:
         c, p = reader.config, f"model.layers.{layer}."

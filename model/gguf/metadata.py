@@ -20,7 +20,7 @@ import numpy as np
 from model.config import ModelConfig
 from model.errors import ModelError, one_line
 from model.families import Family, gguf_family
-from model.gguf.names import EXPERT_TENSORS, ROUTER, GGUFTensor, entries, required_layer_tensors
+from model.gguf.names import EXPERT_TENSORS, FUSED_EXPERTS, ROUTER, GGUFTensor, entries, required_layer_tensors
 from model.gguf.rope import rope_scaling
 from model.gguf.vocab import GGUFVocab, read_vocab
 
@@ -109,7 +109,7 @@ def read_gguf(path: Path) -> GGUFModel:
     if mtp:  # the MTP layer's own (names.NEXTN)
         shapes.update({"mtp.fc.weight": (hidden, 2 * hidden), **{n: (hidden,) for n in (
             "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight")}})
-    shapes.update(family.gguf_shapes(switches, hidden, layers, vocab))
+    shapes.update(family.gguf_shapes(switches, hidden, layers, vocab, experts))
     heads_of, widths = switches.get("layer_heads"), switches.get("layer_widths")
 
     def layer_shape(e: GGUFTensor) -> tuple:
@@ -185,6 +185,8 @@ def _expert_shape(e: GGUFTensor, experts: int, hidden: int, ffn: int) -> tuple |
     """What an expert's tensor (or its bias) or a router (or its bias) should be; None for
     every other tensor."""
     name = e.tensor.name
+    if e.expert is not None and name.endswith(FUSED_EXPERTS):
+        return 2 * ffn, hidden
     if e.expert is not None:
         down = name.endswith(("ffn_down_exps.weight", "ffn_down_exps.bias"))
         return ((hidden,) if down else (ffn,)) if name.endswith(".bias") else (hidden, ffn) if down else (ffn, hidden)
@@ -194,10 +196,11 @@ def _expert_shape(e: GGUFTensor, experts: int, hidden: int, ffn: int) -> tuple |
 def _check_complete(have: set[str], family: Family, layers: int, path: Path, sparse: tuple = (),
                     linear: tuple | None = None, kv_sources: tuple | None = None) -> None:
     missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in have]
-    moe = (ROUTER, *EXPERT_TENSORS)
     for i in range(layers):
         required = required_layer_tensors(family, bool(linear and linear[i]), not kv_sources or kv_sources[i] == i)
         wanted = [s for s in required if not (sparse and sparse[i] and s.startswith(("ffn_gate.", "ffn_up.", "ffn_down.")))]
+        fused = f"blk.{i}.{FUSED_EXPERTS}" in have
+        moe = (ROUTER, "ffn_down_exps.weight", *((FUSED_EXPERTS,) if fused else ("ffn_gate_exps.weight", "ffn_up_exps.weight")))
         missing += [f"blk.{i}.{s}" for s in wanted + (list(moe) if sparse and sparse[i] else [])
                     if f"blk.{i}.{s}" not in have]
     if missing:

@@ -16,6 +16,7 @@ from model.gguf.index import read_index
 # a MoE layer's tensors: the router and the experts' 3-D stacks -> their part of an expert
 ROUTER = "ffn_gate_inp.weight"
 EXPERT_TENSORS = {"ffn_gate_exps.weight": "gate", "ffn_up_exps.weight": "up", "ffn_down_exps.weight": "down"}
+FUSED_EXPERTS = "ffn_gate_up_exps.weight"  # gate and up in one stack (Gemma 4's): experts.E.gate_up_proj.weight
 # GPT-OSS's biases beside them: the router's (1-D), the experts' (one row an expert)
 EXPERT_BIASES = {"ffn_gate_inp.bias": "router", **{k.replace(".weight", ".bias"): v for k, v in EXPERT_TENSORS.items()}}
 
@@ -125,7 +126,7 @@ def entries(tensors, family: Family, layers: int, heads: int, kv_heads: int, pat
     checkpoint's mtp.* names (model/mtp.py reads them when asked); further blocks are not read."""
     names = layer_names(family)
     outer = {**_GLOBAL_TENSORS, **(family.gguf_globals or {})}
-    moe = (ROUTER, *EXPERT_TENSORS, *EXPERT_BIASES) if experts else ()
+    moe = (ROUTER, *EXPERT_TENSORS, FUSED_EXPERTS, *EXPERT_BIASES) if experts else ()
     out = []
     for t in tensors:
         name = t.name
@@ -171,5 +172,5 @@ def _expert_entries(t, layer: int, suffix: str, family: Family, experts: int, pa
     if len(shape) != (2 if kind == ".bias" else 3) or shape[0] != experts:
         raise ModelError(f"tensor {t.name} in {path.name} has shape {shape}, not {experts} experts' matrices;"
                          " the file is inconsistent")
-    name = names[EXPERT_TENSORS[suffix.replace(".bias", ".weight")]]
+    name = "gate_up_proj" if suffix == FUSED_EXPERTS else names[EXPERT_TENSORS[suffix.replace(".bias", ".weight")]]
     return [GGUFTensor(f"{prefix}experts.{e}.{name}{kind}", t, 0, shape[1:], expert=e) for e in range(experts)]

@@ -235,6 +235,8 @@ class CudaOps:
         self.kernel("moe.cu", "moe_route")((tokens,), (THREADS,), (
             ids, weights, router_x, experts.router, optional(experts.router_bias), np.int32(hidden), np.int32(count),
             np.int32(k), np.int32(experts.normalize)))
+        if experts.expert_scale is not None:  # Gemma 4's: each chosen expert's weight times its own scale
+            weights *= experts.expert_scale[ids]
         starts, tile_starts = xp.empty(count + 1, dtype=np.int32), xp.empty(count + 1, dtype=np.int32)
         tokens_of, position = xp.empty(routed, dtype=np.int32), xp.empty(routed, dtype=np.int32)
         self.kernel("moe.cu", "moe_align")((1,), (THREADS,), (

@@ -26,16 +26,18 @@ class ExpertPlan:
         return self.starts.shape[0] - 1
 
 
-def route(logits: np.ndarray, top_k: int, normalize: bool) -> ExpertPlan:
+def route(logits: np.ndarray, top_k: int, normalize: bool, scale: np.ndarray | None = None) -> ExpertPlan:
     """The softmax of the router's logits (tokens, experts), its top k (ties to the lower id),
-    rescaled to sum to 1 where normalize says (Mixtral, Qwen3-MoE's norm_topk_prob), as
-    transformers routes."""
+    rescaled to sum to 1 where normalize says (Mixtral, Qwen3-MoE's norm_topk_prob), then times
+    each chosen expert's own scale where there are scales (Gemma 4), as transformers routes."""
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
     ids = np.argsort(-probs, axis=1, kind="stable")[:, :top_k]
     weights = np.take_along_axis(probs, ids, axis=1)
     if normalize:
         weights /= weights.sum(axis=1, keepdims=True)
+    if scale is not None:
+        weights *= scale[ids]
     flat = ids.ravel()
     order = np.argsort(flat, kind="stable")
     counts = np.bincount(flat, minlength=logits.shape[1])

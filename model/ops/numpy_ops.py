@@ -94,7 +94,7 @@ class NumpyOps:
         logits = self.router_logits(x if router_x is None else router_x, experts.router)
         if experts.router_bias is not None:
             logits += experts.router_bias
-        plan = route(logits, experts.top_k, experts.normalize)
+        plan = route(logits, experts.top_k, experts.normalize, experts.expert_scale)
         gate_up = add_bias(self.grouped_linear(x[plan.tokens], experts.gate_up, plan), experts.gate_up_bias, plan)
         if experts.swiglu_clamp is not None:
             act = clamped_swiglu(gate_up, *experts.swiglu_clamp)
