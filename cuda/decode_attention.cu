@@ -4,15 +4,15 @@
 // argument: 1, 2, 4 or 8) query heads of one KV head a block; a larger group splits into chunks
 // = ceil(group / GROUP) blocks of GROUP heads each, every one reading the KV head's rows (a
 // group of 16 or more needs no more registers, only more reads of K and V, mostly from L2).
-// DIMS (4 or 8, a template argument too) elements of a row a lane: 4 serve a head_dim of up to
-// 128, 8 up to 256. A block takes one chunk of one KV head of one sequence over one split of its
+// DIMS (4, 8 or 16, a template argument too) elements of a row a lane: 4 serve a head_dim of up
+// to 128, 8 up to 256, 16 up to 512 (Gemma 4's full layers). A block takes one chunk of one KV head of one sequence over one split of its
 // context. A sequence's context splits into min(splits, ceil(context / min_split)) parts of
 // whole pages, from its own length only: its result does not depend on the rest of the batch,
 // and a graph captured for max_model_len needs only `splits` partials per head. Splits past the
 // last part write an empty partial (max -inf), which the reduce skips.
 //
 // Each warp takes whole pages (one block-table load per page) and splits into sub-warps of the
-// fewest lanes whose DIMS elements each cover head_dim (16 lanes for 64, 32 for 128 and 256):
+// fewest lanes whose DIMS elements each cover head_dim (16 lanes for 64, 32 for 128 to 512):
 // a lane's elements are DIMS / 4 runs of 4 (a Four: one 8-byte load for the 16-bit types,
 // 16-byte for fp32), the sub-warp's runs side by side, so each load of the sub-warp is one
 // contiguous stretch of the row. Each sub-warp has up to DA_UNROLL rows in flight (fewer where
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
     const int* __restrict__ block_tables, const int* __restrict__ context_lens, int heads, int kv_heads,
     int head_dim, int block_size, int max_blocks, int num_blocks, int min_split, float scale, int window,
     float softcap) {
-    static_assert(DIMS == 4 || DIMS == 8, "a lane holds one or two Fours of a row");
+    static_assert(DIMS == 4 || DIMS == 8 || DIMS == 16, "a lane holds one, two or four Fours of a row");
     constexpr int RUNS = DIMS / 4;  // a lane's Fours of a row
     int group = heads / kv_heads, chunks = (group + GROUP - 1) / GROUP, chunk = blockIdx.x % chunks;
     int kv_head = blockIdx.x / chunks, seq = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
 
     // the same bytes in flight whatever a row's load (fewer rows for fp32 and DIMS 8); one row
     // where the group's queries and accumulators take most registers
-    constexpr int unroll = GROUP * DIMS >= 32 ? 1 : DA_UNROLL * 8 / int(DIMS * sizeof(T));
+    constexpr int unroll = GROUP * DIMS >= 32 || DIMS * sizeof(T) >= 32 ? 1 : DA_UNROLL * 8 / int(DIMS * sizeof(T));
     const int* table = block_tables + size_t(seq) * max_blocks;
     size_t head_base = size_t(kv_head) * num_blocks * block_size;
     int first_page = begin / block_size, last_page = (end + block_size - 1) / block_size;

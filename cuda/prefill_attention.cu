@@ -10,9 +10,10 @@
 // of a GQA group share every K/V tile. Per tile of 32 keys, the block stages K and V in shared
 // memory; each warp scores its 4 rows against the tile (a lane per key), keeps an online
 // softmax per row in fp32, and accumulates the output (DIMS dims a lane, a template argument: 4
-// for a head_dim of up to 128, 8 up to 256). The staged tiles are dynamic shared memory sized by
-// head_dim, prefill_shared_bytes in model/ops/cuda_ops.py: (16 + 2 * 32) * head_dim + 32 floats,
-// 41 KB at 128 and 82 KB at 256 (past the 48 KB default: the launch raises the kernel's limit).
+// for a head_dim of up to 128, 8 up to 256, 16 up to 512). The staged tiles are dynamic shared
+// memory sized by head_dim, prefill_shared_bytes in model/ops/cuda_ops.py: (16 + 2 * 32) *
+// head_dim + 32 floats, 41 KB at 128, 82 KB at 256 and 164 KB at 512 (past the 48 KB default:
+// the launch raises the kernel's limit; an A100 allows 163 KB, an H100 227 KB).
 //
 // q, out: (tokens, heads, head_dim), the step's query tokens, sequence after sequence;
 // query_starts: (seqs + 1) int32 offsets into them; context_lens: (seqs) int32;

@@ -1,5 +1,5 @@
 // Paged prefill attention on tensor cores (WMMA, 16 x 16 x 16 tiles, fp32 accumulation), for
-// fp16 and bf16 and a head_dim that is a multiple of 16 (at most 256); prefill_attention.cu's
+// fp16 and bf16 and a head_dim that is a multiple of 16 (at most 512); prefill_attention.cu's
 // CUDA-core kernel serves the rest. The same contract: causal, on top of a cached prefix, a
 // query at position p sees keys 0..p through the block table, rows being (token, head) pairs of
 // one KV head's group so a GQA group shares every K/V tile; a sliding window and soft-capped
@@ -10,14 +10,15 @@
 // Passes over the keys, so that no accumulator fragment is ever rescaled (a fragment's layout
 // across the lanes is not CUDA's to rely on): the first finds each row's softmax max and sum
 // from S = Q K^T; each later one recomputes S and adds P V for 128 dims of the output (8
-// accumulator tiles in registers: one value pass up to a head_dim of 128, two up to 256), with
+// accumulator tiles in registers: one value pass up to a head_dim of 128, two up to 256, four
+// up to 512), with
 // P = exp(S - max) / sum rounded to the storage type as the tensor cores take it. The output
 // goes out through shared memory, a 16 x 16 tile at a time, after each value pass.
 //
 // The queries and the key tile, full head_dim rows, are dynamic shared memory:
 // (64 + 32) * (head_dim + 8) elements, prefill_shared_bytes in model/ops/cuda_ops.py; with the
-// static rest, 46 KB at a head_dim of 128 and 70 KB at 256 (past the 48 KB default: the launch
-// raises the kernel's limit).
+// static rest, 46 KB at a head_dim of 128, 70 KB at 256 and 118 KB at 512 (past the 48 KB
+// default: the launch raises the kernel's limit).
 //
 // q, out: (tokens, heads, head_dim); query_starts: (seqs + 1) int32; context_lens: (seqs) int32;
 // block_tables: (seqs, max_blocks) int32; caches: (kv_heads, blocks, block_size, head_dim).

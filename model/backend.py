@@ -32,7 +32,7 @@ log = logging.getLogger("spool.model")
 CPU_DTYPES = ("q8_0", "q4_k")  # packed weights: the CPU backend's alone
 # What the attention kernels hold in registers and shared memory (cuda/decode_attention.cu,
 # prefill_attention*.cu); any number of query heads per KV head (decode takes them in chunks).
-CUDA_MAX_HEAD_DIM = 256
+CUDA_MAX_HEAD_DIM = 512
 
 
 @dataclass

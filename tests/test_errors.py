@@ -193,7 +193,7 @@ def test_serve_refuses_an_fp8_checkpoint_before_compiling_kernels(model_copy, tm
     assert len(lines) == 1 and "holds FP8 weights" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("head_dim", [512, 66])  # Gemma 4's global layers; not in fours
+@pytest.mark.parametrize("head_dim", [640, 66])  # past Gemma 4's full layers' 512; not in fours
 def test_the_cuda_backend_refuses_a_model_its_kernels_cannot_run(tiny_dir, head_dim):
     from dataclasses import replace
 
@@ -203,6 +203,7 @@ def test_the_cuda_backend_refuses_a_model_its_kernels_cannot_run(tiny_dir, head_
     config = ModelConfig.load(tiny_dir)
     check_model(Backend("cuda", "bfloat16", None), config)  # the tiny model fits
     check_model(Backend("cuda", "bfloat16", None), replace(config, num_heads=32, num_kv_heads=1, head_dim=256))
+    check_model(Backend("cuda", "bfloat16", None), replace(config, num_heads=8, num_kv_heads=1, head_dim=512))
     config = replace(config, head_dim=head_dim)
     with pytest.raises(ValueError, match=str(head_dim)) as e:
         check_model(Backend("cuda", "bfloat16", None), config)

@@ -19,13 +19,13 @@ from model.kv_cache import KVCache
 from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
 from model.ops.numpy_ops import NumpyOps
-from model.runner import ModelRunner
+from model.runner import ModelRunner, Row, StepPlan
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
-from family_models import FAMILIES, make_family  # noqa: E402
+from family_models import FAMILIES, make_family, write_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +99,27 @@ def test_its_gguf_reads_as_its_checkpoint(tmp_path):
 
 
 def test_head_sizes_the_cuda_kernels_do_not_take_are_refused_by_name():
-    config = ModelConfig.from_dict({**FAMILIES["gemma4"][0], "global_head_dim": 512})
-    with pytest.raises(ValueError, match="this model.s is 16 and 512"):
+    """Gemma 4's full layers' 512 is taken (as the sliding ones' 256); a larger one is named."""
+    check_model(Backend("cuda", "bfloat16", None), ModelConfig.from_dict(
+        {**FAMILIES["gemma4"][0], "head_dim": 256, "global_head_dim": 512}))
+    config = ModelConfig.from_dict({**FAMILIES["gemma4"][0], "global_head_dim": 1024})
+    with pytest.raises(ValueError, match="this model.s is 16 and 1024"):
         check_model(Backend("cuda", "bfloat16", None), config)
+
+
+def test_its_full_layers_heads_of_512_on_the_cuda_kernels(tmp_path):
+    """E2B's head sizes (256 sliding, 512 full) through the CUDA kernels (the CPU harness):
+    prefill in chunks, then decode, each step's logits as NumPy's."""
+    path, _ = write_checkpoint({**FAMILIES["gemma4"][0], "head_dim": 256, "global_head_dim": 512}, tmp_path)
+    ids = PROMPTS[2]
+    got = []
+    for ops in (NumpyOps(), CudaOps(np, CpuLauncher())):
+        runner = ModelRunner.from_dir(path, num_blocks=16, block_size=4, ops=ops)
+        steps = [runner.logits(StepPlan([Row("a", ids[:17], 0, list(range(16)), sample=True)])),
+                 runner.logits(StepPlan([Row("a", ids[17:], 17, list(range(16)), sample=True)])),
+                 runner.logits(StepPlan([Row("a", [5], len(ids), list(range(16)), sample=True)]))]
+        got.append(np.stack([ops.to_host(s)[0] for s in steps]))
+    assert np.abs(got[1] - got[0]).max() < 1e-4 * np.abs(got[0]).max()
 
 
 def generate(path, prompts, num_blocks=64, seeds=None, **config):

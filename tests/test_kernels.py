@@ -210,7 +210,8 @@ def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype,
     for shape in [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 3, 96),
                   (4, 2, 32),  # 96: a partial sub-warp; 32: four a warp
                   (16, 1, 32), (24, 2, 64),  # groups of 16 and 12: in chunks of 8
-                  (8, 1, 256), (4, 2, 160)]] + [  # 8 a lane: chunks of 4; a part-run
+                  (8, 1, 256), (4, 2, 160),  # 8 a lane: chunks of 4; a part-run
+                  (8, 1, 512), (2, 1, 288)]] + [  # 16 a lane (Gemma 4's full layers): a head a block; a part-run
     (*shape, 48, 40, 0.0, True) for shape in [(8, 2, 64), (24, 2, 64), (8, 1, 256)]])  # GPT-OSS's sinks, its window
 def test_paged_decode_attention(launcher, dtype, heads, kv_heads, head_dim, min_split, window, softcap, sunk):
     rng = np.random.default_rng(heads * head_dim + min_split)
@@ -288,10 +289,12 @@ PREFILL_KERNELS = [("prefill_attention", dtype, 16) for dtype in DTYPES] + [
 
 @pytest.mark.parametrize("name,dtype,rows_per_block", PREFILL_KERNELS)
 # (16, 1, 32): a group of 16; 256: 82 KB of shared memory on CUDA cores, two value passes on tensor
-# cores; 160: a second value pass of 2 tiles
+# cores; 160: a second value pass of 2 tiles; 512 (Gemma 4's full layers): 16 a lane, 164 KB,
+# four value passes
 @pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap,sunk", [
     (*shape, *case) for case in [(0, 0.0, False), (13, 2.5, False)] for shape in
-    [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 2, 96), (16, 1, 32), (4, 2, 256), (2, 1, 160)]] + [
+    [(4, 4, 64), (8, 2, 64), (16, 2, 128), (9, 3, 64), (6, 2, 96), (16, 1, 32), (4, 2, 256), (2, 1, 160),
+     (4, 1, 512)]] + [
     (8, 2, 64, 13, 0.0, True), (16, 1, 32, 13, 0.0, True)])  # GPT-OSS's sinks with its window, on two shapes
 def test_paged_prefill_attention(launcher, name, dtype, rows_per_block, heads, kv_heads, head_dim, window, softcap,
                                  sunk):

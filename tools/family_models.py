@@ -324,9 +324,13 @@ def digest(tensors: dict[str, np.ndarray]) -> str:
 
 def make_family(name: str, path: Path) -> tuple[Path, str]:
     """The checkpoint of family `name` in directory path: (path, the tensors' digest)."""
+    return write_checkpoint(FAMILIES[name][0], path)
+
+
+def write_checkpoint(config: dict, path: Path) -> tuple[Path, str]:
+    """A random checkpoint of config.json `config` in directory path: (path, the tensors' digest)."""
     from safetensors.numpy import save_file
 
-    config, _ = FAMILIES[name]
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = random_tensors(config)

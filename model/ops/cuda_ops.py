@@ -56,8 +56,9 @@ def decode_blocks(heads: int, kv_heads: int, head_dim: int) -> tuple[tuple[int, 
 
 def prefill_variant(name: str, head_dim: int) -> tuple | None:
     """A prefill attention kernel's instance for head_dim: prefill_attention's DIMS, the output
-    elements a lane accumulates (4 up to 128, 8 up to 256); the tensor-core kernel has none."""
-    return None if name == "prefill_attention_tc" else (4 if head_dim <= 128 else 8,)
+    elements a lane accumulates (4 up to 128, 8 up to 256, 16 up to 512); the tensor-core kernel
+    has none."""
+    return None if name == "prefill_attention_tc" else (4 if head_dim <= 128 else 8 if head_dim <= 256 else 16,)
 
 
 def prefill_shared_bytes(name: str, head_dim: int, itemsize: int) -> int:

@@ -32,10 +32,11 @@ KERNELS = {
 UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_align"}
 # Kernels with more template arguments, and their instances: decode attention's (GROUP, DIMS) size
 # its per-thread arrays for the query heads a block serves and the elements of a row a lane holds
-# (no GROUP 8 at DIMS 8: its 128 floats of queries and accumulators spill).
+# (no GROUP 8 at DIMS 8: its 128 floats of queries and accumulators spill; at DIMS 16 GROUP 1
+# alone: fp32's GROUP 2 spills).
 # prefill_attention's (DIMS,): the output elements a lane accumulates, 4 up to a head_dim of 128.
-VARIANTS = {"decode_attention": ((1, 4), (2, 4), (4, 4), (8, 4), (1, 8), (2, 8), (4, 8)),
-            "prefill_attention": ((4,), (8,))}
+VARIANTS = {"decode_attention": ((1, 4), (2, 4), (4, 4), (8, 4), (1, 8), (2, 8), (4, 8), (1, 16)),
+            "prefill_attention": ((4,), (8,), (16,))}
 TENSOR_CORE_TYPES = ("float16", "bfloat16")  # what WMMA multiplies
 DTYPES = {"prefill_attention_tc": TENSOR_CORE_TYPES}  # kernels not instantiated for every storage type
 
