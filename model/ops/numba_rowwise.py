@@ -1,5 +1,5 @@
 """The one-pass numba kernels of the residual stream: residual add with RMSNorm, RMSNorm,
-rotary, SiLU-and-mul and the K/V write, each in place where NumPy makes temporaries.
+rotary, SiLU- and GELU-and-mul and the K/V write, each in place where NumPy makes temporaries.
 
 The K/V write rounds to float16 bits where the cache holds them (model/ops/numba_kernels.HALF;
 QUANTIZED_KV says where).
@@ -111,14 +111,18 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
-@kernel(f"void({F2}, {F2})")
-def _silu_and_mul(gate_up, out):
+@kernel(f"void({F2}, {F2}, boolean)")
+def _gated(gate_up, out, gelu):
+    """out = act(gate) * up, act(g) = g / (1 + exp(-z)): z = g for SiLU, z = 2 * inner for
+    GELU's tanh form (0.5 * g * (1 + tanh(inner)) = g * sigmoid(2 * inner)), with the exp that
+    vectorises (np.exp and np.tanh do not)."""
     tokens, width = out.shape
     for t in prange(tokens):
         row = out[t]
         powers = np.empty(width, dtype=np.int32)
         for i in range(width):
-            row[i] = -gate_up[t, i]
+            g = gate_up[t, i]
+            row[i] = np.float32(-1.5957691216057308) * (g + np.float32(0.044715) * g * g * g) if gelu else -g
         exp_shifted(row, np.float32(0.0), width, powers)
         for i in range(width):
             row[i] = gate_up[t, i] / (np.float32(1.0) + row[i]) * gate_up[t, width + i]
@@ -126,27 +130,12 @@ def _silu_and_mul(gate_up, out):
 
 def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
     out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)
-    _silu_and_mul(out.size, np.ascontiguousarray(gate_up), out)
+    _gated(out.size, np.ascontiguousarray(gate_up), out, False)
     return out
 
 
-@kernel(f"void({F2}, {F2})")
-def _gelu_and_mul(gate_up, out):
-    tokens, width = out.shape
-    for t in prange(tokens):
-        row = out[t]
-        powers = np.empty(width, dtype=np.int32)
-        for i in range(width):
-            g = gate_up[t, i]
-            row[i] = np.float32(-1.5957691216057308) * (g + np.float32(0.044715) * g * g * g)
-        exp_shifted(row, np.float32(0.0), width, powers)
-        for i in range(width):
-            row[i] = gate_up[t, i] / (np.float32(1.0) + row[i]) * gate_up[t, width + i]
-
-
 def gelu_and_mul(gate_up: np.ndarray) -> np.ndarray:
-    """GeGLU with GELU's tanh form (Gemma's gelu_pytorch_tanh), written as g * sigmoid(2 * inner)
-    = g / (1 + exp(-2 * inner)), so that it vectorises as SiLU does (np.tanh does not)."""
+    """GeGLU with GELU's tanh form (Gemma's gelu_pytorch_tanh)."""
     out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)
-    _gelu_and_mul(out.size, np.ascontiguousarray(gate_up), out)
+    _gated(out.size, np.ascontiguousarray(gate_up), out, True)
     return out
