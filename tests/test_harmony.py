@@ -176,6 +176,18 @@ def test_the_tools_grammar_takes_harmony_messages_before_a_call(tok, choice, tex
     assert taken(tok, tools(tok, tool_choice=choice).grammar(), ids(tok, text)) is takes
 
 
+def test_a_preamble_is_content_before_the_calls(tok):
+    """Commentary to no one (what the model says it will do) is content, as OpenAI's harmony
+    guide shows preambles to the user; the calls after it, two in a row, are both read; a
+    preamble before a final answer is set off from it by a blank line."""
+    second = CALL.replace("Paris", "Rome")
+    for pieces in splits(ANALYSIS + PREAMBLE + CALL + second):
+        assert read(pieces, tools(tok, parallel_tool_calls=True)) == (
+            THOUGHT, "Checking.", [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})],
+            "tool_calls"), pieces
+    assert read([ANALYSIS + PREAMBLE + REPLY.removeprefix(ANALYSIS)]) == (THOUGHT, "Checking.\n\n" + ANSWER, [], "stop")
+
+
 def test_the_flag_takes_vllms_names_only():
     from app.cli import parse
     from app.serve import validate_flags

@@ -5,8 +5,8 @@ the analysis channel's text is the reasoning (vLLM's parser name: openai_gptoss)
 
 The chat template's generation prompt opens the reply's first message (`<|start|>assistant`).
 The messages are read by the openai tool-call format's parser (app/server/tools/openai.py),
-which gives the analysis channel as reasoning, the final channel as content, and a commentary
-message to a function as a call. max_thinking_tokens ends the analysis as the model would
+which gives the analysis channel as reasoning, the final channel (and a commentary message to no
+one, a preamble) as content, and a commentary message to a function as a call. max_thinking_tokens ends the analysis as the model would
 and opens the answer: the engine forces `<|end|><|start|>assistant<|channel|>final<|message|>`
 (a call's header, up to `to=functions.`, where tool_choice asks for calls), unless the model
 closed the analysis itself (its <|end|>), maybe to call a tool. An output format applies to

@@ -5,7 +5,9 @@ function, on the commentary channel:
 
 (the recipient may come before the channel, as the template writes earlier calls). A reply is
 messages, a header up to <|message|> and a body; the final channel's bodies (or a body with no
-channel) are the content; the analysis channel's are the model's reasoning (app/server/harmony.py).
+channel) are the content, and so are the commentary channel's to no one (preambles: what the
+model tells the user it is about to do, before its calls), a blank line between messages; the
+analysis channel's are the model's reasoning (app/server/harmony.py).
 """
 
 import json
@@ -75,6 +77,7 @@ class HarmonyParser(CallStream):
         super().__init__()
         self.state, self.channel, self.reasoning = "header", "final", ""
         self.read = False  # a header was read: the text is harmony
+        self.spoke, self.gap = False, False  # content was written; a message since: a blank line first
         self.value: JsonValueEnd | None = None
 
     def step(self) -> bool:
@@ -89,7 +92,7 @@ class HarmonyParser(CallStream):
                 self.open_call(call.group(1))
                 self.state, self.value = "arguments", JsonValueEnd()
             else:
-                self.state = "body"
+                self.state, self.gap = "body", self.spoke
                 self.channel = next((c for c in ("analysis", "commentary") if c in header), "final")
             return True
         if self.state == "arguments":
@@ -114,10 +117,11 @@ class HarmonyParser(CallStream):
         return True
 
     def take(self, text: str) -> None:
-        if self.channel == "final":
-            self.content += text
-        elif self.channel == "analysis":
+        if self.channel == "analysis":
             self.reasoning += text
+        elif text:  # the final channel, or a preamble
+            self.content += "\n\n" * self.gap + text
+            self.spoke, self.gap = True, False
 
     def take_reasoning(self) -> str:
         """The analysis channel's text read since the last call."""
