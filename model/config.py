@@ -209,10 +209,6 @@ class ModelConfig:
         """The layer whose K/V this layer attends to: itself unless it keeps none of its own."""
         return self.kv_sources[layer] if self.kv_sources else layer
 
-    @property
-    def max_head_dim(self) -> int:
-        return max(self.head_dim_of(i) for i in range(self.num_layers))
-
     def linear(self, layer: int) -> bool:
         """Whether layer is a gated delta net (linear attention: a state slot, no K/V)."""
         return self.linear_layers is not None and self.linear_layers[layer]

@@ -6,8 +6,9 @@ memory behind them. Per attention layer, K and V are (kv_heads, num_blocks, bloc
 head_dim) arrays: kv-head-major, so attention gathers whole blocks and multiplies contiguous
 matrices. A token at position p of a request lives in flat slot
 table[p // block_size] * block_size + p % block_size. A layer that reads an earlier layer's K/V
-(Gemma 4's last ones) keeps none (None in the K/V lists). Per delta-net layer (None too), a slot holds the recurrent state (value_heads, key_dim, value_dim) and the convolution's
-last inputs (conv_kernel - 1, conv_channels), float32 on every backend: the state is summed into
+(Gemma 4's last ones) keeps none (None in the K/V lists). Per delta-net layer (None too), a
+slot holds the recurrent state (value_heads, key_dim, value_dim) and the convolution's last
+inputs (conv_kernel - 1, conv_channels), float32 on every backend: the state is summed into
 at every token, for as long as the request lives.
 """
 
@@ -87,6 +88,15 @@ class KVCache:
         """One block's K and V over every layer that keeps them."""
         return sum(2 * k[:, 0].size for k, _ in self.kv_layers)
 
+    def block_parts(self):
+        """Each layer's K, then its V, with its columns of a block's flat row (gather_blocks' layout)."""
+        at = 0
+        for k, v in self.kv_layers:
+            for part in (k, v):
+                size = part[:, 0].size
+                yield part, slice(at, at + size)
+                at += size
+
     def gather_blocks(self, block_ids):
         """Blocks' K and V on the cache's device, block-major: (len(block_ids), block_floats), each
         block's layers in order, a layer's K then V, each (kv_heads, block_size, head_dim). Flat,
@@ -94,12 +104,8 @@ class KVCache:
         time, so a spill (which happens when memory is short) needs its own size plus one layer's."""
         xp, ids = self.ops.xp, self.ops.asarray(block_ids, np.int64)  # on the cache's device
         out = xp.empty((len(block_ids), self.block_floats), dtype=self.kv_layers[0][0].dtype)
-        at = 0
-        for k, v in self.kv_layers:
-            for part in (k, v):
-                size = part[:, 0].size
-                out[:, at:at + size] = xp.moveaxis(part[:, ids], 1, 0).reshape(len(block_ids), size)
-                at += size
+        for part, columns in self.block_parts():
+            out[:, columns] = xp.moveaxis(part[:, ids], 1, 0).reshape(len(block_ids), -1)
         return out
 
     def save_blocks(self, block_ids) -> np.ndarray:
@@ -110,14 +116,9 @@ class KVCache:
         """Write blocks laid out as gather_blocks does (on the host or the device) back, possibly
         under other block ids."""
         ids = self.ops.asarray(block_ids, np.int64)  # on the cache's device
-        at = 0
-        for k, v in self.kv_layers:
-            for part in (k, v):
-                size = part[:, 0].size
-                block = (len(block_ids), part.shape[0], *part.shape[2:])
-                part[:, ids] = self.ops.xp.moveaxis(self.ops.asarray(data[:, at:at + size], data.dtype)
-                                                    .reshape(block), 0, 1)
-                at += size
+        for part, columns in self.block_parts():
+            block = (len(block_ids), part.shape[0], *part.shape[2:])
+            part[:, ids] = self.ops.xp.moveaxis(self.ops.asarray(data[:, columns], data.dtype).reshape(block), 0, 1)
 
     def save_state(self, slot: int) -> list:
         """A slot's delta-net state copied to the host (a preempted request's spill)."""

@@ -44,9 +44,6 @@ class Llama:
             beta, every = config.attention_temperature
             steps = np.floor(np.arange(positions) / every)
             self.temperature = ops.asarray((1 + beta * np.log1p(steps)).astype(np.float32))
-        # Gemma 4: each layer's output scalar by position (a factor per token), per-layer embeddings' scale
-        self.scalars = {i: ops.asarray(np.full(positions, layer.scalar, np.float32))
-                        for i, layer in enumerate(weights.layers) if layer.scalar not in (None, 1.0)}
         self.per_layer_scale = math.sqrt(config.per_layer_input) * 0.5 ** 0.5  # the sum's 2 ** -0.5 in it
 
     @property
@@ -88,13 +85,13 @@ class Llama:
             x, h = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
             delta = self.mlp(h, layer, x)
             if layer.scalar is not None:
-                x, delta = self.layer_end(x, delta, layer, i, per_layer, positions), None
-        last = (lambda index: None) if delta is None else (lambda index: delta[index])  # noqa: E731
-        _, h = ops.add_rms_norm(x[logit_index], last(logit_index), w.norm, eps)
+                x, delta = self.layer_end(x, delta, layer, None if per_layer is None else per_layer[:, i]), None
+        _, h = ops.add_rms_norm(x[logit_index], None if delta is None else delta[logit_index], w.norm, eps)
         logits = ops.logits(h, w.lm_head, c.final_softcap)
         if pooled_index is None:
             return logits
-        return logits, ops.add_rms_norm(x[pooled_index], last(pooled_index), w.norm, eps)[1]
+        return logits, ops.add_rms_norm(x[pooled_index], None if delta is None else delta[pooled_index], w.norm,
+                                        eps)[1]
 
     def attention(self, h, layer, i: int, cos, sin, slots, attn_meta, cache, temperature, window: int):
         """The attention of layer (the cache's layer i) over the normalised stream h, its K/V
@@ -163,16 +160,19 @@ class Llama:
         projected = ops.rms_norm(ops.linear(x, table.proj).reshape(shape), table.norm, c.rms_norm_eps)
         return ops.add_rms_norm(rows, projected, table.norm, c.rms_norm_eps)[0].reshape(x.shape[0], c.num_layers, -1)
 
-    def layer_end(self, x, delta, layer, i: int, per_layer, positions):
-        """Gemma 4's end of a layer: the MLP's output added, then the per-layer input's gated
-        residual, then the whole stream times the layer's scalar."""
+    def layer_end(self, x, delta, layer, per_layer):
+        """Gemma 4's end of a layer: the MLP's output added, then the gated residual of the
+        layer's per-layer inputs (per_layer: (tokens, width)), then the whole stream times the
+        layer's scalar."""
         ops, eps = self.ops, self.config.rms_norm_eps
         x, _ = ops.add_rms_norm(x, delta, layer.attn_norm, eps)  # the stream whole; its norm unused
         if layer.per_layer is not None:
             p = layer.per_layer
-            gated = ops.gelu_and_mul(ops.xp.concatenate([ops.linear(x, p.gate), per_layer[:, i]], axis=1))
+            gated = ops.gelu_and_mul(ops.xp.concatenate([ops.linear(x, p.gate), per_layer], axis=1))
             x, _ = ops.add_rms_norm(x, ops.rms_norm(ops.linear(gated, p.proj), p.norm, eps), layer.attn_norm, eps)
-        return ops.scale_tokens(x, self.scalars[i][positions]) if i in self.scalars else x
+        if layer.scalar == 1.0:
+            return x
+        return ops.scale_tokens(x, ops.xp.full(x.shape[0], layer.scalar, dtype=np.float32))
 
 
 def embedding_scale(config: ModelConfig) -> float:

@@ -1,6 +1,6 @@
 """Rotary position tables as Hugging Face defines them: the plain rotation, the scalings
-checkpoints name (linear, llama3, yarn, longrope, proportional), partial rotation, and layers that do not
-rotate.
+checkpoints name (linear, llama3, yarn, longrope, proportional), partial rotation, and layers
+that do not rotate.
 
 Every backend rotates (x1, x2) halves by a (positions, head_dim / 2) table of cos and sin, so a
 scaling is only a different table: its frequencies, times the attention factor YaRN and

@@ -201,13 +201,14 @@ class Gemma4(Family):
         moe = {"router.scale": (hidden,), "router.per_expert_scale": (experts,),
                **{norm: (hidden,) for norm in ("pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
                                                 "post_feedforward_layernorm_2.weight")}} if experts else {}
-        if not P:
-            return {"layer_scalar": (1,), **moe}
-        return {"layer_scalar": (1,), **moe, "per_layer_input_gate.weight": (P, hidden),
-                "per_layer_projection.weight": (hidden, P), "post_per_layer_input_norm.weight": (hidden,),
-                "model.embed_tokens_per_layer.weight": (vocab, layers * P),
-                "model.per_layer_model_projection.weight": (layers * P, hidden),
-                "model.per_layer_projection_norm.weight": (P,)}
+        shapes = {"layer_scalar": (1,), **moe}
+        if P:
+            shapes.update({"per_layer_input_gate.weight": (P, hidden), "per_layer_projection.weight": (hidden, P),
+                           "post_per_layer_input_norm.weight": (hidden,),
+                           "model.embed_tokens_per_layer.weight": (vocab, layers * P),
+                           "model.per_layer_model_projection.weight": (layers * P, hidden),
+                           "model.per_layer_projection_norm.weight": (P,)})
+        return shapes
 
     def hf_fields(self, c) -> dict:
         """transformers 5.23's spelling: each full layer's head size and K/V heads in per_layer_config."""
