@@ -190,10 +190,10 @@ def serve_arguments(parser) -> None:
            " (default: read from the chat template's markers, else hermes)")
     a("--reasoning-parser", default=None, metavar="NAME",
       help="how the model writes its thinking, returned as reasoning_content, by vLLM's parser names: deepseek_r1,"
-           " qwen3 and mistral (think tags: <think> or [THINK]), openai_gptoss (GPT-OSS's harmony analysis channel)"
-           " (default: openai_gptoss"
-           " where the chat template writes an analysis channel, else think tags where they are tokens of the"
-           " vocabulary)")
+           " qwen3 and mistral (think tags: <think>, [THINK] or <mm:think>), openai_gptoss (GPT-OSS's harmony"
+           " analysis channel), and kimi_k3 (Kimi K3's XTML think section) (default: openai_gptoss"
+           " where the chat template writes an analysis channel, kimi_k3 where it writes XTML, else think tags"
+           " where they are tokens of the vocabulary)")
     a("--responses-store-ttl", type=float, default=limits.STORE_TTL, metavar="SECONDS",
       help="seconds a stored Response stays readable (previous_response_id, GET) after it is made: long enough"
            " for the next turns of a chat or an agent's loop, short enough that conversations do not sit in memory"

@@ -135,8 +135,8 @@ def load(args, state: ServerState) -> Engine:
         raise ValueError(f"--reasoning-parser {args.reasoning_parser} reads <think> tags, which are not tokens of this"
                          " model's vocabulary")
     markers = state.tool_format.marker_ids()
-    if state.reasoning == reasoning.HARMONY:  # its channels are read from the text, tool calls or not
-        markers |= tools.FORMATS["openai"](state.tokenizer).marker_ids()
+    if state.reasoning in reasoning.WHOLE:  # the reply's structure is read from the text, tool calls or not
+        markers |= tools.FORMATS[reasoning.WHOLE[state.reasoning]](state.tokenizer).marker_ids()
     state.tokenizer.keep_in_text(markers)
     if state.reasoning:
         log.info(f"thinking in the {state.reasoning} format (from"

@@ -55,7 +55,7 @@ PROBE_ARGUMENTS = {"probe_key": "probe_value"}  # a tool call's, for what the ch
 
 
 # thinking tags: Qwen3's and DeepSeek-R1's, Mistral's (Magistral, Ministral 3 reasoning)
-THINK_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
+THINK_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<mm:think>", "</mm:think>"))
 
 class Tokenizer:
     def __init__(self, model_dir: Path, chat_template: str | None = None, render_seconds: float | None = None,

@@ -20,6 +20,7 @@ from app.server.prompts import chat_prompt
 from app.server.reasoning import HARMONY, detect
 from app.server.schemas import ChatCompletionRequest
 from app.server.tools import FORMATS, ToolUse
+from app.server.tools.openai import HarmonyParser
 from model.tokenizer import Tokenizer
 
 MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
@@ -48,7 +49,7 @@ def tools(tok, **fields) -> ToolUse:
 
 def read(pieces: list[str], use: ToolUse | None = None) -> tuple[str, str, list, str]:
     """(reasoning, content, calls, finish reason) as a chat reply streams them."""
-    text, reasoning, content = ChatText(Reading(use, harmony=True)), "", ""
+    text, reasoning, content = ChatText(Reading(use, whole=HarmonyParser)), "", ""
     for i, piece in enumerate(pieces):
         r, c, _ = text.feed(piece, final=i == len(pieces) - 1)
         reasoning, content = reasoning + r, content + c

@@ -51,8 +51,7 @@ KWARGS = {"fireworks-ai-llama-3-firefunction-v2": {"functions": json.dumps([WEAT
 NO_SYSTEM_HERE = {"mistralai-Mistral-Nemo-Instruct-2407"}
 
 # Formats Spool does not read yet: the templates render, but no parser reads their calls.
-NOT_READ = {"Kimi-K3": "Kimi K3's XTML (<|open|>call tool=... <|open|>argument key=...) has no format yet",
-            "MiniMax-M3": "MiniMax M3's tags, each after a ]<]minimax[>[ marker, have no format yet"}
+NOT_READ = {}
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,13 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def served(request, tmp_path_factory):
-    """(server, the opening token's id) for one format's tiny model."""
+    """(server, the id of the opener's first token) for one format's tiny model."""
     path = make_format_model(request.param, tmp_path_factory.mktemp(request.param))
     server = LiveServer("--model", str(path), "--served-model-name", "tiny", "--kv-cache-gib", "0.05", "--max-model-len", "1024")
     try:
         assert f"tool calls in the {request.param} format (from the chat template)" in server.output()
         opener = FORMATS[request.param].opener
-        yield server, Tokenizer(path).hf.token_to_id(opener)
+        yield server, Tokenizer(path).encode(opener, add_special_tokens=False)[0]
     finally:
         server.stop()
 

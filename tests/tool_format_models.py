@@ -51,6 +51,18 @@ MODELS = {
         "{{ '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>' + " + NAME + " + " + NL
         + " + '```json' + " + NL + " + " + ARGS + " + " + NL + " + '```<｜tool▁call▁end｜><｜tool▁calls▁end｜>' }}",
         user_turn("'<｜tool▁output▁begin｜>' + m.content + '<｜tool▁output▁end｜>'"))),
+    "minimax_m3": (["]<]minimax[>["], template(
+        "{{ ']<]minimax[>[<tool_call>' + " + NL + " + ']<]minimax[>[<invoke name=\"' + " + NAME + " + '\">' }}"
+        "{% for k, v in c.function.arguments | items %}{{ ']<]minimax[>[<' + k + '>' + (v if v is string else v | tojson)"
+        " + ']<]minimax[>[</' + k + '>' }}{% endfor %}"
+        "{{ ']<]minimax[>[</invoke>' + " + NL + " + ']<]minimax[>[</tool_call>' }}",
+        user_turn("'<response>' + m.content + '</response>'"))),
+    "kimi_k3": (["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"], template(
+        "{{ '<|open|>tools<|sep|><|open|>call tool=\"' + " + NAME + " + '\" index=\"1\"<|sep|>' }}"
+        "{% for k, v in c.function.arguments | items %}{{ '<|open|>argument key=\"' + k + '\" type=\"'"
+        " + ('string' if v is string else 'number') + '\"<|sep|>' + (v if v is string else v | tojson)"
+        " + '<|close|>argument<|sep|>' }}{% endfor %}{{ '<|close|>call<|sep|><|close|>tools<|sep|>' }}",
+        user_turn("'<|open|>message role=\"tool\"<|sep|>' + m.content + '<|close|>message<|sep|><|end_of_msg|>'"))),
 }
 
 

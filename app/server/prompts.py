@@ -14,7 +14,8 @@ from app.server.errors import APIError
 from app.server.formats import grammar
 from app.server.generation import Generation, Submission, check_choices
 from app.server.harmony import after_analysis
-from app.server.reasoning import HARMONY, THINK, after_thinking, budget, opens_thinking
+from app.server import xtml
+from app.server.reasoning import HARMONY, THINK, XTML, after_thinking, budget, opens_thinking, whole_reader
 from app.server.schemas import ChatCompletionRequest
 from app.server.state import ServerState
 from app.server.tools import ToolFormat, ToolUse, prompt_messages
@@ -115,9 +116,10 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
         grammar_text = after_thinking(tokenizer, grammar_text, inside)
     elif grammar_text is not None and state.reasoning == HARMONY and field != "tools":
         grammar_text = after_analysis(tokenizer, grammar_text)
+    elif grammar_text is not None and state.reasoning == XTML:
+        grammar_text = xtml.after_thought(tokenizer, grammar_text, xtml.opened(tokenizer, prompt), field == "tools")
     params = (generation_params(req, index, grammar_text, thinking, state.sampling_defaults) for index in range(req.n))
-    reading = Reading(tools, inside, harmony=state.reasoning == HARMONY,
-                      think_tags=tokenizer.think_tags or THINK_TAGS[0])
+    reading = Reading(tools, inside, whole_reader(state.reasoning, tokenizer, prompt, tools), think_tags=tokenizer.think_tags or THINK_TAGS[0])
     return Checked(check_choices(engine, [prompt], req.n, params, field), reading)
 
 

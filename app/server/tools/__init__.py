@@ -39,10 +39,12 @@ from app.server.tools.granite import Granite
 from app.server.tools.hermes import Hermes, ToolCallParser
 from app.server.tools.hy3 import Hy3
 from app.server.tools.kimi_k2 import KimiK2
+from app.server.tools.kimi_k3 import KimiK3
 from app.server.tools.llama3_json import Llama3Json
 from app.server.tools.minicpm import MiniCpm
 from app.server.tools.minimax import MiniMax
 from app.server.tools.minimax_m2 import MiniMaxM2
+from app.server.tools.minimax_m3 import MiniMaxM3
 from app.server.tools.mistral import Mistral
 from app.server.tools.nemotron_json import NemotronJson
 from app.server.tools.openai import OpenAI
@@ -53,7 +55,7 @@ from app.server.tools.solar_open import SolarOpen
 
 FORMATS = {f.name: f for f in (
     Hermes, Llama3Json, Mistral, Qwen3Coder, DeepSeekV3, DeepSeekV31, DeepSeekV32, DeepSeekV4, Glm45, Glm47, Granite,
-    KimiK2, OpenAI, Pythonic, SeedOss, MiniMax, MiniMaxM2, Gemma4, Hy3, Apriel, NemotronJson, FirefunctionV2,
+    KimiK2, KimiK3, OpenAI, Pythonic, SeedOss, MiniMax, MiniMaxM2, MiniMaxM3, Gemma4, Hy3, Apriel, NemotronJson, FirefunctionV2,
     CommandR, CommandRPlus, Apertus, GigaChat3, FunctionaryV31, FunctionaryV32, SolarOpen, Glimmer, MiniCpm)}
 
 # What each format is known by in a chat template's source (every marker of one entry), the
@@ -61,17 +63,17 @@ FORMATS = {f.name: f for f in (
 # before Qwen3-Coder's, Hunyuan's before GLM's), the plainest (Hermes's <tool_call>) last.
 SIGNS = [
     (Hy3, ":opensource", "<tool_sep"), (Glm45, "<arg_key>"), (KimiK2, "tool_calls_section_begin"),
-    (Granite, "<|tool_call|>"), (OpenAI, "<|channel|>"), (Pythonic, "<|tool_call_start|>"),
-    (Pythonic, "<|tool_list_start|>"), (Pythonic, "List of tools: ["), (SeedOss, "<seed:tool_call>"),
-    (MiniMaxM2, "<minimax:tool_call>"), (Gemma4, "<|tool_call>"), (DeepSeekV32, DSML, "function_calls"),
-    (DeepSeekV4, DSML), (Glimmer, "<atem:function_calls>"), (SolarOpen, "<|tool_call:begin|>"),
-    (Apertus, "<|tools_prefix|>"), (CommandR, "<|START_ACTION|>"), (NemotronJson, "<TOOLCALL>"),
-    (FirefunctionV2, "functools["), (GigaChat3, "<|function_call|>"), (GigaChat3, "'function call'", "<|role_sep|>"),
+    (KimiK3, "<|open|>", "<|close|>", "<|end_of_msg|>"), (Granite, "<|tool_call|>"), (OpenAI, "<|channel|>"),
+    (Pythonic, "<|tool_call_start|>"), (Pythonic, "<|tool_list_start|>"), (Pythonic, "List of tools: ["),
+    (SeedOss, "<seed:tool_call>"), (MiniMaxM2, "<minimax:tool_call>"), (MiniMaxM3, "]<]minimax[>[", "<invoke name="),
+    (Gemma4, "<|tool_call>"), (DeepSeekV32, DSML, "function_calls"), (DeepSeekV4, DSML),
+    (Glimmer, "<atem:function_calls>"), (SolarOpen, "<|tool_call:begin|>"), (Apertus, "<|tools_prefix|>"),
+    (CommandR, "<|START_ACTION|>"), (NemotronJson, "<TOOLCALL>"), (FirefunctionV2, "functools["),
+    (GigaChat3, "<|function_call|>"), (GigaChat3, "'function call'", "<|role_sep|>"),
     (MiniCpm, '<function name="', '<param name="'), (Qwen3Coder, "<function=", "<parameter="),
     (DeepSeekV3, "tool▁calls▁begin", "```json"), (DeepSeekV31, "tool▁calls▁begin"), (Mistral, "[TOOL_CALLS]"),
-    (MiniMax, "<tool_calls>\\n"), (Apriel, "<tool_calls>["), (FunctionaryV31, "<function="),
-    (FunctionaryV32, ">>>"), (CommandRPlus, "Action:"), (Llama3Json, "<|python_tag|>"), (Llama3Json, "ipython"),
-    (Hermes, "<tool_call>"),
+    (MiniMax, "<tool_calls>\\n"), (Apriel, "<tool_calls>["), (FunctionaryV31, "<function="), (FunctionaryV32, ">>>"),
+    (CommandRPlus, "Action:"), (Llama3Json, "<|python_tag|>"), (Llama3Json, "ipython"), (Hermes, "<tool_call>"),
 ]
 HERMES = Hermes()
 

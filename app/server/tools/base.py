@@ -77,16 +77,38 @@ class ToolFormat:
 
     def __init__(self, tokenizer=None):
         self.added = {} if tokenizer is None else {t.content: i for i, t in tokenizer.hf.get_added_tokens_decoder().items()}
+        self._added_pattern = None
 
     def marker_ids(self) -> set[int]:
-        """The ids of the markers that are tokens of their own: the detokenizer must keep them
-        in the text even when the tokenizer calls them special (Mistral's [TOOL_CALLS]), or
+        """The ids of the added tokens the markers are written with: the detokenizer must keep
+        them in the text even when the tokenizer calls them special (Mistral's [TOOL_CALLS]), or
         the parser would never see a call."""
-        return {self.added[text] for text in self.markers if text in self.added}
+        return {piece for text in self.markers for piece in self.pieces(text) if isinstance(piece, int)}
+
+    def pieces(self, text: str) -> list[str | int]:
+        """text as the tokenizer splits it first: the ids of the added tokens in it (the longest
+        at each place), and the text between them."""
+        if not self.added:
+            return [text] if text else []
+        if self._added_pattern is None:
+            names = sorted(self.added, key=len, reverse=True)
+            self._added_pattern = re.compile("|".join(map(re.escape, names)))
+        out, at = [], 0
+        for found in self._added_pattern.finditer(text):
+            out += [text[at:found.start()]] if found.start() > at else []
+            out.append(self.added[found.group()])
+            at = found.end()
+        return out + ([text[at:]] if at < len(text) else [])
+
+    def opens_with_token(self, text: str) -> bool:
+        """Whether text begins with an added token, which free text (that never spells one)
+        cannot run into."""
+        return isinstance(next(iter(self.pieces(text)), None), int)
 
     def marker(self, text: str) -> str:
-        """A Lark element for text: its token's id when it is one added token."""
-        return f"<[{self.added[text]}]>" if text in self.added else json.dumps(text, ensure_ascii=False)
+        """A Lark element for text: the ids of the added tokens in it, the rest as text."""
+        return " ".join(f"<[{p}]>" if isinstance(p, int) else json.dumps(p, ensure_ascii=False)
+                        for p in self.pieces(text)) or '""'
 
     def grammar(self, use) -> str:
         """llguidance Lark: required and named choices begin with the calls; auto lets the model
@@ -96,7 +118,7 @@ class ToolFormat:
         opener = self.marker(self.opener)
         if use.choice != "auto":
             start = f"start: {opener} body"
-        elif self.opener in self.added:
+        elif self.opens_with_token(self.opener):
             start = f"start: TEXT ({opener} body)?\nTEXT: /(.|\\n)*/"
         else:
             start = f"start: TEXT | opened body\nopened[lazy]: TEXT {opener}\nTEXT: /(.|\\n)*/"

@@ -75,27 +75,34 @@ class BlockFormat(ToolFormat):
         """Lark rules for a parameter's value written bare, then end: a string up to the first
         end (lazy), anything else as JSON."""
         if schema.get("type") == "string" and "enum" not in schema:
-            if end in self.added:
-                return [f"{rule}: ANY_TEXT {self.marker(end)}", ANY]
-            return [f"{rule}[lazy]: /(.|\\n)*{regex_literal(end)}/"]
+            count = "*"
+            if "maxLength" in schema or "minLength" in schema:
+                count = f"{{{schema.get('minLength', 0)},{schema.get('maxLength', '')}}}"
+            if self.opens_with_token(end):
+                if count == "*":
+                    return [f"{rule}: ANY_TEXT {self.marker(end)}", ANY]
+                return [f"{rule}: {rule.upper()}_TEXT {self.marker(end)}", f"{rule.upper()}_TEXT: /(.|\\n){count}/"]
+            return [f"{rule}[lazy]: /(.|\\n){count}{regex_literal(end)}/"]
         if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
             return [f"{rule}: ({' | '.join(json.dumps(v) for v in schema['enum'])}) {self.marker(end)}"]
         return [f"{rule}: {json_lark(schema)} {self.marker(end)}"]
 
-    def keyed_calls(self, functions: list[dict], head, key, end: str, tail: str, between: str = "",
+    def keyed_calls(self, functions: list[dict], head, key, end, tail: str, between: str = "",
                     bare: bool = True) -> str:
         """Lark: `call`, any one function's call written a parameter at a time: head(name), then
         each parameter in the schema's order (optional unless required) as key(name, schema),
         its value (bare: a string as text up to end; else every value as JSON) and end, with
-        between among them; then tail. head, key and between give Lark, end is text."""
+        between among them; then tail. head, key and between give Lark; end is text, or a
+        function of the parameter's name that gives it."""
         rules, alternatives = [], []
         for i, f in enumerate(functions):
             schema = parameters(f)
             required = set(schema.get("required", []))
             props = list(schema.get("properties", {}).items())
             for j, (name, prop) in enumerate(props):
-                value = self.value_rule(f"f{i}p{j}v", prop, end) if bare else [
-                    f"f{i}p{j}v: {json_lark(prop)} {self.marker(end) if end else ''}"]
+                closing = end(name) if callable(end) else end
+                value = self.value_rule(f"f{i}p{j}v", prop, closing) if bare else [
+                    f"f{i}p{j}v: {json_lark(prop)} {self.marker(closing) if closing else ''}"]
                 rules += [f"f{i}p{j}: {key(name, prop)} f{i}p{j}v", *value]
             # f{i}a{j}: the parameters from j on, one written already; f{i}n{j}: none written yet
             rules += [f'f{i}a{len(props)}: ""', f'f{i}n{len(props)}: ""']
