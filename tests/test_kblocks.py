@@ -10,19 +10,34 @@ from model.errors import ModelError
 from model.quant import kblocks
 from model.quant.kquants import quantize
 from model.quant.matmul import matmul
-from model.quant.strips import Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips, Q6_KStrips
+from model.quant.blocks import pack_iq4_nl
+from model.quant.strips import (IQ4_NLStrips, IQ4_XSStrips, Q3_KStrips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips,
+                                Q5_KStrips, Q6_KStrips)
 
 T = gguf.GGMLQuantizationType
 PACKERS = {T.Q4_K: (kblocks.pack_q4_k, Q4_KStrips), T.Q5_0: (kblocks.pack_q5_0, Q5_0Strips),
            T.Q5_1: (kblocks.pack_q5_1, Q5_1Strips), T.Q5_K: (kblocks.pack_q5_k, Q5_KStrips),
-           T.Q6_K: (kblocks.pack_q6_k, Q6_KStrips)}
+           T.Q6_K: (kblocks.pack_q6_k, Q6_KStrips), T.Q3_K: (kblocks.pack_q3_k, Q3_KStrips),
+           T.IQ4_NL: (pack_iq4_nl, IQ4_NLStrips), T.IQ4_XS: (kblocks.pack_iq4_xs, IQ4_XSStrips)}
+SCALE_AT = {T.Q3_K: 108, T.IQ4_NL: 0, T.IQ4_XS: 0}  # where a block's float16 d is, for types Spool does not write
 
 
 def gguf_weight(qtype, rows: int, columns: int, seed: int = 0) -> np.ndarray:
     """Gaussian weights as qtype's bytes (Spool's K-quantizers, gguf-py's for Q5_0 and Q5_1),
-    rows of very different magnitudes and, from three rows, a zero row among them."""
+    rows of very different magnitudes and, from three rows, a zero row among them. Types Spool
+    has no quantizer for get random blocks (every byte pattern is a valid block) under d of
+    the same magnitudes."""
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal((rows, columns), dtype=np.float32) * rng.choice([1e-3, 0.05, 3], rows)[:, None]
+    magnitudes = rng.choice([1e-3, 0.05, 3], rows)[:, None]
+    if qtype in SCALE_AT:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        data = rng.integers(0, 256, (rows, columns // block, size), dtype=np.uint8)
+        d = (rng.standard_normal((rows, columns // block)) * magnitudes / 30).astype(np.float16)
+        if rows >= 3:
+            d[rows // 2] = 0
+        data[..., SCALE_AT[qtype]:SCALE_AT[qtype] + 2] = d.view(np.uint8).reshape(rows, -1, 2)
+        return data.reshape(rows, -1)
+    w = rng.standard_normal((rows, columns), dtype=np.float32) * magnitudes
     if rows >= 3:
         w[rows // 2] = 0
     return quantize(w.astype(np.float32), qtype)
@@ -43,9 +58,10 @@ def test_packed_blocks_read_back_bit_for_bit(qtype, rows, columns):
 
 
 @pytest.mark.parametrize("qtype, bits", [(T.Q4_K, 4.625), (T.Q5_0, 5.5), (T.Q5_1, 6), (T.Q5_K, 5.625),
-                                         (T.Q6_K, 6.625)], ids=lambda v: getattr(v, "name", str(v)))
+                                         (T.Q6_K, 6.625), (T.Q3_K, 4.625), (T.IQ4_NL, 4.5), (T.IQ4_XS, 4.3125)],
+                         ids=lambda v: getattr(v, "name", str(v)))
 def test_bits_a_weight_the_kernels_read(qtype, bits):
-    """Values and factors, against the file's 4.5, 5.5, 6, 5.5 and 6.5625."""
+    """Values and factors, against the file's 4.5, 5.5, 6, 5.5, 6.5625, 3.4375, 4.5 and 4.25."""
     assert 8 * packed(qtype, 32, 512).nbytes / (32 * 512) == bits
 
 

@@ -11,7 +11,7 @@ from numba import njit, prange
 
 from model.quant import kblocks, pack
 from model.quant.quantized import FloatRows, QuantizedTensor, dequantize
-from model.quant.strips import BLOCK, STRIP, MXFP4Strips, Q4_1Strips, Q8_0Strips, Strips
+from model.quant.strips import BLOCK, STRIP, IQ4_NLStrips, MXFP4Strips, Q4_1Strips, Q8_0Strips, Strips
 
 
 def from_gguf(t: QuantizedTensor) -> Strips | None:
@@ -48,11 +48,12 @@ _Q8_0_BYTES = 2 + BLOCK  # float16 scale, 32 int8 values
 _Q4_0_BYTES = 2 + BLOCK // 2  # float16 scale, 32 nibbles: value k low in byte k, k + 16 high
 _Q4_1_BYTES = 4 + BLOCK // 2  # float16 scale and minimum, the same nibbles
 _MXFP4_BYTES = 1 + BLOCK // 2  # E8M0 exponent, 32 E2M1 codes as Q4_0's nibbles
+_IQ4_NL_BYTES = 2 + BLOCK // 2  # float16 scale, 32 codes as Q4_0's nibbles
 
 
 def _blocks(blocks: np.ndarray, columns: int, block_bytes: int) -> np.ndarray:
     rows = blocks.shape[0]
-    return np.ascontiguousarray(blocks, dtype=np.uint8).reshape(rows, columns // BLOCK, block_bytes)
+    return np.require(blocks, np.uint8, ["C", "W"]).reshape(rows, columns // BLOCK, block_bytes)  # the kernels' types
 
 
 def _halves(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -91,6 +92,15 @@ def pack_q4_1(blocks: np.ndarray, columns: int) -> Q4_1Strips:
     return strips
 
 
+def pack_iq4_nl(blocks: np.ndarray, columns: int) -> IQ4_NLStrips:
+    """IQ4_NL blocks into IQ4_NL strips: the same scales and codes."""
+    src = _blocks(blocks, columns, _IQ4_NL_BYTES)
+    strips = IQ4_NLStrips.zeros(blocks.shape[0], columns)
+    d = _halves(src, 0).view(np.uint16)
+    _pack_q4(src, 2, d, d, *strips.packed_arrays())
+    return strips
+
+
 def pack_mxfp4(blocks: np.ndarray, columns: int) -> MXFP4Strips:
     """MXFP4 blocks into MXFP4 strips: the same codes and exponent bytes."""
     src = _blocks(blocks, columns, _MXFP4_BYTES)
@@ -117,13 +127,16 @@ def _pack_q8_0(src, d, q, scale):
       parallel=True, cache=True, nogil=True)
 def _pack_q4(src, start, d, minimum, q, factors):
     """Blocks of 32 nibbles from byte start (value k low in byte k, k + 16 high in byte k) into
-    Q4_1 strips (kblocks.put); factors the 16 rows' scales, then minima (float16 bits)."""
+    strips (kblocks.put); factors the 16 rows' scales, then minima (float16 bits) where the
+    strips keep them (Q4_1's; IQ4_NL's nibbles are codes under a scale alone)."""
     rows, blocks = src.shape[0], src.shape[1]
     for s in prange(q.shape[0]):
         for r in range(min(STRIP, rows - s * STRIP)):
             row = s * STRIP + r
             for b in range(blocks):
-                factors[s, b, r], factors[s, b, STRIP + r] = d[row, b], minimum[row, b]
+                factors[s, b, r] = d[row, b]
+                if factors.shape[2] > STRIP:
+                    factors[s, b, STRIP + r] = minimum[row, b]
                 for k in range(BLOCK):
                     byte = src[row, b, start + k % 16]
                     level = byte & np.uint8(15) if k < 16 else byte >> np.uint8(4)
@@ -156,4 +169,7 @@ PACKERS: dict[str, Callable[[np.ndarray, int], Strips | None]] = {
     "q5_k": kblocks.pack_q5_k,
     "q6_k": kblocks.pack_q6_k,
     "mxfp4": pack_mxfp4,
+    "q3_k": kblocks.pack_q3_k,
+    "iq4_nl": pack_iq4_nl,
+    "iq4_xs": kblocks.pack_iq4_xs,
 }

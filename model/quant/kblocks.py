@@ -1,6 +1,6 @@
-"""GGUF's K-quant and 5-bit tensors into strips as they are, nothing rounded again: Q4_K into
-Q4_KStrips, Q5_0 into Q5_0Strips, Q5_1 into Q5_1Strips, Q5_K into Q5_KStrips, Q6_K into
-Q6_KStrips.
+"""GGUF's K-quant, 5-bit and IQ4_XS tensors into strips as they are, nothing rounded again:
+Q3_K into Q3_KStrips, Q4_K into Q4_KStrips, Q5_0 into Q5_0Strips, Q5_1 into Q5_1Strips, Q5_K
+into Q5_KStrips, Q6_K into Q6_KStrips, IQ4_XS into IQ4_XSStrips.
 
 Each packer reads the tensor's bytes (rows, row_bytes), row r being weight row r, as gguf-py's
 dequantizers lay them out, and keeps each factor as they compute it: the float16 d (and dmin)
@@ -12,8 +12,8 @@ import numpy as np
 from numba import njit, prange
 
 from model.errors import ModelError
-from model.quant.strips import (BLOCK, LINE_BYTES, NIBBLE_BYTES, QUAD, STRIP, Q4_KStrips, Q5_0Strips, Q5_1Strips,
-                                 Q5_KStrips, Q6_KStrips, Strips)
+from model.quant.strips import (BLOCK, LINE_BYTES, NIBBLE_BYTES, QUAD, STRIP, IQ4_XSStrips, Q3_KStrips, Q4_KStrips,
+                                 Q5_0Strips, Q5_1Strips, Q5_KStrips, Q6_KStrips, Strips)
 
 QK_K = 256  # weights per K-quant super-block
 SUB_BLOCKS = QK_K // BLOCK
@@ -131,6 +131,51 @@ def _pack_q6_k(blocks, q, factors, rows, ints_at):
                         put(q, s, b, r, i, low | (high << 4), 2)
 
 
+@njit(parallel=True, cache=True, nogil=True)
+def _pack_q3_k(blocks, q, factors, rows, ints_at):
+    """Q3_K (110 bytes: hmask[32], qs[64], scales[12], d): weight w = 32k + i of a super-block
+    (h = k // 4, c = k % 4) has low bits bits 2c, 2c + 1 of qs[32h + i] and third bit bit k of
+    hmask[i] (q - 4 is gguf-py's value); sub-block j's scale (16 weights) the nibble j % 8 of
+    scales[0:8] (high for j >= 8) below bits 2 (j // 4), 2 (j // 4) + 1 of scales[8 + j % 4],
+    less 32; d once for each of a block's two scales."""
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            data = blocks[s * STRIP + r]
+            for sb in range(q.shape[1] // SUB_BLOCKS):
+                at = sb * 110
+                factors[s, sb, r] = factors[s, sb, STRIP + r] = _half(data[at + 108], data[at + 109])
+                for k in range(SUB_BLOCKS):
+                    b = sb * SUB_BLOCKS + k
+                    for half in range(2):
+                        j = 2 * k + half
+                        low = (data[at + 96 + j % 8] >> (4 * (j // 8))) & 15
+                        high = (data[at + 104 + j % 4] >> (2 * (j // 4))) & 3
+                        q[s, b, ints_at + half * STRIP + r] = np.uint8((low | (high << 4)) - 32)
+                    for i in range(BLOCK):
+                        low = (data[at + 32 + 32 * (k // 4) + i] >> (2 * (k % 4))) & 3
+                        put(q, s, b, r, i, low | (((data[at + i] >> k) & 1) << 2), 0)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pack_iq4_xs(blocks, q, factors, rows, ints_at):
+    """IQ4_XS (136 bytes: d, scales_h (uint16), scales_l[4], qs[128]): block j's scale the nibble
+    j % 2 of scales_l[j // 2] below bits 2j, 2j + 1 of scales_h, less 32; its weight i the code in
+    the nibble of qs[16j + i % 16] (high for i >= 16)."""
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            data = blocks[s * STRIP + r]
+            for sb in range(q.shape[1] // SUB_BLOCKS):
+                at = sb * 136
+                factors[s, sb, r] = _half(data[at], data[at + 1])
+                high_bits = _half(data[at + 2], data[at + 3])
+                for j in range(SUB_BLOCKS):
+                    b = sb * SUB_BLOCKS + j
+                    low = (data[at + 4 + j // 2] >> (4 * (j % 2))) & 15
+                    q[s, b, ints_at + r] = np.uint8((low | (((high_bits >> (2 * j)) & 3) << 4)) - 32)
+                    for i in range(BLOCK):
+                        put(q, s, b, r, i, (data[at + 8 + 16 * j + i % 16] >> (4 * (i // 16))) & 15, 0)
+
+
 def _strips(weights: type[Strips], name: str, blocks: np.ndarray, columns: int, per: int, size: int) -> Strips:
     """Zeroed strips for blocks, once they are a (rows, columns / per x size) uint8 array."""
     if columns <= 0 or columns % per:
@@ -152,6 +197,20 @@ def pack_q5_k(blocks: np.ndarray, columns: int) -> Q5_KStrips:
     strips = _strips(Q5_KStrips, "Q5_K", blocks, columns, QK_K, 176)
     _pack_affine_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, 176, 1,
                    Q5_KStrips.BLOCK_BYTES - Q5_KStrips.FACTORS)
+    return strips
+
+
+def pack_q3_k(blocks: np.ndarray, columns: int) -> Q3_KStrips:
+    strips = _strips(Q3_KStrips, "Q3_K", blocks, columns, QK_K, 110)
+    _pack_q3_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows,
+               Q3_KStrips.BLOCK_BYTES - Q3_KStrips.FACTORS)
+    return strips
+
+
+def pack_iq4_xs(blocks: np.ndarray, columns: int) -> IQ4_XSStrips:
+    strips = _strips(IQ4_XSStrips, "IQ4_XS", blocks, columns, QK_K, 136)
+    _pack_iq4_xs(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows,
+                 IQ4_XSStrips.BLOCK_BYTES - IQ4_XSStrips.FACTORS)
     return strips
 
 

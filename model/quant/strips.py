@@ -213,6 +213,33 @@ class MXFP4Strips(Strips):
     LEVELS = tuple(12 + level for level in (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12))
 
 
+class Q3_KStrips(Strips):
+    """Q3_K (d x sc x (q - 4), q in 0..7, one 6-bit signed sc per 16 weights): Q6_K's form with
+    the three bits in the nibble plane, no high bits. 4.625 bits a weight against the file's
+    3.4375: a 2-bit plane would need kernels of its own."""
+
+    kind, NIBBLES, ZERO, SCALES, SUB_SCALES, SIGNED = "q3_k", True, 4, 2, True, True
+
+
+IQ4_NL_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
+
+
+class IQ4_NLStrips(Strips):
+    """IQ4_NL (d x level, 32 4-bit codes of a non-linear table a block): the codes' nibble plane,
+    the levels held plus 128 as unsigned bytes (the kernels map codes with MXFP4's shuffle),
+    the scales as factors: 4.5 bits a weight, the file's."""
+
+    kind, NIBBLES, ZERO = "iq4_nl", True, 128
+    LEVELS = tuple(128 + level for level in IQ4_NL_LEVELS)
+
+
+class IQ4_XSStrips(IQ4_NLStrips):
+    """IQ4_XS: IQ4_NL's codes under one 6-bit signed scale a block and float16 d per 256 weights
+    (the K-quants' compact form): 4.3125 bits a weight against the file's 4.25."""
+
+    kind, SUB_SCALES, SIGNED = "iq4_xs", True, True
+
+
 SCHEMES = {weights.kind: weights for weights in (Q8_0Strips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
-                                                 Q6_KStrips, MXFP4Strips)}
+                                                 Q6_KStrips, MXFP4Strips, Q3_KStrips, IQ4_NLStrips, IQ4_XSStrips)}
 
