@@ -21,9 +21,17 @@ class SamplingParams:
     top_k: int = 0  # 0 or -1: off
     min_p: float = 0.0
     top_n_sigma: float = -1.0  # top-nσ: logits within n standard deviations of the largest; <= 0: off
+    typical_p: float = 1.0  # locally typical sampling's mass (Meister et al.); 1: off
+    dynatemp_range: float = 0.0  # dynamic temperature: temperature +- this, by the row's entropy; 0: off
+    dynatemp_exponent: float = 1.0
+    xtc_probability: float = 0.0  # XTC: how often the top choices above the threshold are excluded; 0: off
+    xtc_threshold: float = 0.1  # above 0.5: off (no two tokens can pass it), as in llama.cpp
+    allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: only these may be drawn; None: any
+    bad_words: tuple[tuple[int, ...], ...] = ()  # vLLM's, as token ids: a word's last one is banned after the rest
     repetition_penalty: float = 1.0  # over prompt and output, as in transformers
     presence_penalty: float = 0.0  # over output, as in OpenAI's API
     frequency_penalty: float = 0.0
+    penalty_last_n: int = -1  # llama-server's: the penalties look at the last n tokens only; -1: all, 0: none
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     logprobs: int | None = None  # None: none; n >= 0: the sampled token's plus the top n
@@ -35,7 +43,24 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0)
+                or self.frequency_penalty != 0.0) and self.penalty_last_n != 0
+
+    @property
+    def reads_output(self) -> bool:
+        """The draw depends on which tokens came last (not just on counts): bad words, a penalty
+        window. Such a row needs its last token on the host before it samples."""
+        return bool(self.bad_words) or (self.penalized and self.penalty_last_n > 0)
+
+    @property
+    def extended(self) -> bool:
+        """Uses a sampler beyond the kernels' (temperature, top-k, top-p, min-p, top-nσ,
+        penalties, bias): the row is drawn by the NumPy reference (model/ops/numpy_samplers.py)."""
+        return (self.typical_p < 1.0 or self.dynatemp_range > 0 or self.excludes_top_choices
+                or self.allowed_token_ids is not None or self.reads_output)
+
+    @property
+    def excludes_top_choices(self) -> bool:
+        return self.xtc_probability > 0 and self.xtc_threshold <= 0.5
 
     def validate(self, vocab_size: int) -> None:
         """Raise ValueError with a message fit for an API client."""
@@ -45,7 +70,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
 
         for name in ("temperature", "top_p", "min_p", "top_n_sigma", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty"):
+                     "presence_penalty", "frequency_penalty", "typical_p", "dynatemp_range", "dynatemp_exponent",
+                     "xtc_probability", "xtc_threshold"):
             finite(name, getattr(self, name))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -67,10 +93,36 @@ class SamplingParams:
             finite(f"logit_bias[{token}]", bias)
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+        validate_extended(self, vocab_size)
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"top_logprobs must be in [0, 20], got {self.logprobs}")
         if self.seed is not None and (not isinstance(self.seed, int) or not -2**63 <= self.seed < 2**64):
             raise ValueError(f"seed must be a 64-bit integer, got {self.seed!r}")
+
+
+def validate_extended(p: SamplingParams, vocab_size: int) -> None:
+    """The ranges of the samplers beyond OpenAI's and vLLM's first ones, as llama.cpp reads them."""
+    if not 0 < p.typical_p <= 1:
+        raise ValueError(f"typical_p must be in (0, 1], got {p.typical_p}")
+    if p.dynatemp_range < 0:
+        raise ValueError(f"dynatemp_range must be >= 0, got {p.dynatemp_range}")
+    if p.dynatemp_exponent < 0:
+        raise ValueError(f"dynatemp_exponent must be >= 0, got {p.dynatemp_exponent}")
+    if not 0 <= p.xtc_probability <= 1:
+        raise ValueError(f"xtc_probability must be in [0, 1], got {p.xtc_probability}")
+    if not 0 <= p.xtc_threshold <= 1:
+        raise ValueError(f"xtc_threshold must be in [0, 1] (above 0.5: off), got {p.xtc_threshold}")
+    if not isinstance(p.penalty_last_n, int) or p.penalty_last_n < -1:
+        raise ValueError(f"penalty_last_n (repeat_last_n) must be -1 (all), 0 (off) or a positive int, got {p.penalty_last_n!r}")
+    if p.allowed_token_ids is not None:
+        if not p.allowed_token_ids:
+            raise ValueError("allowed_token_ids is empty: no token could be drawn")
+        outside = [t for t in p.allowed_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+        if outside:
+            raise ValueError(f"allowed_token_ids has {outside[0]!r}, outside the vocabulary [0, {vocab_size})")
+    for word in p.bad_words:
+        if not word or not all(isinstance(t, int) and 0 <= t < vocab_size for t in word):
+            raise ValueError(f"bad_words has a word of token ids {word!r} outside the vocabulary [0, {vocab_size})")
 
 
 def _mix64(z: int) -> int:
@@ -81,10 +133,17 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def seeded_uniform(seed: int, index: int) -> float:
+XTC_STREAM = 1  # seeded_uniform's stream for XTC's coin, apart from the draw's (0)
+
+
+def seeded_uniform(seed: int, index: int, stream: int = 0) -> float:
     """A uniform in [0, 1) keyed by (seed, token index) alone, so a seeded request draws the
-    same numbers whatever else shares its batch."""
-    return (_mix64(_mix64(seed & _M64) ^ (index & _M64)) >> 11) * (1.0 / (1 << 53))
+    same numbers whatever else shares its batch; stream: another sequence for the same key
+    (a sampler's own coin), independent of the draw's."""
+    key = _mix64(seed & _M64)
+    if stream:
+        key = _mix64(key + stream)
+    return (_mix64(key ^ (index & _M64)) >> 11) * (1.0 / (1 << 53))
 
 
 def allowed_tokens(mask: np.ndarray, vocab: int) -> np.ndarray:

@@ -112,6 +112,9 @@ def test_metrics_use_vllm_names(server, client):
     assert rss > 50e6  # the model alone is bigger than that
 
 
+BAD_SAMPLERS = [("typical_p", 0), ("typical_p", 1.5), ("dynatemp_range", -0.5), ("dynatemp_exponent", -1),
+                ("xtc_probability", 1.5), ("xtc_threshold", -0.1), ("allowed_token_ids", [10 ** 9]),
+                ("allowed_token_ids", []), ("bad_words", [""]), ("penalty_last_n", -2), ("repeat_last_n", -2)]
 BAD = [
     ("malformed JSON", "/v1/chat/completions", b"{not json", 400),
     ("wrong type", "/v1/chat/completions", {"messages": "hello"}, 400),
@@ -141,22 +144,19 @@ BAD = [
         ("suffix", "/v1/completions", {"prompt": "x"}, "y"),
         # vLLM's and llama-server's samplers Spool does not implement, set on
         ("dry_multiplier", "/v1/chat/completions", {"messages": QUESTION}, 0.8),
-        ("xtc_probability", "/v1/completions", {"prompt": "x"}, 0.5),
-        ("typical_p", "/v1/completions", {"prompt": "x"}, 0.9),
         ("mirostat", "/v1/completions", {"prompt": "x"}, 2),
-        ("dynatemp_range", "/v1/completions", {"prompt": "x"}, 0.5),
-        ("bad_words", "/v1/chat/completions", {"messages": QUESTION}, ["Paris"]),
-        ("allowed_token_ids", "/v1/completions", {"prompt": "x"}, [5, 6]),
         ("repeat_penalty", "/v1/completions", {"prompt": "x"}, 1.1),
         ("use_beam_search", "/v1/completions", {"prompt": "x"}, True),
     ]],
+    # the samplers Spool has, out of range (llama.cpp's ranges where vLLM has none)
+    *[(f"bad {field}", "/v1/completions", {"prompt": "x", field: value}, 400) for field, value in BAD_SAMPLERS],
 ]
-SAMPLERS = ("dry_multiplier", "xtc_probability", "typical_p", "mirostat", "dynatemp_range", "bad_words",
-            "allowed_token_ids", "repeat_penalty", "use_beam_search")
+SAMPLERS = ("dry_multiplier", "mirostat", "repeat_penalty", "use_beam_search")
 
 # the field a refusal names, by the case's id
 NAMED = {"an image part": "messages.0.content.1", **{f"unsupported {f}": f for f in (
-    "functions", "tools", "tool_choice", "audio", "modalities", "suffix", *SAMPLERS)}}
+    "functions", "tools", "tool_choice", "audio", "modalities", "suffix", *SAMPLERS)},
+    **{f"bad {field}": field for field, _ in BAD_SAMPLERS}, "bad repeat_last_n": "penalty_last_n"}
 
 
 @pytest.mark.parametrize("what,path,body,status", BAD, ids=[b[0] for b in BAD])
@@ -170,6 +170,23 @@ def test_bad_input_gets_an_openai_error_and_the_server_stays_healthy(server, wha
     if what in NAMED:
         assert error["param"] == NAMED[what] and NAMED[what] in error["message"], error
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_allowed_token_ids_bad_words_and_llama_samplers_reach_the_sampler(server):
+    """vLLM's allowed_token_ids and bad_words, and llama-server's samplers, through the API."""
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": " Paris Rome"}).json()["tokens"][-2:]
+    body = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 1.0, "seed": 3}
+    r = httpx.post(server.url + "/v1/completions", json={**body, "allowed_token_ids": ids[:1]}, timeout=60).json()
+    want = httpx.post(server.url + "/detokenize", json={"tokens": ids[:1] * 4}).json()["prompt"]
+    assert r["choices"][0]["text"] == want, r
+    greedy = {**body, "temperature": 0, "max_tokens": 1}
+    first = httpx.post(server.url + "/v1/completions", json=greedy, timeout=60).json()["choices"][0]["text"]
+    banned = httpx.post(server.url + "/v1/completions", json={**greedy, "bad_words": [first]}, timeout=60).json()
+    assert banned["choices"][0]["text"] not in ("", first), (first, banned)
+    llama = {"typical_p": 0.8, "dynatemp_range": 0.5, "xtc_probability": 0.5, "xtc_threshold": 0.1,
+             "repeat_last_n": 16, "repetition_penalty": 1.2}
+    runs = [httpx.post(server.url + "/v1/completions", json={**body, **llama}, timeout=60).json() for _ in range(2)]
+    assert runs[0]["choices"][0]["text"] == runs[1]["choices"][0]["text"], runs  # seeded
 
 
 def test_fields_that_ask_for_nothing_new_are_accepted(client):

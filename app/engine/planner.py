@@ -16,7 +16,7 @@ are applied. What such a plan sees one step late, and how it stays right:
   takes it from the device) at the position after it; when that token turns out to be a stop,
   the row's result is dropped when it lands, and nothing past the stop is ever sent. A request
   whose token in N is its max_tokens-th, or whose rows are masked (a grammar, a thinking
-  budget: the mask depends on that token), sits this step out.
+  budget: the mask depends on that token) or read the output (bad words...), sits this step out.
 - A prefill chunk continues after the one in flight; a request whose last chunk is in flight
   decodes from the step after.
 - Aborts, admissions and resumes happen at step boundaries as before; blocks freed while a step
@@ -211,7 +211,7 @@ class Planner:
             if request.schedule.state is not State.DECODING:
                 continue  # preempted by an older row of this same step
             ahead = request.id in flying
-            if ahead and (len(request.output_ids) + 1 >= request.max_tokens or request.constrained):
+            if ahead and (len(request.output_ids) + 1 >= request.max_tokens or request.waits_for_last_token):
                 continue  # its next row depends on the token in flight
             while not self.tables.grow(request, request.num_tokens - 1 + ahead):
                 if flying:

@@ -149,5 +149,11 @@ class Request:
         """A grammar or a thinking budget masks its rows; each mask depends on its last token."""
         return self.params.grammar is not None or self.params.thinking is not None
 
+    @property
+    def waits_for_last_token(self) -> bool:
+        """Its next row cannot be planned while its last token is in flight: a mask, or a
+        sampler that reads the output on the host (bad words, a penalty window), depends on it."""
+        return self.constrained or self.params.sampling.reads_output
+
     def usage(self) -> Usage:
         return Usage(len(self.prompt_ids), len(self.output_ids), self.schedule.cached_tokens)

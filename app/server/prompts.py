@@ -24,9 +24,11 @@ from model.sampling import SamplingParams
 from model.tokenizer import THINK_TAGS, ChatTemplateError
 
 
-def sampling_params(req, logprobs: int | None, index: int, defaults: dict | None = None) -> SamplingParams:
+def sampling_params(req, logprobs: int | None, index: int, defaults: dict | None = None,
+                    tokenizer=None) -> SamplingParams:
     """The request's sampling fields; those it leaves out are the model's generation config's
-    (defaults: app/server/generation_config.py), else OpenAI's. The engine validates them."""
+    (defaults: app/server/generation_config.py), else OpenAI's. The engine validates them.
+    tokenizer: for bad_words, which are text."""
     given = defaults or {}
 
     def field(name, default):
@@ -43,17 +45,40 @@ def sampling_params(req, logprobs: int | None, index: int, defaults: dict | None
         top_k=field("top_k", 0),
         min_p=field("min_p", 0.0),
         top_n_sigma=field("top_n_sigma", -1.0),
+        typical_p=field("typical_p", 1.0),
+        dynatemp_range=field("dynatemp_range", 0.0),
+        dynatemp_exponent=field("dynatemp_exponent", 1.0),
+        xtc_probability=field("xtc_probability", 0.0),
+        xtc_threshold=field("xtc_threshold", 0.1),
+        allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
+        bad_words=bad_word_ids(tokenizer, req.bad_words or ()),
         repetition_penalty=field("repetition_penalty", 1.0),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
+        penalty_last_n=req.penalty_last_n if req.penalty_last_n is not None else field("repeat_last_n", -1),
         logit_bias=bias,
         seed=None if req.seed is None else req.seed + index,
         logprobs=logprobs,
     )
 
 
+def bad_word_ids(tokenizer, words) -> tuple[tuple[int, ...], ...]:
+    """vLLM's bad_words as token ids: each word as it starts a text, and, where that tokenizes
+    differently into as many tokens, after a space (a word in the middle of a text)."""
+    ids: list[tuple[int, ...]] = []
+    for word in words:
+        alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        if not alone:
+            raise APIError(400, f"bad_words has an empty word: {word!r}", param="bad_words")
+        ids.append(alone)
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if spaced[0] != alone[0] and len(spaced) == len(alone):
+            ids.append(spaced)
+    return tuple(ids)
+
+
 def generation_params(req, index: int, grammar_text: str | None = None, thinking=None,
-                      defaults: dict | None = None) -> GenerationParams:
+                      defaults: dict | None = None, tokenizer=None) -> GenerationParams:
     prompt_logprobs = req.prompt_logprobs
     defaults = defaults or {}
     if isinstance(req, ChatCompletionRequest):
@@ -66,7 +91,7 @@ def generation_params(req, index: int, grammar_text: str | None = None, thinking
         if req.echo and logprobs is not None:  # the echoed prompt's tokens carry theirs too
             prompt_logprobs = max(logprobs, prompt_logprobs or 0)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    return GenerationParams(sampling_params(req, logprobs, index, defaults), max_tokens=max_tokens,
+    return GenerationParams(sampling_params(req, logprobs, index, defaults, tokenizer), max_tokens=max_tokens,
                             min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
                             ignore_eos=req.ignore_eos, grammar=grammar_text, thinking=thinking,
                             prompt_logprobs=prompt_logprobs)
@@ -102,7 +127,7 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
         grammar_text, field = tools.grammar(), "tools"
     if not isinstance(req, ChatCompletionRequest):
         prompts = completion_prompts(req, tokenizer)
-        params = (generation_params(req, index, grammar_text, defaults=state.sampling_defaults)
+        params = (generation_params(req, index, grammar_text, defaults=state.sampling_defaults, tokenizer=tokenizer)
                   for index in range(len(prompts) * req.n))
         return Checked(check_choices(engine, prompts, req.n, params, field))
     prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables(),
@@ -118,7 +143,8 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
         grammar_text = after_analysis(tokenizer, grammar_text)
     elif grammar_text is not None and state.reasoning == XTML:
         grammar_text = xtml.after_thought(tokenizer, grammar_text, xtml.opened(tokenizer, prompt), field == "tools")
-    params = (generation_params(req, index, grammar_text, thinking, state.sampling_defaults) for index in range(req.n))
+    params = (generation_params(req, index, grammar_text, thinking, state.sampling_defaults, tokenizer)
+              for index in range(req.n))
     reading = Reading(tools, inside, whole_reader(state.reasoning, tokenizer, prompt, tools), think_tags=tokenizer.think_tags or THINK_TAGS[0])
     return Checked(check_choices(engine, [prompt], req.n, params, field), reading)
 

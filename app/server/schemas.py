@@ -44,10 +44,7 @@ UNSUPPORTED = {
 UNSUPPORTED_SAMPLERS = {
     "dry_multiplier": (0,), "dry_base": None, "dry_allowed_length": None, "dry_penalty_last_n": None,
     "dry_sequence_breakers": None,  # DRY's settings matter only with a multiplier
-    "xtc_probability": (0,), "xtc_threshold": None,
-    "typical_p": (1,), "mirostat": (0,), "mirostat_tau": None, "mirostat_eta": None,
-    "dynatemp_range": (0,), "dynatemp_exponent": None,
-    "bad_words": (), "allowed_token_ids": (), "samplers": None, "repeat_last_n": None, "penalty_last_n": None,
+    "mirostat": (0,), "mirostat_tau": None, "mirostat_eta": None, "samplers": None,
     "use_beam_search": (), "length_penalty": (1,), "truncate_prompt_tokens": (), "logits_processors": (),
     "lora": (), "n_probs": (0,), "min_keep": (0,), "repeat_penalty": (1,),
 }
@@ -73,6 +70,15 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1 or 0: off; past the vocabulary: off
     min_p: float | None = None
     top_n_sigma: float | None = None  # llama-server's top-nσ; -1 or 0: off
+    typical_p: float | None = None  # locally typical sampling (vLLM's and llama-server's); 1: off
+    dynatemp_range: float | None = None  # llama-server's dynamic temperature; 0: off
+    dynatemp_exponent: float | None = None
+    xtc_probability: float | None = None  # llama-server's XTC; 0: off
+    xtc_threshold: float | None = None  # above 0.5: off
+    allowed_token_ids: list[int] | None = None  # vLLM's
+    bad_words: list[str] | None = None  # vLLM's
+    penalty_last_n: int | None = None  # llama-server's penalty window (-1: all, 0: off), or its older name
+    repeat_last_n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None

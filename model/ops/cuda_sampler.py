@@ -9,10 +9,16 @@ counted: a row whose history no longer matches (a step that failed after samplin
 
 What crosses to the device per step is small host data (each row's parameters, uniforms and
 bias entries); what comes back is the sampled ids, and logprobs only when a row asks.
+
+A row that asks for a sampler the kernels do not do (SamplingParams.extended: typical-p,
+dynamic temperature, XTC, allowed_token_ids, bad_words, a penalty window) is drawn on the host
+by the NumPy reference (numpy_sampling.sample_rows) from its downloaded logits, and its id
+replaces the kernel's; its logprobs (of the raw logits) are the kernel's as for any row.
 """
 
 import numpy as np
 
+from model.ops.numpy_sampling import sample_rows
 from model.ops.protocol import SampleBatch, SampleResult, Scored
 from model.sampling import allowed_tokens
 
@@ -73,7 +79,8 @@ class DeviceSampler:
         rows, vocab = logits.shape
         temporary = batch.keys is None
         keys = [object() for _ in params] if temporary else batch.keys
-        count_rows = np.array([self._slot(k, vocab, prompts[r], outputs[r]) if p.penalized else -1
+        on_host = [r for r, p in enumerate(params) if p.extended]
+        count_rows = np.array([self._slot(k, vocab, prompts[r], outputs[r]) if p.penalized and not p.extended else -1
                                for r, (k, p) in enumerate(zip(keys, params))], dtype=np.int32)
         device_rows = ops.asarray(count_rows, np.int32)
         adjusted = logits
@@ -94,7 +101,7 @@ class DeviceSampler:
                 ops.asarray([p.frequency_penalty for p in params], np.float32), ops.asarray(offsets, np.int32),
                 ops.asarray([t for p in params for t in p.logit_bias] or [0], np.int32),
                 ops.asarray([v for p in params for v in p.logit_bias.values()] or [0], np.float32), np.int32(vocab)))
-        uniform = [batch.uniform(r) for r in range(rows)]
+        uniform = [0.0 if r in on_host else batch.uniform(r) for r in range(rows)]  # the host draws its own
         ids = ops.zeros(rows, np.int32)
         ops.kernel("sampling.cu", "sample")((rows,), (SAMPLE_THREADS,), (
             ids, adjusted, ops.asarray([p.temperature for p in params], np.float32),
@@ -102,6 +109,11 @@ class DeviceSampler:
             ops.asarray([p.top_p for p in params], np.float32), ops.asarray([p.min_p for p in params], np.float32),
             ops.asarray([p.top_n_sigma for p in params], np.float32), ops.asarray(uniform, np.float32),
             np.int32(vocab)))
+        if on_host:
+            host_logits = ops.to_host(logits[ops.asarray(on_host, np.int64)])
+            drawn = sample_rows(host_logits, batch.take(on_host)).token_ids
+            drawn[~np.isfinite(host_logits).any(axis=1)] = -1  # no finite logit: no token, as the kernel's
+            ids[ops.asarray(on_host, np.int64)] = ops.asarray(drawn, np.int32)
         if (count_rows >= 0).any():
             ops.kernel("penalties.cu", "count_tokens")((-(-rows // 32),), (32,), (
                 self.counts, device_rows, ids, np.int32(rows), np.int32(vocab)))

@@ -1,5 +1,6 @@
 """The numba sampler: every row that asks only for a temperature (or greedy) drawn in one
-kernel over the batch; rows with filters, penalties, a grammar or logprobs go to NumPy's.
+kernel over the batch; rows with filters, penalties, a grammar, logprobs or any sampler beyond
+those (SamplingParams.extended) go to NumPy's.
 
 The kernel reads C-ordered logits (a strided row costs an argmax 20 times more).
 """
@@ -39,11 +40,9 @@ def _draw(logits, temperature, u, rows, out):
 
 
 def plain(p) -> bool:
-    """Asks for nothing but a temperature: no filters, bias, penalties or logprobs."""
+    """Asks for nothing but a temperature: no filters, bias, penalties, other samplers or logprobs."""
     return (p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 and p.top_n_sigma <= 0 and not p.logit_bias
-            and not p.penalized
-            and p.logprobs is None)
-
+            and not p.penalized and not p.extended and p.logprobs is None)
 
 
 def sample(logits: np.ndarray, batch: SampleBatch, fallback) -> SampleResult:

@@ -12,10 +12,9 @@ import numpy as np
 
 from model.ops import delta_rule
 from model.ops.moe import ExpertPlan, add_bias, clamped_swiglu, combine, route
-from model.ops.numpy_sampling import apply_penalties, log_softmax, most_likely, pick
+from model.ops.numpy_sampling import log_softmax, most_likely, sample_rows
 from model.ops.protocol import Download, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
-from model.sampling import allowed_tokens
 from model.weights import Experts
 
 # Attention chunks: at most this many rows, and padding to at most this share of the chunk.
@@ -300,26 +299,7 @@ class NumpyOps:
     def sample(self, logits: np.ndarray, batch: SampleBatch) -> SampleResult:
         """One token per row of logits (rows, vocab). This backend keeps nothing per request
         (batch.keys): it reads each row's history every step."""
-        token_ids = np.empty(len(batch), dtype=np.int64)
-        logprobs: list = [None] * len(batch)
-        top: list = [None] * len(batch)
-        for r, p in enumerate(batch.params):
-            row = logits[r]
-            mask = batch.mask(r)
-            if mask is not None:  # a new array, so the raw logits stay for logprobs
-                row = np.where(allowed_tokens(mask, row.shape[0]), row, np.float32(-np.inf))
-            if p.logit_bias or p.penalized:
-                row = row if mask is not None else row.copy()
-                if p.logit_bias:
-                    ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
-                    row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)
-                apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
-            token_ids[r] = int(np.argmax(row)) if p.greedy else pick(row, p, batch.uniform(r))
-            if p.logprobs is not None:
-                lsm = log_softmax(logits[r])
-                logprobs[r] = float(lsm[token_ids[r]])
-                top[r] = most_likely(lsm, p.logprobs)
-        return SampleResult(token_ids, logprobs, top)
+        return sample_rows(logits, batch)
 
     def score(self, logits: np.ndarray, token_ids, top: int) -> Scored:
         """Each row's given token: its logprob and rank under the raw logits, and the row's top."""

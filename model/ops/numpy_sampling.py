@@ -5,16 +5,45 @@ NumpyOps.sample runs it; the CPU's numba sampler and the CUDA kernels are held t
 
 import numpy as np
 
-from model.sampling import SamplingParams
+from model.ops.numpy_samplers import dynamic_temperature, exclude_top_choices, locally_typical, penalty_window, \
+    restrict
+from model.ops.protocol import SampleBatch, SampleResult
+from model.sampling import SamplingParams, allowed_tokens
 
 # Candidates kept for top-k / top-p before falling back to a full sort of the vocabulary.
 SAMPLING_CANDIDATES = 256
 
 
+def sample_rows(logits: np.ndarray, batch: SampleBatch) -> SampleResult:
+    """NumpyOps.sample: one token per row of host logits (rows, vocab), each row on its own."""
+    token_ids = np.empty(len(batch), dtype=np.int64)
+    logprobs: list = [None] * len(batch)
+    top: list = [None] * len(batch)
+    for r, p in enumerate(batch.params):
+        row = logits[r]
+        mask = batch.mask(r)
+        if mask is not None:  # a new array, so the raw logits stay for logprobs
+            row = np.where(allowed_tokens(mask, row.shape[0]), row, np.float32(-np.inf))
+        if p.logit_bias or p.penalized or p.extended:
+            row = row if mask is not None else row.copy()
+            if p.logit_bias:
+                ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
+                row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)
+            apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
+            restrict(row, p, batch.outputs[r])
+        token_ids[r] = int(np.argmax(row)) if p.greedy else pick(row, p, batch.uniform(r), batch.coin(r))
+        if p.logprobs is not None:
+            lsm = log_softmax(logits[r])
+            logprobs[r] = float(lsm[token_ids[r]])
+            top[r] = most_likely(lsm, p.logprobs)
+    return SampleResult(token_ids, logprobs, top)
+
+
 def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids, output_ids) -> None:
     """In place: repetition over prompt and output (transformers'), presence and frequency over
-    the output (OpenAI's)."""
+    the output (OpenAI's); within llama-server's penalty_last_n, when the request sets one."""
     vocab = logits.shape[0]
+    prompt_ids, output_ids = penalty_window(p, prompt_ids, output_ids)
     if p.repetition_penalty != 1.0:
         seen = np.unique(np.concatenate([np.asarray(prompt_ids, dtype=np.int64),
                                          np.asarray(output_ids, dtype=np.int64)]))
@@ -27,7 +56,7 @@ def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids, output_id
         logits -= np.float32(p.presence_penalty) * (counts > 0)
 
 
-def sigma_floor(logits: np.ndarray, p: SamplingParams) -> float:
+def sigma_floor(logits: np.ndarray, p: SamplingParams, temperature: float) -> float:
     """Top-nσ's floor on a token's probability relative to the most likely: exp(-nσ / T), σ the
     standard deviation of the row's finite logits (0 when off)."""
     if p.top_n_sigma <= 0:
@@ -35,31 +64,38 @@ def sigma_floor(logits: np.ndarray, p: SamplingParams) -> float:
     finite = logits[np.isfinite(logits)].astype(np.float64)
     below = finite - finite.max()
     sigma = np.sqrt(max(np.mean(below * below) - np.mean(below) ** 2, 0.0))
-    return float(np.exp(-p.top_n_sigma * sigma / p.temperature))
+    return float(np.exp(-p.top_n_sigma * sigma / temperature))
 
 
-def pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
+def pick(logits: np.ndarray, p: SamplingParams, u: float, coin: float = 1.0) -> int:
     """Draw one token by inverse CDF over the kept candidates, taken in a canonical order
     (probability descending, then token id), so the draw depends only on logits and u.
 
-    Filters: top-k, then top-p over the renormalized top-k, and a floor relative to the most
-    likely token: min-p's, and top-nσ's (a logit n standard deviations below the largest, its
-    weight at the temperature). Only the candidates are sorted, never the whole vocabulary
-    unless top-p needs more than SAMPLING_CANDIDATES tokens."""
-    scaled = logits / np.float32(p.temperature)
+    The temperature, dynamic if asked; filters: top-k, locally typical, then top-p over the
+    renormalized rest, and a floor relative to the most likely token: min-p's, and top-nσ's (a
+    logit n standard deviations below the largest, its weight at the temperature); XTC last,
+    its coin the row's own uniform. Only the candidates are sorted, never the whole vocabulary
+    unless top-p or typical needs more than SAMPLING_CANDIDATES tokens."""
+    temperature = dynamic_temperature(logits, p)
+    if temperature <= 0:  # a dynamic range reaching 0 on a certain row
+        return int(np.argmax(logits))
+    scaled = logits / np.float32(temperature)
     scaled -= scaled.max()
     probs = np.exp(scaled)
     probs /= probs.sum()
     vocab = probs.shape[0]
     top_k = p.top_k if 0 < p.top_k < vocab else 0
-    floor = max(p.min_p, sigma_floor(logits, p))
-    if not top_k and p.top_p >= 1.0 and floor <= 0.0:
+    floor = max(p.min_p, sigma_floor(logits, p, temperature))
+    typical = p.typical_p < 1.0
+    if not top_k and p.top_p >= 1.0 and floor <= 0.0 and not typical and not p.excludes_top_choices:
         cdf = np.cumsum(probs)
         return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), vocab - 1))
     if floor > 0.0:
         cand = np.flatnonzero(probs >= floor * probs.max())
     elif top_k:
         cand = np.argpartition(-probs, top_k - 1)[:top_k]
+    elif typical or p.top_p >= 1.0:  # the whole distribution's entropy, or XTC alone
+        cand = np.flatnonzero(probs > 0)
     else:  # top-p alone: the nucleus is usually small
         n = min(SAMPLING_CANDIDATES, vocab)
         cand = np.argpartition(-probs, n - 1)[:n]
@@ -69,9 +105,13 @@ def pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
     if top_k:
         cand = cand[:top_k]
     kept = probs[cand] / probs[cand].sum()
+    if typical:
+        cand, kept = locally_typical(cand, kept, p.typical_p)
     if p.top_p < 1.0:
-        before = np.cumsum(kept) - kept
-        kept = kept[before < p.top_p]
+        nucleus = np.cumsum(kept) - kept < p.top_p
+        cand, kept = cand[nucleus], kept[nucleus]
+    if p.excludes_top_choices:
+        cand, kept = exclude_top_choices(cand, kept, p, coin)
     cdf = np.cumsum(kept)
     return int(cand[min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(kept) - 1)])
 

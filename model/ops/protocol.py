@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from model.sampling import SamplingParams, seeded_uniform
+from model.sampling import XTC_STREAM, SamplingParams, seeded_uniform
 
 
 class Download:
@@ -54,6 +54,14 @@ class SampleBatch:
         if p.greedy:
             return 0.0
         return seeded_uniform(p.seed, len(self.outputs[row])) if p.seed is not None else self.rng.random()
+
+    def coin(self, row: int) -> float:
+        """XTC's coin for the row in [0, 1): keyed as uniform's but on a stream of its own, so the
+        draw's numbers stay the same; 1.0 (never) for a row without XTC (rng untouched)."""
+        p = self.params[row]
+        if p.greedy or not p.excludes_top_choices:
+            return 1.0
+        return seeded_uniform(p.seed, len(self.outputs[row]), XTC_STREAM) if p.seed is not None else self.rng.random()
 
     def take(self, rows: Sequence[int]) -> "SampleBatch":
         """The batch of these rows only (the same rng)."""
