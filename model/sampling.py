@@ -32,6 +32,11 @@ class SamplingParams:
     presence_penalty: float = 0.0  # over output, as in OpenAI's API
     frequency_penalty: float = 0.0
     penalty_last_n: int = -1  # llama-server's: the penalties look at the last n tokens only; -1: all, 0: none
+    dry_multiplier: float = 0.0  # DRY (p-e-w's, as llama.cpp's): a repeated sequence's next token penalised; 0: off
+    dry_base: float = 1.75  # below 1: off, as in llama.cpp
+    dry_allowed_length: int = 2  # repeats this long go unpenalised
+    dry_penalty_last_n: int = -1  # the tokens DRY looks back over; -1: the whole context, 0: off
+    dry_sequence_breakers: tuple[int, ...] = ()  # token ids a repeat does not extend across
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     logprobs: int | None = None  # None: none; n >= 0: the sampled token's plus the top n
@@ -48,8 +53,8 @@ class SamplingParams:
     @property
     def reads_output(self) -> bool:
         """The draw depends on which tokens came last (not just on counts): bad words, a penalty
-        window. Such a row needs its last token on the host before it samples."""
-        return bool(self.bad_words) or (self.penalized and self.penalty_last_n > 0)
+        window, DRY. Such a row needs its last token on the host before it samples."""
+        return bool(self.bad_words) or (self.penalized and self.penalty_last_n > 0) or self.dry
 
     @property
     def extended(self) -> bool:
@@ -57,6 +62,10 @@ class SamplingParams:
         penalties, bias): the row is drawn by the NumPy reference (model/ops/numpy_samplers.py)."""
         return (self.typical_p < 1.0 or self.dynatemp_range > 0 or self.excludes_top_choices
                 or self.allowed_token_ids is not None or self.reads_output)
+
+    @property
+    def dry(self) -> bool:
+        return self.dry_multiplier > 0 and self.dry_base >= 1 and self.dry_penalty_last_n != 0
 
     @property
     def excludes_top_choices(self) -> bool:
@@ -71,7 +80,7 @@ class SamplingParams:
 
         for name in ("temperature", "top_p", "min_p", "top_n_sigma", "repetition_penalty",
                      "presence_penalty", "frequency_penalty", "typical_p", "dynatemp_range", "dynatemp_exponent",
-                     "xtc_probability", "xtc_threshold"):
+                     "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base"):
             finite(name, getattr(self, name))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -114,6 +123,12 @@ def validate_extended(p: SamplingParams, vocab_size: int) -> None:
         raise ValueError(f"xtc_threshold must be in [0, 1] (above 0.5: off), got {p.xtc_threshold}")
     if not isinstance(p.penalty_last_n, int) or p.penalty_last_n < -1:
         raise ValueError(f"penalty_last_n (repeat_last_n) must be -1 (all), 0 (off) or a positive int, got {p.penalty_last_n!r}")
+    if p.dry_multiplier < 0:
+        raise ValueError(f"dry_multiplier must be >= 0, got {p.dry_multiplier}")
+    if not isinstance(p.dry_allowed_length, int) or p.dry_allowed_length < 0:
+        raise ValueError(f"dry_allowed_length must be a whole number >= 0, got {p.dry_allowed_length!r}")
+    if not isinstance(p.dry_penalty_last_n, int) or p.dry_penalty_last_n < -1:
+        raise ValueError(f"dry_penalty_last_n must be -1 (all), 0 (off) or a positive int, got {p.dry_penalty_last_n!r}")
     if p.allowed_token_ids is not None:
         if not p.allowed_token_ids:
             raise ValueError("allowed_token_ids is empty: no token could be drawn")

@@ -9,6 +9,7 @@ import pytest
 from cuda_harness import CpuLauncher
 from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
+from model.ops.numpy_dry import apply_dry
 from model.ops.numpy_ops import NumpyOps
 from model.ops.numpy_sampling import pick
 from model.ops.protocol import SampleBatch
@@ -149,11 +150,57 @@ def test_penalty_window_counts_only_the_last_n_tokens():
     assert sample(NumpyOps(), logits, [SamplingParams(**{**vars(p), "penalty_last_n": 1})], [prompt], [output])[0] == 1
 
 
+def dry_reference(context, vocab, multiplier, base, allowed, last_n, breakers):
+    """p-e-w's definition, by brute force: a token that followed a stretch equal to the
+    context's last L tokens (no breaker among them, nor the token) loses multiplier *
+    base ** (L - allowed) for its longest such L >= allowed."""
+    context = context[-last_n:] if last_n > 0 else context
+    penalty = np.zeros(vocab)
+    for i in range(1, len(context)):
+        if context[i] in breakers:
+            continue
+        length = 0
+        while (length < i and context[i - 1 - length] == context[len(context) - 1 - length]
+               and context[i - 1 - length] not in breakers):
+            length += 1
+        if length >= max(allowed, 1):
+            penalty[context[i]] = max(penalty[context[i]], multiplier * base ** (length - allowed))
+    return penalty
+
+
+@pytest.mark.parametrize("multiplier,base,allowed,last_n,breakers", [
+    (0.8, 1.75, 2, -1, ()), (1.0, 2.0, 1, -1, (7,)), (0.5, 1.5, 3, 40, ()), (2.0, 1.1, 0, 25, (3, 9))])
+def test_dry_penalises_what_would_continue_a_repeat(multiplier, base, allowed, last_n, breakers):
+    rng = np.random.default_rng(int(base * 10))
+    phrase = rng.integers(0, 12, 6).tolist()
+    prompt = rng.integers(0, 12, 20).tolist() + phrase + rng.integers(0, 12, 5).tolist()
+    output = phrase[:4] + rng.integers(0, 12, 3).tolist() + phrase[:5]
+    logits = rng.standard_normal(12).astype(np.float32)
+    p = SamplingParams(dry_multiplier=multiplier, dry_base=base, dry_allowed_length=allowed,
+                       dry_penalty_last_n=last_n, dry_sequence_breakers=breakers)
+    want = logits - dry_reference(prompt + output, 12, multiplier, base, allowed, last_n, set(breakers))
+    assert (want < logits).any()  # the case penalises something
+    got = logits.copy()
+    apply_dry(got, p, prompt, output)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    greedy = SamplingParams(**{**vars(p), "temperature": 0.0})
+    assert sample(NumpyOps(), logits[None], [greedy], [prompt], [output])[0] == int(np.argmax(want))
+
+
+def test_dry_is_off_as_llama_cpp_has_it():
+    logits = np.zeros(5, np.float32)
+    for p in (SamplingParams(dry_multiplier=0.0), SamplingParams(dry_multiplier=1.0, dry_base=0.9),
+              SamplingParams(dry_multiplier=1.0, dry_penalty_last_n=0)):
+        apply_dry(logits, p, [1, 2, 3, 1, 2, 3, 1, 2], [3, 1, 2])
+        assert not logits.any() and not p.extended
+
+
 EXTENDED = [SamplingParams(typical_p=0.7, seed=1), SamplingParams(temperature=0.9, dynatemp_range=0.5, seed=2),
             SamplingParams(xtc_probability=0.8, xtc_threshold=0.05, seed=3),
             SamplingParams(allowed_token_ids=tuple(range(0, 300, 7)), top_p=0.9, seed=4),
             SamplingParams(bad_words=((2, 3), (17,)), temperature=0.0),
             SamplingParams(repetition_penalty=1.5, penalty_last_n=4, seed=5),
+            SamplingParams(dry_multiplier=3.0, dry_allowed_length=1, seed=7),
             SamplingParams(typical_p=0.9, xtc_probability=1.0, xtc_threshold=0.02, dynatemp_range=0.3, top_k=40,
                            seed=6)]
 PLAIN = [SamplingParams(seed=10), SamplingParams(temperature=0.0), SamplingParams(top_p=0.9, seed=11),
@@ -193,7 +240,9 @@ def test_seeded_rows_are_reproducible(p):
                                          ("dynatemp_exponent", -0.5), ("xtc_probability", 1.5),
                                          ("xtc_threshold", -0.1), ("xtc_threshold", float("nan")),
                                          ("penalty_last_n", -2), ("allowed_token_ids", (5, 1000)),
-                                         ("allowed_token_ids", ()), ("bad_words", ((1, 2000),))])
+                                         ("allowed_token_ids", ()), ("bad_words", ((1, 2000),)),
+                                         ("dry_multiplier", -0.5), ("dry_allowed_length", -1),
+                                         ("dry_penalty_last_n", -3), ("dry_base", float("inf"))])
 def test_out_of_range_values_are_refused(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
         SamplingParams(**{field: value}).validate(1000)

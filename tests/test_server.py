@@ -114,7 +114,8 @@ def test_metrics_use_vllm_names(server, client):
 
 BAD_SAMPLERS = [("typical_p", 0), ("typical_p", 1.5), ("dynatemp_range", -0.5), ("dynatemp_exponent", -1),
                 ("xtc_probability", 1.5), ("xtc_threshold", -0.1), ("allowed_token_ids", [10 ** 9]),
-                ("allowed_token_ids", []), ("bad_words", [""]), ("penalty_last_n", -2), ("repeat_last_n", -2)]
+                ("allowed_token_ids", []), ("bad_words", [""]), ("penalty_last_n", -2), ("repeat_last_n", -2),
+                ("dry_multiplier", -1), ("dry_allowed_length", -1), ("dry_penalty_last_n", -2)]
 BAD = [
     ("malformed JSON", "/v1/chat/completions", b"{not json", 400),
     ("wrong type", "/v1/chat/completions", {"messages": "hello"}, 400),
@@ -143,7 +144,6 @@ BAD = [
         ("modalities", "/v1/chat/completions", {"messages": QUESTION}, ["text", "audio"]),
         ("suffix", "/v1/completions", {"prompt": "x"}, "y"),
         # vLLM's and llama-server's samplers Spool does not implement, set on
-        ("dry_multiplier", "/v1/chat/completions", {"messages": QUESTION}, 0.8),
         ("mirostat", "/v1/completions", {"prompt": "x"}, 2),
         ("repeat_penalty", "/v1/completions", {"prompt": "x"}, 1.1),
         ("use_beam_search", "/v1/completions", {"prompt": "x"}, True),
@@ -151,7 +151,7 @@ BAD = [
     # the samplers Spool has, out of range (llama.cpp's ranges where vLLM has none)
     *[(f"bad {field}", "/v1/completions", {"prompt": "x", field: value}, 400) for field, value in BAD_SAMPLERS],
 ]
-SAMPLERS = ("dry_multiplier", "mirostat", "repeat_penalty", "use_beam_search")
+SAMPLERS = ("mirostat", "repeat_penalty", "use_beam_search")
 
 # the field a refusal names, by the case's id
 NAMED = {"an image part": "messages.0.content.1", **{f"unsupported {f}": f for f in (
@@ -184,7 +184,8 @@ def test_allowed_token_ids_bad_words_and_llama_samplers_reach_the_sampler(server
     banned = httpx.post(server.url + "/v1/completions", json={**greedy, "bad_words": [first]}, timeout=60).json()
     assert banned["choices"][0]["text"] not in ("", first), (first, banned)
     llama = {"typical_p": 0.8, "dynatemp_range": 0.5, "xtc_probability": 0.5, "xtc_threshold": 0.1,
-             "repeat_last_n": 16, "repetition_penalty": 1.2}
+             "repeat_last_n": 16, "repetition_penalty": 1.2, "dry_multiplier": 0.8, "dry_allowed_length": 1,
+             "dry_sequence_breakers": ["\n", "."]}
     runs = [httpx.post(server.url + "/v1/completions", json={**body, **llama}, timeout=60).json() for _ in range(2)]
     assert runs[0]["choices"][0]["text"] == runs[1]["choices"][0]["text"], runs  # seeded
 

@@ -152,7 +152,7 @@ class Request:
     @property
     def waits_for_last_token(self) -> bool:
         """Its next row cannot be planned while its last token is in flight: a mask, or a
-        sampler that reads the output on the host (bad words, a penalty window), depends on it."""
+        sampler that reads the output on the host (bad words, DRY, a penalty window), depends on it."""
         return self.constrained or self.params.sampling.reads_output
 
     def usage(self) -> Usage:

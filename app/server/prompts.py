@@ -56,6 +56,11 @@ def sampling_params(req, logprobs: int | None, index: int, defaults: dict | None
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         penalty_last_n=req.penalty_last_n if req.penalty_last_n is not None else field("repeat_last_n", -1),
+        dry_multiplier=field("dry_multiplier", 0.0),
+        dry_base=field("dry_base", 1.75),
+        dry_allowed_length=field("dry_allowed_length", 2),
+        dry_penalty_last_n=field("dry_penalty_last_n", -1),
+        dry_sequence_breakers=breaker_ids(tokenizer, req.dry_sequence_breakers) if req.dry_multiplier else (),
         logit_bias=bias,
         seed=None if req.seed is None else req.seed + index,
         logprobs=logprobs,
@@ -75,6 +80,16 @@ def bad_word_ids(tokenizer, words) -> tuple[tuple[int, ...], ...]:
         if spaced[0] != alone[0] and len(spaced) == len(alone):
             ids.append(spaced)
     return tuple(ids)
+
+
+DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's default dry_sequence_breakers
+
+
+def breaker_ids(tokenizer, breakers: list[str] | None) -> tuple[int, ...]:
+    """DRY's sequence breakers as token ids, as p-e-w's sampler takes them: each the last token
+    of the text after a letter (llama.cpp also matches a breaker of several tokens whole)."""
+    return tuple(sorted({tokenizer.encode("a" + b, add_special_tokens=False)[-1]
+                         for b in (DRY_BREAKERS if breakers is None else breakers) if b}))
 
 
 def generation_params(req, index: int, grammar_text: str | None = None, thinking=None,

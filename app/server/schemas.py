@@ -42,8 +42,6 @@ UNSUPPORTED = {
 # vLLM's and llama-server's samplers and sampling switches that Spool does not implement yet,
 # each with the values that leave it off (a request that sends those passes)
 UNSUPPORTED_SAMPLERS = {
-    "dry_multiplier": (0,), "dry_base": None, "dry_allowed_length": None, "dry_penalty_last_n": None,
-    "dry_sequence_breakers": None,  # DRY's settings matter only with a multiplier
     "mirostat": (0,), "mirostat_tau": None, "mirostat_eta": None, "samplers": None,
     "use_beam_search": (), "length_penalty": (1,), "truncate_prompt_tokens": (), "logits_processors": (),
     "lora": (), "n_probs": (0,), "min_keep": (0,), "repeat_penalty": (1,),
@@ -79,6 +77,11 @@ class SamplingFields(BaseModel):
     bad_words: list[str] | None = None  # vLLM's
     penalty_last_n: int | None = None  # llama-server's penalty window (-1: all, 0: off), or its older name
     repeat_last_n: int | None = None
+    dry_multiplier: float | None = None  # llama-server's DRY; 0: off
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None

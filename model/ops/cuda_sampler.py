@@ -11,7 +11,7 @@ What crosses to the device per step is small host data (each row's parameters, u
 bias entries); what comes back is the sampled ids, and logprobs only when a row asks.
 
 A row that asks for a sampler the kernels do not do (SamplingParams.extended: typical-p,
-dynamic temperature, XTC, allowed_token_ids, bad_words, a penalty window) is drawn on the host
+dynamic temperature, XTC, DRY, allowed_token_ids, bad_words, a penalty window) is drawn on the host
 by the NumPy reference (numpy_sampling.sample_rows) from its downloaded logits, and its id
 replaces the kernel's; its logprobs (of the raw logits) are the kernel's as for any row.
 """

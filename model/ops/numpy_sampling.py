@@ -7,6 +7,7 @@ import numpy as np
 
 from model.ops.numpy_samplers import dynamic_temperature, exclude_top_choices, locally_typical, penalty_window, \
     restrict
+from model.ops.numpy_dry import apply_dry
 from model.ops.protocol import SampleBatch, SampleResult
 from model.sampling import SamplingParams, allowed_tokens
 
@@ -30,6 +31,7 @@ def sample_rows(logits: np.ndarray, batch: SampleBatch) -> SampleResult:
                 ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
                 row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)
             apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
+            apply_dry(row, p, batch.prompts[r], batch.outputs[r])
             restrict(row, p, batch.outputs[r])
         token_ids[r] = int(np.argmax(row)) if p.greedy else pick(row, p, batch.uniform(r), batch.coin(r))
         if p.logprobs is not None:
