@@ -82,6 +82,7 @@ class Sampled:
     # a prompt_logprobs row's: per prompt token its chunk predicts, (token id, logprob, rank, top)
     prompt_logprobs: list[tuple[int, float, int, list[tuple[int, float]]]] | None = None
     error: str | None = None  # the row could not be sampled (token_id is NO_TOKEN): its request alone fails
+    mirostat_mu: float | None = None  # a mirostat row's mu after this token, which its request keeps
 
 
 def predicted(row: Row) -> Sequence[int]:
@@ -296,7 +297,8 @@ class ModelRunner:
                 rewind.apply(self.model, self.cache, launched.rewinds, self.guessed_ids(launched.rows, ids))
             out = [Sampled(r.request_id, int(ids[i]) if 0 <= ids[i] < vocab and r.request_id not in failed
                            else NO_TOKEN, sampled.logprobs[i], sampled.top_logprobs[i],
-                           prompt_logprobs=scored.pop(r.request_id, None), error=failed.get(r.request_id))
+                           prompt_logprobs=scored.pop(r.request_id, None), error=failed.get(r.request_id),
+                           mirostat_mu=sampled.mirostat_mu[i] if sampled.mirostat_mu else None)
                    for i, r in enumerate(launched.rows)] + out
         return out + [Sampled(rid, NO_TOKEN, prompt_logprobs=lps) for rid, lps in scored.items()]
 

@@ -37,6 +37,10 @@ class SamplingParams:
     dry_allowed_length: int = 2  # repeats this long go unpenalised
     dry_penalty_last_n: int = -1  # the tokens DRY looks back over; -1: the whole context, 0: off
     dry_sequence_breakers: tuple[int, ...] = ()  # token ids a repeat does not extend across
+    mirostat: int = 0  # 2: mirostat 2 (llama.cpp's mirostat_v2) in place of the truncating filters; 0: off
+    mirostat_tau: float = 5.0  # the surprise (bits) it aims at
+    mirostat_eta: float = 0.1  # how fast mu follows the error
+    mirostat_mu: float | None = None  # the request's mu before this draw (the engine keeps it); None: 2 tau
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     logprobs: int | None = None  # None: none; n >= 0: the sampled token's plus the top n
@@ -53,8 +57,8 @@ class SamplingParams:
     @property
     def reads_output(self) -> bool:
         """The draw depends on which tokens came last (not just on counts): bad words, a penalty
-        window, DRY. Such a row needs its last token on the host before it samples."""
-        return bool(self.bad_words) or (self.penalized and self.penalty_last_n > 0) or self.dry
+        window, DRY, mirostat (its mu follows the last draw). Such a row needs its last token on the host before it samples."""
+        return bool(self.bad_words) or (self.penalized and self.penalty_last_n > 0) or self.dry or self.mirostat == 2
 
     @property
     def extended(self) -> bool:
@@ -80,7 +84,8 @@ class SamplingParams:
 
         for name in ("temperature", "top_p", "min_p", "top_n_sigma", "repetition_penalty",
                      "presence_penalty", "frequency_penalty", "typical_p", "dynatemp_range", "dynatemp_exponent",
-                     "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base"):
+                     "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "mirostat_tau",
+                     "mirostat_eta"):
             finite(name, getattr(self, name))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -129,6 +134,10 @@ def validate_extended(p: SamplingParams, vocab_size: int) -> None:
         raise ValueError(f"dry_allowed_length must be a whole number >= 0, got {p.dry_allowed_length!r}")
     if not isinstance(p.dry_penalty_last_n, int) or p.dry_penalty_last_n < -1:
         raise ValueError(f"dry_penalty_last_n must be -1 (all), 0 (off) or a positive int, got {p.dry_penalty_last_n!r}")
+    if p.mirostat not in (0, 2):
+        raise ValueError(f"mirostat must be 0 (off) or 2 (mirostat 2); mirostat 1 is not supported, got {p.mirostat!r}")
+    if p.mirostat_tau < 0 or p.mirostat_eta < 0:
+        raise ValueError(f"mirostat_tau and mirostat_eta must be >= 0, got {p.mirostat_tau}, {p.mirostat_eta}")
     if p.allowed_token_ids is not None:
         if not p.allowed_token_ids:
             raise ValueError("allowed_token_ids is empty: no token could be drawn")

@@ -1,5 +1,5 @@
-"""The samplers beyond the kernels' (typical-p, dynamic temperature, XTC, allowed_token_ids,
-bad_words, a penalty window), held to references written here from their published
+"""The samplers beyond the kernels' (typical-p, dynamic temperature, XTC, DRY, mirostat 2,
+allowed_token_ids, bad_words, a penalty window), held to references written here from their published
 definitions (llama.cpp's where it defines them), on NumPy, numba and the CUDA backend (whose
 rows for them go through the NumPy reference on the host)."""
 
@@ -113,10 +113,12 @@ def test_xtc_coin_is_keyed_apart_from_the_draw():
     assert batch.coin(0) == seeded_uniform(9, 3, XTC_STREAM) and batch.uniform(0) == seeded_uniform(9, 3)
 
 
-def sample(ops, logits, params, prompts=None, outputs=None, seed=0):
+def sample(ops, logits, params, prompts=None, outputs=None, seed=0, with_mu=False):
     rows = len(params)
     batch = SampleBatch(params, prompts or [()] * rows, outputs or [()] * rows, np.random.default_rng(seed))
-    return [int(t) for t in ops.to_host(ops.sample(logits, batch).token_ids)]
+    got = ops.sample(logits, batch)
+    ids = [int(t) for t in ops.to_host(got.token_ids)]
+    return (ids, got.mirostat_mu or [None] * rows) if with_mu else ids
 
 
 def test_allowed_token_ids_and_bad_words():
@@ -195,12 +197,49 @@ def test_dry_is_off_as_llama_cpp_has_it():
         assert not logits.any() and not p.extended
 
 
+def mirostat_reference(logits, temperature, tau, eta, mu, u):
+    """llama.cpp's mirostat_v2, step by step: softmax, sorted; cut at the first token whose
+    surprise -log2 p passes mu (keep one at least); renormalise; draw; mu -= eta * (surprise - tau)."""
+    probs = softmax(np.asarray(logits, np.float64) / temperature)
+    order = sorted(range(len(probs)), key=lambda t: (-probs[t], t))
+    kept = []
+    for t in order:
+        if -np.log2(probs[t]) > mu:
+            break
+        kept.append(t)
+    kept = kept or order[:1]
+    weights = probs[kept] / probs[kept].sum()
+    at = min(int(np.searchsorted(np.cumsum(weights), u * weights.sum(), side="right")), len(kept) - 1)
+    return kept[at], mu - eta * (-np.log2(weights[at]) - tau)
+
+
+@pytest.mark.parametrize("temperature,tau,eta", [(1.0, 5.0, 0.1), (0.8, 3.0, 0.3), (1.3, 2.0, 1.0)])
+def test_mirostat_2_follows_llama_cpp_and_carries_mu(temperature, tau, eta):
+    """A seeded request over 30 steps: each token and each mu as the reference's, with the mu
+    handed back by the sampler passed in at the next step (as the engine keeps it)."""
+    rng = np.random.default_rng(int(tau * 10))
+    p = SamplingParams(temperature=temperature, mirostat=2, mirostat_tau=tau, mirostat_eta=eta, seed=21)
+    mu, want_mu, output = None, 2 * tau, []
+    sizes = set()
+    for step in range(30):
+        logits = (rng.standard_normal((1, 200)) * 3).astype(np.float32)
+        step_p = SamplingParams(**{**vars(p), "mirostat_mu": mu})
+        got = NumpyOps().sample(logits, SampleBatch([step_p], [()], [list(output)], rng))
+        want, want_mu = mirostat_reference(logits[0], temperature, tau, eta, want_mu, seeded_uniform(21, step))
+        assert int(got.token_ids[0]) == want and got.mirostat_mu[0] == pytest.approx(want_mu, abs=1e-5), step
+        mu = got.mirostat_mu[0]
+        output.append(want)
+        sizes.add(int((softmax(logits[0] / temperature) >= 2.0 ** -mu).sum()))
+    assert len(sizes) > 1  # mu moved the cut
+
+
 EXTENDED = [SamplingParams(typical_p=0.7, seed=1), SamplingParams(temperature=0.9, dynatemp_range=0.5, seed=2),
             SamplingParams(xtc_probability=0.8, xtc_threshold=0.05, seed=3),
             SamplingParams(allowed_token_ids=tuple(range(0, 300, 7)), top_p=0.9, seed=4),
             SamplingParams(bad_words=((2, 3), (17,)), temperature=0.0),
             SamplingParams(repetition_penalty=1.5, penalty_last_n=4, seed=5),
             SamplingParams(dry_multiplier=3.0, dry_allowed_length=1, seed=7),
+            SamplingParams(mirostat=2, mirostat_tau=3.0, mirostat_mu=4.5, seed=8),
             SamplingParams(typical_p=0.9, xtc_probability=1.0, xtc_threshold=0.02, dynatemp_range=0.3, top_k=40,
                            seed=6)]
 PLAIN = [SamplingParams(seed=10), SamplingParams(temperature=0.0), SamplingParams(top_p=0.9, seed=11),
@@ -219,14 +258,16 @@ def test_backends_draw_what_the_reference_draws_alone_and_in_a_batch(backend):
         logits = (rng.standard_normal((len(params), 300)) * 2.5).astype(np.float32)
         prompts = [[2, 17, 5, 9, 40]] * len(params)
         outputs = [[2, *range(50, 50 + step)] for _ in params]
-        want = sample(NumpyOps(), logits[:len(EXTENDED)], EXTENDED, prompts[:len(EXTENDED)],
-                      outputs[:len(EXTENDED)])
+        want, want_mu = sample(NumpyOps(), logits[:len(EXTENDED)], EXTENDED, prompts[:len(EXTENDED)],
+                               outputs[:len(EXTENDED)], with_mu=True)
+        assert [mu is not None for mu in want_mu] == [p.mirostat == 2 for p in EXTENDED]
         for r, p in enumerate(EXTENDED):
-            alone = sample(ops, logits[r:r + 1], [p], prompts[:1], outputs[:1], seed=step)
-            assert alone[0] == want[r], (backend, step, p)
-        mixed = sample(ops, logits[order], [params[i] for i in order], prompts, outputs, seed=99)
-        got = {int(i): t for i, t in zip(order, mixed)}
-        assert [got[r] for r in range(len(EXTENDED))] == want, (backend, step)
+            alone = sample(ops, logits[r:r + 1], [p], prompts[:1], outputs[:1], seed=step, with_mu=True)
+            assert (alone[0][0], alone[1][0]) == (want[r], want_mu[r]), (backend, step, p)
+        mixed, mixed_mu = sample(ops, logits[order], [params[i] for i in order], prompts, outputs, seed=99,
+                                 with_mu=True)
+        got = {int(i): (t, mu) for i, t, mu in zip(order, mixed, mixed_mu)}
+        assert [got[r] for r in range(len(EXTENDED))] == list(zip(want, want_mu)), (backend, step)
 
 
 @pytest.mark.parametrize("p", EXTENDED, ids=range(len(EXTENDED)))
@@ -242,7 +283,8 @@ def test_seeded_rows_are_reproducible(p):
                                          ("penalty_last_n", -2), ("allowed_token_ids", (5, 1000)),
                                          ("allowed_token_ids", ()), ("bad_words", ((1, 2000),)),
                                          ("dry_multiplier", -0.5), ("dry_allowed_length", -1),
-                                         ("dry_penalty_last_n", -3), ("dry_base", float("inf"))])
+                                         ("dry_penalty_last_n", -3), ("dry_base", float("inf")),
+                                         ("mirostat", 1), ("mirostat_tau", -1.0), ("mirostat_eta", float("nan"))])
 def test_out_of_range_values_are_refused(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
         SamplingParams(**{field: value}).validate(1000)

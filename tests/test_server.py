@@ -115,7 +115,8 @@ def test_metrics_use_vllm_names(server, client):
 BAD_SAMPLERS = [("typical_p", 0), ("typical_p", 1.5), ("dynatemp_range", -0.5), ("dynatemp_exponent", -1),
                 ("xtc_probability", 1.5), ("xtc_threshold", -0.1), ("allowed_token_ids", [10 ** 9]),
                 ("allowed_token_ids", []), ("bad_words", [""]), ("penalty_last_n", -2), ("repeat_last_n", -2),
-                ("dry_multiplier", -1), ("dry_allowed_length", -1), ("dry_penalty_last_n", -2)]
+                ("dry_multiplier", -1), ("dry_allowed_length", -1), ("dry_penalty_last_n", -2),
+                ("mirostat", 1), ("mirostat", 3), ("mirostat_tau", -1)]
 BAD = [
     ("malformed JSON", "/v1/chat/completions", b"{not json", 400),
     ("wrong type", "/v1/chat/completions", {"messages": "hello"}, 400),
@@ -144,14 +145,13 @@ BAD = [
         ("modalities", "/v1/chat/completions", {"messages": QUESTION}, ["text", "audio"]),
         ("suffix", "/v1/completions", {"prompt": "x"}, "y"),
         # vLLM's and llama-server's samplers Spool does not implement, set on
-        ("mirostat", "/v1/completions", {"prompt": "x"}, 2),
         ("repeat_penalty", "/v1/completions", {"prompt": "x"}, 1.1),
         ("use_beam_search", "/v1/completions", {"prompt": "x"}, True),
     ]],
     # the samplers Spool has, out of range (llama.cpp's ranges where vLLM has none)
     *[(f"bad {field}", "/v1/completions", {"prompt": "x", field: value}, 400) for field, value in BAD_SAMPLERS],
 ]
-SAMPLERS = ("mirostat", "repeat_penalty", "use_beam_search")
+SAMPLERS = ("repeat_penalty", "use_beam_search")
 
 # the field a refusal names, by the case's id
 NAMED = {"an image part": "messages.0.content.1", **{f"unsupported {f}": f for f in (
@@ -186,8 +186,11 @@ def test_allowed_token_ids_bad_words_and_llama_samplers_reach_the_sampler(server
     llama = {"typical_p": 0.8, "dynatemp_range": 0.5, "xtc_probability": 0.5, "xtc_threshold": 0.1,
              "repeat_last_n": 16, "repetition_penalty": 1.2, "dry_multiplier": 0.8, "dry_allowed_length": 1,
              "dry_sequence_breakers": ["\n", "."]}
-    runs = [httpx.post(server.url + "/v1/completions", json={**body, **llama}, timeout=60).json() for _ in range(2)]
-    assert runs[0]["choices"][0]["text"] == runs[1]["choices"][0]["text"], runs  # seeded
+    mirostat = {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2, "max_tokens": 12}
+    for extra in (llama, mirostat):
+        runs = [httpx.post(server.url + "/v1/completions", json={**body, **extra}, timeout=60).json()
+                for _ in range(2)]
+        assert runs[0]["choices"][0]["text"] == runs[1]["choices"][0]["text"], runs  # seeded
 
 
 def test_fields_that_ask_for_nothing_new_are_accepted(client):

@@ -65,6 +65,8 @@ class OutputProcessor:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
             if banned:
                 sampling = replace(sampling, logit_bias={**sampling.logit_bias, **{t: BAN for t in banned}})
+        if sampling.mirostat:  # its state travels with the row, so a preempted request resumes it
+            sampling = replace(sampling, mirostat_mu=request.output.mirostat_mu)
         return sampling
 
     def mask(self, request: Request):
@@ -145,6 +147,8 @@ class OutputProcessor:
             return Ending("error", error=f"the grammar refused token {token}: {state.matcher.get_error()}")
         request.output_ids.append(token)
         state.pending_ids.append(token)
+        if sampled.mirostat_mu is not None:
+            state.mirostat_mu = sampled.mirostat_mu
         if p.sampling.logprobs is not None:
             state.pending_logprobs.append((token, sampled.logprob, sampled.top_logprobs))
         self.stats.token(request, now)

@@ -111,6 +111,7 @@ class OutputState:
     pending_logprobs: list = field(default_factory=list)
     pending_prompt_logprobs: list = field(default_factory=list)
     embedding: object = None  # what an embedding request produced, for its final frame
+    mirostat_mu: float | None = None  # mirostat's state after the tokens so far (None: none drawn yet)
     first_token_at: float | None = None
     last_token_at: float | None = None
 

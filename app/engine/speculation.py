@@ -139,10 +139,12 @@ class Speculation:
         model's, which the runner makes (Row.draft_limit). They take blocks free now (a guess
         never preempts) within spare, the step's tokens left. A grammar's row guesses by lookup
         only (the engine masks each position). Not for a row fed ahead, one under a thinking
-        budget or penalties, or one whose stop tokens min_tokens still bans."""
+        budget, penalties or mirostat (one mu a step), or one whose stop tokens min_tokens
+        still bans."""
         for request, row in planned:
             p = request.params
-            if (spare <= 0 or row.token_ids[0] == AHEAD or p.sampling.penalized or len(request.output_ids) < p.min_tokens
+            if (spare <= 0 or row.token_ids[0] == AHEAD or p.sampling.penalized or p.sampling.mirostat
+                    or len(request.output_ids) < p.min_tokens
                     or request.constrained and not (self.lookup and p.thinking is None)):
                 continue
             count = self.allowance(request, min(spare, request.max_tokens - len(request.output_ids) - 1))

@@ -42,7 +42,7 @@ UNSUPPORTED = {
 # vLLM's and llama-server's samplers and sampling switches that Spool does not implement yet,
 # each with the values that leave it off (a request that sends those passes)
 UNSUPPORTED_SAMPLERS = {
-    "mirostat": (0,), "mirostat_tau": None, "mirostat_eta": None, "samplers": None,
+    "samplers": None,
     "use_beam_search": (), "length_penalty": (1,), "truncate_prompt_tokens": (), "logits_processors": (),
     "lora": (), "n_probs": (0,), "min_keep": (0,), "repeat_penalty": (1,),
 }
@@ -82,6 +82,9 @@ class SamplingFields(BaseModel):
     dry_allowed_length: int | None = None
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
+    mirostat: int | None = None  # llama-server's: 2 is mirostat 2; 0 off; 1 is refused
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None

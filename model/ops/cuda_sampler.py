@@ -11,7 +11,7 @@ What crosses to the device per step is small host data (each row's parameters, u
 bias entries); what comes back is the sampled ids, and logprobs only when a row asks.
 
 A row that asks for a sampler the kernels do not do (SamplingParams.extended: typical-p,
-dynamic temperature, XTC, DRY, allowed_token_ids, bad_words, a penalty window) is drawn on the host
+dynamic temperature, XTC, DRY, mirostat 2, allowed_token_ids, bad_words, a penalty window) is drawn on the host
 by the NumPy reference (numpy_sampling.sample_rows) from its downloaded logits, and its id
 replaces the kernel's; its logprobs (of the raw logits) are the kernel's as for any row.
 """
@@ -109,11 +109,14 @@ class DeviceSampler:
             ops.asarray([p.top_p for p in params], np.float32), ops.asarray([p.min_p for p in params], np.float32),
             ops.asarray([p.top_n_sigma for p in params], np.float32), ops.asarray(uniform, np.float32),
             np.int32(vocab)))
+        mus: list = [None] * rows
         if on_host:
             host_logits = ops.to_host(logits[ops.asarray(on_host, np.int64)])
-            drawn = sample_rows(host_logits, batch.take(on_host)).token_ids
-            drawn[~np.isfinite(host_logits).any(axis=1)] = -1  # no finite logit: no token, as the kernel's
-            ids[ops.asarray(on_host, np.int64)] = ops.asarray(drawn, np.int32)
+            drawn = sample_rows(host_logits, batch.take(on_host))
+            drawn.token_ids[~np.isfinite(host_logits).any(axis=1)] = -1  # no finite logit: no token, as the kernel's
+            ids[ops.asarray(on_host, np.int64)] = ops.asarray(drawn.token_ids, np.int32)
+            for i, r in enumerate(on_host):
+                mus[r] = drawn.mirostat_mu[i]
         if (count_rows >= 0).any():
             ops.kernel("penalties.cu", "count_tokens")((-(-rows // 32),), (32,), (
                 self.counts, device_rows, ids, np.int32(rows), np.int32(vocab)))
@@ -124,7 +127,7 @@ class DeviceSampler:
             for k in keys:
                 self.release(k)
         logprobs, top = self._logprobs(logits, ids, [p.logprobs for p in params])
-        return SampleResult(ids, logprobs, top)
+        return SampleResult(ids, logprobs, top, mus)
 
     def score(self, logits, token_ids, top: int) -> Scored:
         """NumpyOps.score's contract on device logits: the logprobs kernel, and each rank

@@ -55,15 +55,17 @@ def sample(logits: np.ndarray, batch: SampleBatch, fallback) -> SampleResult:
     token_ids = np.empty(len(batch), dtype=np.int64)
     logprobs: list = [None] * len(batch)
     top: list = [None] * len(batch)
+    mus: list = [None] * len(batch)
     rest = sorted(set(range(len(batch))) - set(easy))
     if rest:
         got = fallback(logits[rest], batch.take(rest))
         for i, r in enumerate(rest):
             token_ids[r], logprobs[r], top[r] = got.token_ids[i], got.logprobs[i], got.top_logprobs[i]
+            mus[r] = got.mirostat_mu[i] if got.mirostat_mu else None
     u = np.array([batch.uniform(r) for r in easy])
     out = np.empty(len(easy), dtype=np.int64)
     rows = np.array(easy, dtype=np.int64)
     _draw(len(easy) * logits.shape[1], logits, np.array([batch.params[r].temperature for r in easy], dtype=np.float32),
           u, rows, out)
     token_ids[rows] = out
-    return SampleResult(token_ids, logprobs, top)
+    return SampleResult(token_ids, logprobs, top, mus)

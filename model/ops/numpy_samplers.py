@@ -79,3 +79,22 @@ def exclude_top_choices(cand: np.ndarray, kept: np.ndarray, p: SamplingParams,
     if above < 2:
         return cand, kept
     return cand[above - 1:], kept[above - 1:] / kept[above - 1:].sum()
+
+
+def mirostat_v2(logits: np.ndarray, p: SamplingParams, u: float) -> tuple[int, float]:
+    """Mirostat 2 (Basu et al.; llama.cpp's mirostat_v2), in place of the truncating filters:
+    at the temperature, only the tokens of surprise -log2 p at most mu (the most likely one at
+    least), renormalised; then mu moves by eta times the error of the drawn token's surprise
+    (under the renormalised distribution) against tau. Returns the token and the new mu."""
+    mu = 2 * p.mirostat_tau if p.mirostat_mu is None else p.mirostat_mu
+    scaled = (logits / np.float32(p.temperature)).astype(np.float64)
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    cand = np.flatnonzero(probs >= 2.0 ** -mu)  # surprise <= mu
+    if not len(cand):
+        cand = np.array([int(np.argmax(probs))])
+    cand = cand[np.lexsort((cand, -probs[cand]))]
+    kept = probs[cand] / probs[cand].sum()
+    cdf = np.cumsum(kept)
+    at = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(kept) - 1)
+    return int(cand[at]), float(mu - p.mirostat_eta * (-np.log2(kept[at]) - p.mirostat_tau))

@@ -5,8 +5,8 @@ NumpyOps.sample runs it; the CPU's numba sampler and the CUDA kernels are held t
 
 import numpy as np
 
-from model.ops.numpy_samplers import dynamic_temperature, exclude_top_choices, locally_typical, penalty_window, \
-    restrict
+from model.ops.numpy_samplers import dynamic_temperature, exclude_top_choices, locally_typical, mirostat_v2, \
+    penalty_window, restrict
 from model.ops.numpy_dry import apply_dry
 from model.ops.protocol import SampleBatch, SampleResult
 from model.sampling import SamplingParams, allowed_tokens
@@ -16,10 +16,12 @@ SAMPLING_CANDIDATES = 256
 
 
 def sample_rows(logits: np.ndarray, batch: SampleBatch) -> SampleResult:
-    """NumpyOps.sample: one token per row of host logits (rows, vocab), each row on its own."""
+    """NumpyOps.sample: one token per row of host logits (rows, vocab), each row on its own;
+    a mirostat row's new mu comes back beside its token."""
     token_ids = np.empty(len(batch), dtype=np.int64)
     logprobs: list = [None] * len(batch)
     top: list = [None] * len(batch)
+    mus: list = [None] * len(batch)  # a greedy mirostat row keeps its mu
     for r, p in enumerate(batch.params):
         row = logits[r]
         mask = batch.mask(r)
@@ -33,12 +35,17 @@ def sample_rows(logits: np.ndarray, batch: SampleBatch) -> SampleResult:
             apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
             apply_dry(row, p, batch.prompts[r], batch.outputs[r])
             restrict(row, p, batch.outputs[r])
-        token_ids[r] = int(np.argmax(row)) if p.greedy else pick(row, p, batch.uniform(r), batch.coin(r))
+        if p.greedy:
+            token_ids[r] = int(np.argmax(row))
+        elif p.mirostat == 2:
+            token_ids[r], mus[r] = mirostat_v2(row, p, batch.uniform(r))
+        else:
+            token_ids[r] = pick(row, p, batch.uniform(r), batch.coin(r))
         if p.logprobs is not None:
             lsm = log_softmax(logits[r])
             logprobs[r] = float(lsm[token_ids[r]])
             top[r] = most_likely(lsm, p.logprobs)
-    return SampleResult(token_ids, logprobs, top)
+    return SampleResult(token_ids, logprobs, top, mus)
 
 
 def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids, output_ids) -> None:

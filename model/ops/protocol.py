@@ -76,6 +76,7 @@ class SampleResult:
     token_ids: Any  # (rows,) integer ids on the ops' device: to_host or download them
     logprobs: list[float | None]  # of the raw distribution (before mask, penalties, temperature); None: not asked
     top_logprobs: list[list[tuple[int, float]] | None]  # (token id, logprob), most likely first
+    mirostat_mu: list[float | None] | None = None  # a mirostat row's mu after its draw, for the engine to keep
 
 
 @dataclass
