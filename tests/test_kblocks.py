@@ -11,15 +11,16 @@ from model.quant import kblocks
 from model.quant.kquants import quantize
 from model.quant.matmul import matmul
 from model.quant.blocks import pack_iq4_nl
-from model.quant.strips import (IQ4_NLStrips, IQ4_XSStrips, Q3_KStrips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips,
-                                Q5_KStrips, Q6_KStrips)
+from model.quant.strips import (IQ4_NLStrips, IQ4_XSStrips, Q2_KStrips, Q3_KStrips, Q4_1Strips, Q4_KStrips,
+                                Q5_0Strips, Q5_1Strips, Q5_KStrips, Q6_KStrips)
 
 T = gguf.GGMLQuantizationType
 PACKERS = {T.Q4_K: (kblocks.pack_q4_k, Q4_KStrips), T.Q5_0: (kblocks.pack_q5_0, Q5_0Strips),
            T.Q5_1: (kblocks.pack_q5_1, Q5_1Strips), T.Q5_K: (kblocks.pack_q5_k, Q5_KStrips),
-           T.Q6_K: (kblocks.pack_q6_k, Q6_KStrips), T.Q3_K: (kblocks.pack_q3_k, Q3_KStrips),
+           T.Q6_K: (kblocks.pack_q6_k, Q6_KStrips), T.Q2_K: (kblocks.pack_q2_k, Q2_KStrips),
+           T.Q3_K: (kblocks.pack_q3_k, Q3_KStrips),
            T.IQ4_NL: (pack_iq4_nl, IQ4_NLStrips), T.IQ4_XS: (kblocks.pack_iq4_xs, IQ4_XSStrips)}
-SCALE_AT = {T.Q3_K: 108, T.IQ4_NL: 0, T.IQ4_XS: 0}  # where a block's float16 d is, for types Spool does not write
+SCALE_AT = {T.Q2_K: 80, T.Q3_K: 108, T.IQ4_NL: 0, T.IQ4_XS: 0}  # where a block's float16 d is, for types Spool does not write
 
 
 def gguf_weight(qtype, rows: int, columns: int, seed: int = 0) -> np.ndarray:
@@ -36,6 +37,8 @@ def gguf_weight(qtype, rows: int, columns: int, seed: int = 0) -> np.ndarray:
         if rows >= 3:
             d[rows // 2] = 0
         data[..., SCALE_AT[qtype]:SCALE_AT[qtype] + 2] = d.view(np.uint8).reshape(rows, -1, 2)
+        if qtype == T.Q2_K:  # and dmin
+            data[..., 82:84] = (d * np.float16(0.7)).view(np.uint8).reshape(rows, -1, 2)
         return data.reshape(rows, -1)
     w = rng.standard_normal((rows, columns), dtype=np.float32) * magnitudes
     if rows >= 3:
@@ -58,10 +61,10 @@ def test_packed_blocks_read_back_bit_for_bit(qtype, rows, columns):
 
 
 @pytest.mark.parametrize("qtype, bits", [(T.Q4_K, 4.625), (T.Q5_0, 5.5), (T.Q5_1, 6), (T.Q5_K, 5.625),
-                                         (T.Q6_K, 6.625), (T.Q3_K, 4.625), (T.IQ4_NL, 4.5), (T.IQ4_XS, 4.3125)],
+                                         (T.Q6_K, 6.625), (T.Q2_K, 5.25), (T.Q3_K, 4.625), (T.IQ4_NL, 4.5), (T.IQ4_XS, 4.3125)],
                          ids=lambda v: getattr(v, "name", str(v)))
 def test_bits_a_weight_the_kernels_read(qtype, bits):
-    """Values and factors, against the file's 4.5, 5.5, 6, 5.5, 6.5625, 3.4375, 4.5 and 4.25."""
+    """Values and factors, against the file's 4.5, 5.5, 6, 5.5, 6.5625, 2.625, 3.4375, 4.5 and 4.25."""
     assert 8 * packed(qtype, 32, 512).nbytes / (32 * 512) == bits
 
 

@@ -169,6 +169,7 @@ PACKERS: dict[str, Callable[[np.ndarray, int], Strips | None]] = {
     "q5_k": kblocks.pack_q5_k,
     "q6_k": kblocks.pack_q6_k,
     "mxfp4": pack_mxfp4,
+    "q2_k": kblocks.pack_q2_k,
     "q3_k": kblocks.pack_q3_k,
     "iq4_nl": pack_iq4_nl,
     "iq4_xs": kblocks.pack_iq4_xs,

@@ -107,7 +107,8 @@ def _strip_dot(typingctx, q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 
     rows with AMX, tiles.products: every block's into sums before the float work begins, the
     weights as _unpack_strip left them in lines); each sum scaled by the
     weight and activation scales into 16 float lanes, in line order; with MINIMA, each row's
-    minimum times the block's activation sum (xs) added last."""
+    minimum times the block's activation sum (xs) added last, with two scales each half's
+    minimum times its half's (xsum, scaled)."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(tile, types.IntegerLiteral):
         return None
     weights, rows = SCHEMES[kind.literal_value], tile.literal_value
@@ -160,7 +161,8 @@ def _strip_dot(typingctx, q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 
             factor_row = builder.udiv(b, ir.Constant(i64, SUPER_BLOCKS)) if weights.SUB_SCALES else b
             factors = builder.gep(qs_strip, [builder.mul(factor_row, ir.Constant(i64, factors_per_block))])
             group_scales = [block_factors(lines, factors, STRIP * group) for group in range(scales)]
-            minima = block_factors(lines, factors, STRIP * scales) if weights.MINIMA else None
+            minima = [block_factors(lines, factors, STRIP * (scales + group))
+                      for group in range(scales)] if weights.MINIMA else None
             for row, (x_row, xs_row, xsum_row, acc) in enumerate(zip(x_rows, xs_rows, xsum_rows, accs)):
                 quads = builder.bitcast(builder.gep(x_row, [builder.mul(b, ir.Constant(i64, BLOCK))]),
                                         quad_type.as_pointer())
@@ -185,10 +187,14 @@ def _strip_dot(typingctx, q, s, lines, sums, xq, t, qs, xs, xsum, out, o, kind, 
                                            for line in group_lines], x_sum, weights)
                     part = builder.fmul(builder.sitofp(ints, floats16), builder.fmul(group_scales[group], x_scale))
                     block = part if block is None else builder.fadd(block, part)
-                if weights.MINIMA:
+                if weights.MINIMA and scales == 1:
                     at = builder.gep(xs_row, [builder.add(builder.mul(b, ir.Constant(i64, 2)), ir.Constant(i64, 1))])
                     scaled_sum = splat(builder, builder.load(at), floats16)
-                    block = builder.fadd(block, builder.fmul(minima, scaled_sum))
+                    block = builder.fadd(block, builder.fmul(minima[0], scaled_sum))
+                elif weights.MINIMA:  # a minimum per scale: each times its half's activation sum
+                    for group, half in enumerate(halves):
+                        scaled_sum = builder.fmul(builder.sitofp(splat(builder, half, INTS16), floats16), x_scale)
+                        block = builder.fadd(block, builder.fmul(minima[group], scaled_sum))
                 builder.store(builder.fadd(builder.load(acc), block), acc)
         for u, acc in zip(ts, accs):
             dest = builder.gep(out_arr.data, [builder.add(builder.mul(u, width), builder.mul(o, ir.Constant(i64, 16)))])

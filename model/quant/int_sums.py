@@ -55,8 +55,8 @@ def group_sum(builder, line_weights: list[ir.Value], quads: list[ir.Value], x_su
     int16 as one int64); x_sum is the quads' activation sum (None without ZERO), ZERO's part
     taken off at once. For int8: vpdpbusd where the target has VNNI, a register at a time; else
     on AVX2 or AVX-512BW, pmaddubsw (pair sums in int16) then pmaddwd by ones: the nibble schemes'
-    unsigned weights as they are (2 x 63 x 127 cannot saturate), Q8_0's as the signed bytes they
-    stand for, their magnitudes times the activations with the weights' signs (llama.cpp's
+    unsigned weights as they are (2 x 63 x 127 cannot saturate), Q8_0's (and IQ4's levels) as the
+    signed bytes they stand for, their magnitudes times the activations with the weights' signs (llama.cpp's
     trick: 2 x 128 x 127 cannot either); on ARM with the dot product, sdot (_sdot_sums).
     Otherwise, and for int16, the same integers through int16 pair sums in plain IR."""
     quad_bits = quads[0].type.width

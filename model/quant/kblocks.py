@@ -1,5 +1,5 @@
 """GGUF's K-quant, 5-bit and IQ4_XS tensors into strips as they are, nothing rounded again:
-Q3_K into Q3_KStrips, Q4_K into Q4_KStrips, Q5_0 into Q5_0Strips, Q5_1 into Q5_1Strips, Q5_K
+Q2_K into Q2_KStrips, Q3_K into Q3_KStrips, Q4_K into Q4_KStrips, Q5_0 into Q5_0Strips, Q5_1 into Q5_1Strips, Q5_K
 into Q5_KStrips, Q6_K into Q6_KStrips, IQ4_XS into IQ4_XSStrips.
 
 Each packer reads the tensor's bytes (rows, row_bytes), row r being weight row r, as gguf-py's
@@ -12,8 +12,8 @@ import numpy as np
 from numba import njit, prange
 
 from model.errors import ModelError
-from model.quant.strips import (BLOCK, LINE_BYTES, NIBBLE_BYTES, QUAD, STRIP, IQ4_XSStrips, Q3_KStrips, Q4_KStrips,
-                                 Q5_0Strips, Q5_1Strips, Q5_KStrips, Q6_KStrips, Strips)
+from model.quant.strips import (BLOCK, LINE_BYTES, NIBBLE_BYTES, QUAD, STRIP, IQ4_XSStrips, Q2_KStrips, Q3_KStrips,
+                                 Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips, Q6_KStrips, Strips)
 
 QK_K = 256  # weights per K-quant super-block
 SUB_BLOCKS = QK_K // BLOCK
@@ -132,6 +132,29 @@ def _pack_q6_k(blocks, q, factors, rows, ints_at):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def _pack_q2_k(blocks, q, factors, rows, ints_at):
+    """Q2_K (84 bytes: scales[16], qs[64], d, dmin): weight w = 32k + i of a super-block has bits
+    2c, 2c + 1 of qs[32 (k // 4) + i] (c = k % 4); sub-block j's (16 weights) scale the low
+    nibble of scales[j], its minimum the high one; d for a block's two scales, -dmin for its
+    two minima."""
+    for s in prange(q.shape[0]):
+        for r in range(min(STRIP, rows - s * STRIP)):
+            data = blocks[s * STRIP + r]
+            for sb in range(q.shape[1] // SUB_BLOCKS):
+                at = sb * 84
+                d, minus_dmin = _half(data[at + 80], data[at + 81]), _half(data[at + 82], data[at + 83]) ^ NEGATIVE
+                for half in range(2):
+                    factors[s, sb, half * STRIP + r], factors[s, sb, (2 + half) * STRIP + r] = d, minus_dmin
+                for k in range(SUB_BLOCKS):
+                    b = sb * SUB_BLOCKS + k
+                    for half in range(2):
+                        q[s, b, ints_at + half * STRIP + r] = data[at + 2 * k + half] & 15
+                        q[s, b, ints_at + (2 + half) * STRIP + r] = data[at + 2 * k + half] >> 4
+                    for i in range(BLOCK):
+                        put(q, s, b, r, i, (data[at + 16 + 32 * (k // 4) + i] >> (2 * (k % 4))) & 3, 0)
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def _pack_q3_k(blocks, q, factors, rows, ints_at):
     """Q3_K (110 bytes: hmask[32], qs[64], scales[12], d): weight w = 32k + i of a super-block
     (h = k // 4, c = k % 4) has low bits bits 2c, 2c + 1 of qs[32h + i] and third bit bit k of
@@ -197,6 +220,13 @@ def pack_q5_k(blocks: np.ndarray, columns: int) -> Q5_KStrips:
     strips = _strips(Q5_KStrips, "Q5_K", blocks, columns, QK_K, 176)
     _pack_affine_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, 176, 1,
                    Q5_KStrips.BLOCK_BYTES - Q5_KStrips.FACTORS)
+    return strips
+
+
+def pack_q2_k(blocks: np.ndarray, columns: int) -> Q2_KStrips:
+    strips = _strips(Q2_KStrips, "Q2_K", blocks, columns, QK_K, 84)
+    _pack_q2_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows,
+               Q2_KStrips.BLOCK_BYTES - Q2_KStrips.FACTORS)
     return strips
 
 

@@ -24,7 +24,7 @@ mask of one vector, as its nibbles are (bit planes, a 64-lane mask per line, too
 of the nibbles on AVX-512). A weight is scale x (value - ZERO), plus the row's minimum where the
 scheme has MINIMA; with SCALES = 2, lines 0-3 (weights 0-15 of the block) and lines 4-7 have a
 scale each (Q6_K's sub-blocks of 16). Factors per (strip, block): the 16 rows' scales (twice
-with SCALES = 2), then their minima.
+with SCALES = 2), then their minima (twice with SCALES = 2: Q2_K's).
 
 With SUB_SCALES (the K-quants' compact form) those factors are the file's integers, a byte
 each (int8 where SIGNED, Q6_K's), at the end of q's (strip, block), and the float16 factors are
@@ -70,7 +70,7 @@ class Strips:
     ZERO: ClassVar[int] = 0  # subtracted from every value
     SIGNED_VALUES: ClassVar[bool] = False  # values int8, stored as bytes plus 128 (ZERO = 128)
     SCALES: ClassVar[int] = 1  # scales per (row, block): 2 for a scale per 16 weights
-    MINIMA: ClassVar[bool] = False  # a minimum per (row, block) added
+    MINIMA: ClassVar[bool] = False  # a minimum per (row, block) added, or per scale with SCALES = 2
     SUB_SCALES: ClassVar[bool] = False  # factors as 8-bit integers in q under float16 per 256 weights
     SIGNED: ClassVar[bool] = False  # those integers int8 (else uint8)
     LEVELS: ClassVar[tuple[int, ...] | None] = None  # the byte each 4-bit code stands for, where nibbles are codes
@@ -79,7 +79,7 @@ class Strips:
     FACTORS: ClassVar[int]  # float16 factors per (strip, block)
 
     def __init_subclass__(cls):
-        cls.FACTORS = STRIP * (cls.SCALES + cls.MINIMA)
+        cls.FACTORS = STRIP * cls.SCALES * (1 + cls.MINIMA)
         cls.BLOCK_BYTES = ((NIBBLE_BYTES + cls.HIGH_BITS * HIGH_BYTES if cls.NIBBLES else STRIP * BLOCK)
                            + (cls.SUB_SCALES or cls.EXPONENTS) * cls.FACTORS)
 
@@ -121,7 +121,7 @@ class Strips:
         scales = factors[..., np.arange(LINES) * self.SCALES // LINES]  # (rows, blocks, line)
         out = values * scales[..., None]
         if self.MINIMA:
-            out = out + factors[..., self.SCALES][..., None, None]
+            out = out + factors[..., self.SCALES + np.arange(LINES) * self.SCALES // LINES][..., None]
         return out.reshape(len(index), blocks * BLOCK).astype(np.float32)
 
     def block_factors(self) -> np.ndarray:
@@ -213,6 +213,14 @@ class MXFP4Strips(Strips):
     LEVELS = tuple(12 + level for level in (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12))
 
 
+class Q2_KStrips(Strips):
+    """Q2_K (d x sc x q - dmin x m, q in 0..3, a 4-bit sc and m per 16 weights): the two bits in
+    the nibble plane, a scale and a minimum per 16 as integers under d and -dmin per 256. 5.25
+    bits a weight against the file's 2.625; Q8_0 would be 8.5."""
+
+    kind, NIBBLES, SCALES, MINIMA, SUB_SCALES = "q2_k", True, 2, True, True
+
+
 class Q3_KStrips(Strips):
     """Q3_K (d x sc x (q - 4), q in 0..7, one 6-bit signed sc per 16 weights): Q6_K's form with
     the three bits in the nibble plane, no high bits. 4.625 bits a weight against the file's
@@ -226,10 +234,11 @@ IQ4_NL_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69
 
 class IQ4_NLStrips(Strips):
     """IQ4_NL (d x level, 32 4-bit codes of a non-linear table a block): the codes' nibble plane,
-    the levels held plus 128 as unsigned bytes (the kernels map codes with MXFP4's shuffle),
-    the scales as factors: 4.5 bits a weight, the file's."""
+    each level (int8) held as Q8_0's values are, plus 128 (the kernels map codes with MXFP4's
+    shuffle, then take the bytes as Q8_0's: levels past 63 would saturate pmaddubsw), the
+    scales as factors: 4.5 bits a weight, the file's."""
 
-    kind, NIBBLES, ZERO = "iq4_nl", True, 128
+    kind, NIBBLES, ZERO, SIGNED_VALUES = "iq4_nl", True, 128, True
     LEVELS = tuple(128 + level for level in IQ4_NL_LEVELS)
 
 
@@ -241,5 +250,6 @@ class IQ4_XSStrips(IQ4_NLStrips):
 
 
 SCHEMES = {weights.kind: weights for weights in (Q8_0Strips, Q4_1Strips, Q4_KStrips, Q5_0Strips, Q5_1Strips, Q5_KStrips,
-                                                 Q6_KStrips, MXFP4Strips, Q3_KStrips, IQ4_NLStrips, IQ4_XSStrips)}
+                                                 Q6_KStrips, MXFP4Strips, Q2_KStrips, Q3_KStrips, IQ4_NLStrips,
+                                                 IQ4_XSStrips)}
 
