@@ -43,8 +43,10 @@ def blas_info() -> str:
         return f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}"
 
 
-def copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
-    """Bytes per second np.copyto moves (each byte read once and written once), the best of repeats."""
+def copy_bandwidth(nbytes: int = 128 << 20, repeats: int = 5) -> float:
+    """Bytes per second np.copyto moves (each byte read once and written once), the best of repeats.
+    Run before the model loads, its buffers freed, so that a peak RSS measured around this
+    tool is the model's (they are far larger than any cache, and far smaller than a model)."""
     src, dst = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
     best = float("inf")
     for _ in range(repeats):
@@ -125,13 +127,14 @@ def main() -> None:
     ids = ids * -(-args.prompt_tokens // len(ids))  # a long prompt repeats the text
     batches = [int(b) for b in args.batches.split(",") if b]
     need = max([*batches, 0]) * -(-(args.context + args.steps + 1) // 16) + 64 + args.prompt_tokens // 16
+    bandwidth = copy_bandwidth()
     backend = resolve(args.backend, args.dtype)
     model = backend.load(model_dir)
     runner = ModelRunner(model.config, model, num_blocks=need, seed=0, state_slots=max([*batches, 0]) + 1)
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, {blas_info()}")
     print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), context {args.context} per decode row")
-    reads, bandwidth = bytes_per_token(runner.model), copy_bandwidth()
+    reads = bytes_per_token(runner.model)
     print(f"# a decode token reads {reads / 2**20:.0f} MiB of weights; memory copy {bandwidth / 1e9:.1f} GB/s,"
           f" so batch 1 at most {bandwidth / reads:.1f} tok/s")
     print("| measurement | tok/s | ms/step |")
