@@ -7,7 +7,7 @@ batch 1, 8, 32 and 64 (no scheduler, no HTTP).
 Each decode row has its own prompt of --context tokens already in the cache, so attention reads
 real K/V. Times are the median over repeats after one warm-up step. The header gives the bytes a
 decode token reads (every weight but the embedding table, which only the tied LM head reads
-whole) and this machine's memory-copy bandwidth (NumPy copying 512 MiB, read plus write), so
+whole) and this machine's memory-copy bandwidth (NumPy copying 128 MiB, read plus write), so
 batch 1 can be read as a share of the speed the bandwidth allows.
 """
 

@@ -1,0 +1,80 @@
+"""Perplexity of a model on a text, measured as llama.cpp's llama-perplexity measures it: the
+text's tokens cut into windows of --ctx, each read as one prompt from an empty cache, and the
+second half of each window scored, so that every scored token has at least ctx / 2 before it.
+Prints exp(mean negative log-likelihood) with its standard error over the scored tokens.
+
+    python tools/perplexity.py [--model DIR|FILE.gguf] [--dtype auto|float32|q8_0] [--ctx 512] [--text FILE]
+
+The default text is Python's reference chapter on compound statements (prose with some code,
+shipped with Python, as tests/test_q8.py reads it). Comparing two runs on one text is what the
+figure is for: a quantization's cost against float32, one GGUF type against another.
+"""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import model  # noqa: E402, F401  (first: it sets the thread pools' environment before NumPy loads)
+import numpy as np  # noqa: E402
+
+from model.backend import resolve  # noqa: E402
+from model.default import resolve_model  # noqa: E402
+from model.runner import ModelRunner, Row, StepPlan  # noqa: E402
+
+
+def window_logprobs(runner: ModelRunner, window: list[int]) -> np.ndarray:
+    """The log-probability of each of window's tokens after the first, given those before it:
+    the window as one prompt whose tokens are scored (a prompt_logprobs row)."""
+    table = list(range(runner.num_blocks))
+    row = Row("window", window[:-1], 0, table, prompt_ids=window, prompt_logprobs=0)
+    logits = np.asarray(runner.ops.to_host(runner.logits(StepPlan([row]))), dtype=np.float64)
+    top = logits.max(axis=1, keepdims=True)
+    normalizer = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+    return logits[np.arange(len(window) - 1), window[1:]] - normalizer
+
+
+def perplexity(runner: ModelRunner, ids: list[int], ctx: int) -> tuple[float, float, int]:
+    """(perplexity, its standard error, tokens scored) over every whole window of ctx tokens."""
+    scored = []
+    for start in range(0, len(ids) - ctx + 1, ctx):
+        scored.append(window_logprobs(runner, ids[start:start + ctx])[ctx // 2 - 1:])
+    nll = -np.concatenate(scored)
+    mean, error = nll.mean(), nll.std(ddof=1) / math.sqrt(len(nll))
+    return float(np.exp(mean)), float(np.exp(mean) * error), len(nll)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--backend", default="cpu", choices=("cpu", "numpy"))
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "q8_0"), help="weights on --backend cpu")
+    parser.add_argument("--ctx", type=int, default=512, help="tokens a window holds (default: 512)")
+    parser.add_argument("--text", default=None, help="a UTF-8 text file (default: Python's 'compound' chapter)")
+    args = parser.parse_args()
+    if args.ctx < 4 or args.ctx % 2:
+        parser.error("--ctx must be an even number of at least 4")
+
+    from model.tokenizer import Tokenizer
+
+    if args.text:
+        text = Path(args.text).read_text(encoding="utf-8")
+    else:
+        from pydoc_data.topics import topics
+        text = topics["compound"]
+    model_dir = resolve_model(args.model)
+    ids = Tokenizer(model_dir).encode(text)
+    if len(ids) < args.ctx:
+        parser.error(f"the text is {len(ids)} tokens, less than one window of --ctx {args.ctx}")
+    backend = resolve(args.backend, args.dtype)
+    loaded = backend.load(model_dir)
+    runner = ModelRunner(loaded.config, loaded, num_blocks=-(-args.ctx // 16) + 1, seed=0)
+    value, error, count = perplexity(runner, ids, args.ctx)
+    print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), {len(ids)} tokens, windows of {args.ctx}")
+    print(f"perplexity {value:.4f} +/- {error:.4f} over {count} tokens")
+
+
+if __name__ == "__main__":
+    main()
