@@ -1,8 +1,8 @@
 """The NumPy reference of the samplers beyond the kernels' (model/sampling.py SamplingParams.extended):
 vLLM's allowed_token_ids and bad_words, and llama.cpp's dynamic temperature, locally typical
 sampling and XTC, each as llama.cpp (or vLLM) defines it. numpy_sampling.pick calls them in
-llama.cpp's order: temperature first (Spool's order, as vLLM's), then top-k, typical, top-p,
-min-p and top-nσ, XTC last.
+Spool's order, vLLM's: temperature first (llama-server's default chain applies it last), then
+top-k, typical, top-p, min-p and top-nσ, XTC last.
 
 The kept candidates travel as (ids, probabilities): ids in the canonical order (probability
 descending, then id), probabilities renormalised over them.
