@@ -134,16 +134,22 @@ class BlockParser(CallStream):
         if end is None:
             return False
         block, self.pending, self.inside = self.pending[:end], self.pending[end:], False
-        calls = self.fmt.read(block.removesuffix(self.fmt.closer) if self.fmt.closer else block, self.properties)
-        if calls is None:
-            self.content += self.fmt.opener + block
-        for name, arguments in calls or ():
-            self.open_call(name, json.dumps(arguments, ensure_ascii=False))
+        release(self, self.fmt, block, self.properties)
         return True
 
     def finish(self) -> str:
         rest, self.pending = self.pending, ""
         return self.fmt.opener + rest if self.inside else rest
+
+
+def release(stream: CallStream, fmt: BlockFormat, block: str, properties: dict[str, dict]) -> None:
+    """A whole block (up to its closer) onto stream: its calls, or the block as content where it
+    is not calls."""
+    calls = fmt.read(block.removesuffix(fmt.closer) if fmt.closer else block, properties)
+    if calls is None:
+        stream.content += fmt.opener + block
+    for name, arguments in calls or ():
+        stream.open_call(name, json.dumps(arguments, ensure_ascii=False))
 
 
 def named_calls(value, name_key: str = "name", arguments_key: str = "arguments") -> list[tuple[str, dict]] | None:

@@ -9,20 +9,52 @@ often within a block:
     </minimax:tool_call>
 
 A value is typed by the tool's schema, or, where the tag says string="true" or "false" (DSML),
-by that.
+by that. A call's arguments stream a parameter at a time (keyed.py).
 """
 
 import json
 import re
+from functools import cached_property
 
-from app.server.tools.blocks import BlockFormat, bare_value, json_value
+from app.server.tools.blocks import bare_value, json_value
+from app.server.tools.keyed import WAIT, KeyedFormat, tag_at
 
 
-class InvokeXml(BlockFormat):
+class InvokeXml(KeyedFormat):
     prefix = ""  # before each tag's name (DSML's ｜DSML｜)
     invoke, parameter = "invoke", "parameter"
     string_attribute = False  # whether each parameter says string="true" or "false"
     wrapped = True  # the invocations are within a block (opener, closer); else each is one
+
+    @property
+    def call_close_text(self) -> str:
+        return self.end(self.invoke) if self.wrapped else self.closer
+
+    @cached_property
+    def _call(self) -> re.Pattern:
+        """A call's start: its invoke tag, or without a block, the name after the opener."""
+        if self.wrapped:
+            return re.compile(rf'\s*{re.escape(self.tag(self.invoke))} name="([^"]+)">')
+        return re.compile(r'([^"<>\n]+)">')
+
+    @cached_property
+    def _parameter(self) -> re.Pattern:
+        return re.compile(rf'\s*{re.escape(self.tag(self.parameter))} name="([^"]+)"(?: string="(true|false)")?>'
+                          rf"(.*?){re.escape(self.end(self.parameter))}", re.S)
+
+    def starts_call(self, text):
+        if self.wrapped:
+            found = tag_at(text, self._call, (self.tag(self.invoke),))
+        else:
+            found = self._call.match(text) or (WAIT if re.fullmatch(r'[^"<>\n]*"?', text) else None)
+        return found if found in (None, WAIT) else (found.group(1), found.end())
+
+    def next_parameter(self, text, schemas):
+        found = tag_at(text, self._parameter, (self.tag(self.parameter),))
+        if found in (None, WAIT):
+            return found
+        key, kind, raw = found.groups()
+        return key, self.value(raw.strip("\n"), kind, schemas.get(key, {})), found.end()
 
     def tag(self, name: str) -> str:
         return f"<{self.prefix}{name}"
