@@ -36,7 +36,7 @@ def streamed(fmt, pieces: list[str]) -> tuple[str, list[dict], list]:
 
 
 def test_the_keyed_formats_are_those_that_write_a_parameter_at_a_time():
-    assert {"minimax_m2", "deepseek_v32", "deepseek_v4", "glimmer", "minicpm", "glm45", "glm47"} <= set(KEYED)
+    assert {"minimax_m2", "deepseek_v32", "deepseek_v4", "glimmer", "minicpm", "glm45", "glm47", "gemma4"} <= set(KEYED)
 
 
 @pytest.mark.parametrize("name", KEYED)

@@ -2,14 +2,20 @@
 tokens, anything else as it is spelled:
 
     <|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>
+
+A call's arguments stream a parameter at a time (keyed.py).
 """
 
 import json
+import re
 
 from app.server.tools.base import json_lark
-from app.server.tools.blocks import BlockFormat, json_value
+from app.server.tools.blocks import json_value
+from app.server.tools.keyed import WAIT, KeyedFormat
 
 OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+CALL = re.compile(r"call:([^{\s<]+)\{")
+KEY = re.compile(r"\s*,?\s*([^:{}\s,<]+):")
 
 
 def gemma(value) -> str:
@@ -33,6 +39,8 @@ def read_value(text: str, at: int):
         pairs, closing, at = text[at] == "{", "}" if text[at] == "{" else "]", at + 1
         out = {} if pairs else []
         while not text.startswith(closing, at):
+            if at >= len(text):
+                raise ValueError("the value is not closed")
             if pairs:
                 colon = text.index(":", at)
                 key, (value, at) = text[at:colon].strip().strip('"'), read_value(text, colon + 1)
@@ -48,10 +56,30 @@ def read_value(text: str, at: int):
     return (word if value is None and word != "null" else value), end
 
 
-class Gemma4(BlockFormat):
+class Gemma4(KeyedFormat):
     name = "gemma4"
     opener, closer = OPEN, CLOSE
     markers = (OPEN, CLOSE, QUOTE)
+    call_close_text = "}" + CLOSE
+
+    def starts_call(self, text):
+        found = CALL.match(text)
+        if found:
+            return found.group(1), found.end()
+        return WAIT if "call:".startswith(text) or re.fullmatch(r"call:[^{\s<]*", text) else None
+
+    def next_parameter(self, text, schemas):
+        """A key and its value, once what follows the value (a comma, or the call's brace) is written."""
+        found = KEY.match(text)
+        if not found:
+            return WAIT if re.fullmatch(r"\s*,?\s*[^:{}\s,<]*", text) else None
+        try:
+            value, end = read_value(text, found.end())
+        except (ValueError, IndexError):
+            return WAIT  # the value not whole yet (or never: the block's end reads it whole)
+        if end >= len(text) or text[end] not in ",}":
+            return WAIT if end >= len(text) else None
+        return found.group(1), value, end
 
     def value_rule(self, rule, schema, end):
         if schema.get("type") == "string":
@@ -66,12 +94,15 @@ class Gemma4(BlockFormat):
         return f"body: call {self.marker(CLOSE)} {more}\n{call}"
 
     def read(self, body, properties):
-        name, brace, rest = body.strip().removeprefix("call:").partition("{")
+        body = body.strip()
+        found = CALL.match(body)
+        if not found:
+            return None
         try:
-            arguments, end = read_value(brace + rest, 0)
+            arguments, end = read_value(body, found.end() - 1)
         except (ValueError, IndexError):
             return None
-        return [(name.strip(), arguments)] if name.strip() and not (brace + rest)[end:].strip() else None
+        return [(found.group(1), arguments)] if isinstance(arguments, dict) and not body[end:].strip() else None
 
     def write_calls(self, calls):
         return "".join(f"{OPEN}call:{n}{gemma(a)}{CLOSE}" for n, a in calls)

@@ -88,7 +88,7 @@ class KeyedParser(CallStream):
             return False  # a parameter or the call's end not whole yet
         self.add_arguments({"": "{}", "keys": "}", "whole": ""}[self.written])
         self.pending = self.pending[end.end():]
-        self.state = "text" if self.fmt.call_close_text == self.fmt.closer else "call"
+        self.state = "text" if self.fmt.call_close_text.endswith(self.fmt.closer) else "call"
         return True
 
     def whole(self) -> bool:
