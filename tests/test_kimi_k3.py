@@ -145,3 +145,17 @@ def test_the_template_opens_the_thinking_and_the_budget_closes_it(tok):
     budget = reasoning.budget(reasoning.XTML, tok, thinking, 16)
     assert tok.decode(list(budget.end_ids), skip_special_tokens=False) == "<|close|>think<|sep|><|open|>response<|sep|>"
     assert budget.start_ids == () and reasoning.budget(reasoning.XTML, tok, off, 16).start_ids
+
+
+def test_the_reply_reader_streams_a_calls_arguments():
+    properties = {"special_function": NUMBER["function"]["parameters"]["properties"]}
+    reader = XtmlReply("response", KimiK3(), properties)
+    two = ARG1 + ARG1.replace("arg1", "arg2").replace(">1<", ">2<")
+    text = f"On it.<|close|>response<|sep|>{TOOLS}" + CALL1.replace(ARG1, two) + END
+    cut = text.index("arg2")
+    content, chunks = reader.feed(text[:cut])
+    assert content == "On it." and chunks[0]["function"]["name"] == "special_function"
+    assert "".join(c["function"].get("arguments", "") for c in chunks) == '{"arg1": 1'
+    content, more = reader.feed(text[cut:])
+    assert content == "" and reader.finish() == ""
+    assert json.loads(reader.calls[0]["function"]["arguments"]) == {"arg1": 1, "arg2": 2}

@@ -11,19 +11,18 @@ ends the thinking as the model would and opens the response; an output format ap
 response's text.
 """
 
-import json
-
 from app.engine import ThinkingBudget
 from app.server.formats import after
-from app.server.tools.base import CallStream, partial_tag
+from app.server.tools.base import partial_tag
+from app.server.tools.keyed import KeyedParser
 from app.server.tools.kimi_k3 import CLOSE, OPEN, KimiK3, close_tag, open_tag
 
 END_OF_MESSAGE = "<|end_of_msg|>"
 THINK, THOUGHT = open_tag("think"), close_tag("think")
 RESPONSE, RESPONDED = open_tag("response"), close_tag("response")
-TOOLS, CALLED = open_tag("tools"), close_tag("tools")
+TOOLS = open_tag("tools")
 DONE = close_tag("message")
-SECTIONS = {RESPONSE: "response", TOOLS: "tools", DONE: "done"}
+SECTIONS = {RESPONSE: "response", TOOLS: "call", DONE: "done"}  # the state each opens
 
 
 def writes_xtml(template: str) -> bool:
@@ -57,38 +56,32 @@ def after_thought(tokenizer, grammar: str, section: str, tools: bool = False) ->
     return after(f"start: {head}@answer{tail}\nTHOUGHT: /(.|\\n)*/\n", grammar)
 
 
-class XtmlReply(CallStream):
+class XtmlReply(KeyedParser):
     """A reply's sections out of streamed text: the thinking as reasoning (taken by
-    take_reasoning), the response as content, the tools section's calls. Text outside any
-    section is content; what follows the message's close is dropped."""
+    take_reasoning), the response as content, the tools section's calls (streamed a parameter
+    at a time, as KeyedParser streams them). Text outside any section is content; what follows
+    the message's close is dropped."""
+
+    after_block = "between"
 
     def __init__(self, section: str, fmt: KimiK3, properties: dict[str, dict]):
-        super().__init__()
-        self.state = section or "between"
-        self.fmt, self.properties, self.reasoning = fmt, properties, ""
+        super().__init__(fmt, properties)
+        self.state, self.reasoning = section or "between", ""
 
     def step(self) -> bool:
         if self.state == "think":
             return self.until(THOUGHT, "reasoning")
         if self.state == "response":
             return self.until(RESPONDED, "content")
-        if self.state == "tools":
-            at = self.pending.find(CALLED)
-            if at < 0:
-                return False
-            block, self.pending, self.state = self.pending[:at], self.pending[at + len(CALLED):], "between"
-            calls = self.fmt.read(block, self.properties)
-            self.content += "" if calls else TOOLS + block + CALLED
-            for name, arguments in calls or ():
-                self.open_call(name, json.dumps(arguments, ensure_ascii=False))
-            return True
         if self.state == "done":
             self.pending = ""
             return False
+        if self.state != "between":
+            return super().step()  # in the tools section
         rest = self.pending.lstrip()
         tag = next((tag for tag in SECTIONS if rest.startswith(tag)), None)
         if tag:
-            self.pending, self.state = rest[len(tag):], SECTIONS[tag]
+            self.pending, self.state, self.opened = rest[len(tag):], SECTIONS[tag], 0
             return True
         if any(tag.startswith(rest) for tag in SECTIONS):
             return False  # maybe a tag, not whole yet
@@ -115,10 +108,10 @@ class XtmlReply(CallStream):
         return out
 
     def finish(self) -> str:
-        rest, self.pending = self.pending, ""
         if self.state == "think":
-            self.reasoning += rest
+            self.reasoning, self.pending = self.reasoning + self.pending, ""
             return ""
-        if self.state == "tools":
-            return TOOLS + rest
-        return "" if self.state == "done" else rest
+        if self.state in ("between", "response", "done"):
+            rest, self.pending = self.pending, ""
+            return "" if self.state == "done" else rest
+        return super().finish()

@@ -34,7 +34,10 @@ def tag_at(text: str, pattern: re.Pattern, starts: tuple[str, ...]):
 
 class KeyedParser(CallStream):
     """Text until a block opens; then its calls, each opened at its name and its arguments
-    streamed a parameter at a time; then text again."""
+    streamed a parameter at a time; then text again (after_block: a subclass's state for
+    what follows a block, Kimi K3's reply reader's)."""
+
+    after_block = "text"
 
     def __init__(self, fmt, properties: dict[str, dict]):
         super().__init__()
@@ -57,13 +60,13 @@ class KeyedParser(CallStream):
             if end == WAIT:
                 return False
             if end is not None:
-                self.pending, self.state = self.pending[end.end():], "text"
+                self.pending, self.state = self.pending[end.end():], self.after_block
                 return True
         start = self.fmt.starts_call(self.pending)
         if start == WAIT:
             return False
         if start is None:  # not a call: a first one makes the block read whole; after calls, text
-            self.state = "text" if self.opened else "whole"
+            self.state = self.after_block if self.opened else "whole"
             return True
         self.name, end = start
         self.open_call(self.name)
@@ -88,7 +91,7 @@ class KeyedParser(CallStream):
             return False  # a parameter or the call's end not whole yet
         self.add_arguments({"": "{}", "keys": "}", "whole": ""}[self.written])
         self.pending = self.pending[end.end():]
-        self.state = "text" if self.fmt.call_close_text.endswith(self.fmt.closer) else "call"
+        self.state = self.after_block if self.fmt.call_close_text.endswith(self.fmt.closer) else "call"
         return True
 
     def whole(self) -> bool:
@@ -96,7 +99,7 @@ class KeyedParser(CallStream):
         end = self.fmt.block_end(self.pending)
         if end is None:
             return False
-        block, self.pending, self.state = self.pending[:end], self.pending[end:], "text"
+        block, self.pending, self.state = self.pending[:end], self.pending[end:], self.after_block
         release(self, self.fmt, block, self.properties)
         return True
 

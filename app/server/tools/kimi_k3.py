@@ -7,6 +7,7 @@ as JSON), or the arguments whole as a json tag:
     <|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>
 
 (without the line breaks). The reply around them is XTML too; app/server/xtml.py reads it.
+A call's arguments stream a parameter at a time (keyed.py).
 """
 
 import html
@@ -15,7 +16,8 @@ import re
 
 import llguidance
 
-from app.server.tools.blocks import BlockFormat, arguments_of, bare_value, json_value
+from app.server.tools.blocks import arguments_of, bare_value, json_value
+from app.server.tools.keyed import WAIT, KeyedFormat, tag_at
 
 OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
 TYPES = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean", "object": "object",
@@ -51,6 +53,10 @@ ARGUMENT = re.compile(re.escape(OPEN) + r'argument key="([^"]*)"(?: type="(\w+)"
 WHOLE = re.compile(re.escape(OPEN) + r"json\b[^<]*?" + re.escape(SEP) + "(.*?)" + re.escape(close_tag("json")), re.S)
 
 
+STARTS_CALL, STARTS_ARGUMENT, STARTS_WHOLE = (re.compile(r"\s*" + p.pattern, re.S) for p in (
+    re.compile(re.escape(OPEN) + r'call tool="([^"]*)"[^<]*?' + re.escape(SEP)), ARGUMENT, WHOLE))
+
+
 def value(text: str, kind: str | None, schema: dict):
     """An argument's text, read as its tag's type says (else as the schema says)."""
     if kind == "string":
@@ -61,10 +67,27 @@ def value(text: str, kind: str | None, schema: dict):
     return text if found is None and text.strip() != "null" else found
 
 
-class KimiK3(BlockFormat):
+class KimiK3(KeyedFormat):
     name = "kimi_k3"
     opener, closer = open_tag("tools"), close_tag("tools")
     markers = (OPEN, CLOSE, SEP)
+    call_close_text = close_tag("call")
+
+    def starts_call(self, text):
+        found = tag_at(text, STARTS_CALL, (OPEN + "call",))
+        return found if found in (None, WAIT) else (html.unescape(found.group(1)), found.end())
+
+    def next_parameter(self, text, schemas):
+        whole = tag_at(text, STARTS_WHOLE, (OPEN + "json",))
+        if whole not in (None, WAIT):
+            arguments = arguments_of(whole.group(1))
+            return None if arguments is None else (None, arguments, whole.end())
+        found = tag_at(text, STARTS_ARGUMENT, (OPEN + "argument",))
+        if found in (None, WAIT):
+            return WAIT if WAIT in (whole, found) else None
+        key, kind, raw = found.groups()
+        key = html.unescape(key)
+        return key, value(raw, kind or None, schemas.get(key, {})), found.end()
 
     def grammar(self, use):
         """Where XTML's marks are tokens, the response the calls follow too (a required call's
