@@ -12,7 +12,7 @@ import json
 import re
 
 from app.server import limits, tools
-from model.choices import BACKENDS, DTYPES
+from model.choices import BACKENDS, DTYPES, KV_CACHE_TYPES
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -86,6 +86,22 @@ def speculative_config(args):
     return SpeculativeConfig.parse(args.speculative_config, args.draft_model)
 
 
+def kv_cache_type(args) -> str:
+    """The K/V cache's type from llama-server's --cache-type-k/-v and vLLM's --kv-cache-dtype:
+    f16 or q8_0, or a ValueError of one line that says what works."""
+    works = "K/V is f16, or q8_0 on the CPU (--cache-type-k q8_0 --cache-type-v q8_0)"
+    if args.kv_cache_dtype != "auto":
+        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype} is not built (auto keeps K/V in the --dtype's"
+                         " float); " + works)
+    for flag, kind in (("--cache-type-k", args.cache_type_k), ("--cache-type-v", args.cache_type_v)):
+        if kind not in KV_CACHE_TYPES:
+            raise ValueError(f"{flag} {kind} is not built; {works}")
+    if args.cache_type_k != args.cache_type_v:
+        raise ValueError(f"--cache-type-k {args.cache_type_k} with --cache-type-v {args.cache_type_v}: K and V are"
+                         " kept alike; give both q8_0 or both f16")
+    return args.cache_type_k
+
+
 def extra_kv_layers(speculative) -> int:
     """Attention layers the KV cache holds beyond the model's: the MTP layer's (model/mtp.py)."""
     return 1 if speculative and speculative.method == "mtp" else 0
@@ -145,6 +161,15 @@ def serve_arguments(parser) -> None:
     model_arguments(parser, positional=True)
     engine_arguments(parser)
     a = parser.add_argument
+    a("--cache-type-k", "-ctk", default="f16", metavar="TYPE",
+      help="the K cache's type, as llama-server takes it: f16 (the --dtype's float: float16 on the CPU) or q8_0"
+           " (the CPU backend beside q8_0 or q4_k weights: 8 bits and a scale per token and head, about 1.9 times"
+           " the tokens in the same --kv-cache-gib); K and V are kept alike (default: f16)")
+    a("--cache-type-v", "-ctv", default="f16", metavar="TYPE",
+      help="the V cache's type: as --cache-type-k's (default: f16)")
+    a("--kv-cache-dtype", default="auto", metavar="auto",
+      help="vLLM's K/V type: auto, the --dtype's float; its fp8 types are not built (on the CPU, --cache-type-k q8_0"
+           " --cache-type-v q8_0 quantizes K/V) (default: auto)")
     a("--served-model-name", "-a", "--alias", dest="served_model_name", nargs="+", default=None, metavar="NAME",
       help="the names clients use, the first in replies (default: the Hub id, or the directory's or file's name)")
     a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")

@@ -19,7 +19,8 @@ from pathlib import Path
 import trio
 
 from app.engine import Engine, EngineConfig
-from app.flags import attach_proposer, extra_kv_layers, fetch_model, prefill_beside_decode, speculative_config
+from app.flags import (attach_proposer, extra_kv_layers, fetch_model, kv_cache_type, prefill_beside_decode,
+                       speculative_config)
 from app.logs import configure_logging
 from app.server import limits, reasoning, tools
 from app.server.app import create_app
@@ -29,7 +30,7 @@ from app.server.generation_config import sampling_defaults
 from app.server.state import ServerState
 from app.server.http.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
-from model.backend import resolve
+from model.backend import check_kv_cache, resolve
 from model.errors import ModelError, one_line
 from model.hub import is_hub_id
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
@@ -67,6 +68,7 @@ def validate_flags(args) -> None:
     sampling_defaults("vllm" if args.generation_config == "auto" else args.generation_config, Path("."),
                       args.override_generation_config)  # the model's own file is read once it is fetched
     speculative_config(args)
+    check_kv_cache(args.backend, args.dtype, kv_cache_type(args))
     limits.Limits.from_args(args).validate()
     OriginPolicy.from_args(args)
 
@@ -117,7 +119,7 @@ def model_names(args) -> list[str]:
 def load(args, state: ServerState) -> Engine:
     """Fetch and load the model, and build the engine: runs in a worker thread while the server
     already answers /health with 503."""
-    backend = resolve(args.backend, args.dtype)
+    backend = resolve(args.backend, args.dtype, kv_cache_type(args))
     model_dir = fetch_model(args)
     state.sampling_defaults = sampling_defaults(args.generation_config, model_dir, args.override_generation_config)
     if state.sampling_defaults:
@@ -144,12 +146,12 @@ def load(args, state: ServerState) -> Engine:
     model = backend.load(model_dir, args.max_model_len)
     config = model.config
     state.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-    state.backend = f"{backend.name} ({backend.dtype})"
+    state.backend, state.kv_cache_dtype = f"{backend.name} ({backend.dtype})", kv_type(backend)
     state.model_path, state.model_type = str(model_dir), config.model_type
     state.architectures = list(config.architectures)
     speculative = speculative_config(args)
     extra_layers = extra_kv_layers(speculative)
-    block_bytes = KVCache.bytes_per_block(config, DEFAULT_BLOCK_SIZE, backend.ops.storage_dtype.itemsize, extra_layers)
+    block_bytes = KVCache.bytes_per_block_of(backend.ops, config, DEFAULT_BLOCK_SIZE, extra_layers)
     state_bytes = args.max_num_seqs * KVCache.bytes_per_state_slot(config)  # a hybrid's, one per request
     if backend.name == "cuda" and args.kv_cache_gib is None:
         num_blocks = gpu_kv_blocks(model, args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens,
@@ -186,10 +188,18 @@ def load(args, state: ServerState) -> Engine:
         speculative=speculative))
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
              f" ({backend.dtype}, weights {model.weight_bytes / 2**20:.0f} MiB),"
-             f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens ({num_blocks * block_bytes / GIB:.2f} GiB:"
+             f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens of {state.kv_cache_dtype} K/V"
+             f" ({num_blocks * block_bytes / GIB:.2f} GiB:"
              f" {num_blocks * DEFAULT_BLOCK_SIZE / state.max_model_len:.1f} requests at full length),"
              f" max_model_len {state.max_model_len}")
     return engine
+
+
+def kv_type(backend) -> str:
+    """What the K/V cache holds, as the start-up line and /server_info name it."""
+    if backend.ops.kv_q8_0:
+        return "q8_0"
+    return backend.dtype if backend.name == "cuda" else f"float{8 * backend.ops.storage_dtype.itemsize}"
 
 
 def capture_graphs(runner, max_seqs: int, max_model_len: int) -> None:

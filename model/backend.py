@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.choices import CPU_DTYPES, KV_CACHE_TYPES
 from model.config import ModelConfig
 from model.errors import one_line
 from model.llama import Llama
@@ -29,7 +30,6 @@ from model.weights import open_tensors
 
 log = logging.getLogger("spool.model")
 
-CPU_DTYPES = ("q8_0", "q4_k")  # packed weights: the CPU backend's alone
 # What the attention kernels hold in registers and shared memory (cuda/decode_attention.cu,
 # prefill_attention*.cu); any number of query heads per KV head (decode takes them in chunks).
 CUDA_MAX_HEAD_DIM = 512
@@ -40,6 +40,7 @@ class Backend:
     name: str  # cpu or cuda
     dtype: str  # of weights, activations and K/V; auto until a model is loaded
     ops: Ops | None = None  # set by prepare: once the dtype is known, and the model checked
+    kv: str = "f16"  # the K/V cache's type: f16 (the dtype's), or q8_0 (the CPU's, beside packed weights)
 
     def load(self, model_dir: Path, max_model_len: int | None = None, progress: bool | None = None) -> Llama:
         """The model's weights on this backend, after check_model; progress: a bar on stderr
@@ -58,7 +59,7 @@ class Backend:
         """check_model, then the ops for the config's dtype (CUDA decides it only now); returns them."""
         check_model(self, config)
         if self.ops is None and self.name == "cpu":
-            self.ops = cpu_kernels()(self.dtype, cpu_activations(config))
+            self.ops = cpu_kernels()(self.dtype, cpu_activations(config), self.kv)
         if self.ops is None:
             from model.ops import cupy_ops
 
@@ -85,9 +86,11 @@ def cuda_available() -> bool:
     return cupy_ops.available()
 
 
-def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
+def resolve(backend: str = "auto", dtype: str = "auto", kv: str = "f16") -> Backend:
+    """kv: the K/V cache's type (--cache-type-k); q8_0 only on the CPU beside packed weights."""
     if backend == "auto":
         backend = "cuda" if cuda_available() else "cpu"
+    check_kv_cache(backend, dtype, kv)
     if backend == "numpy":
         if dtype not in ("auto", "float32"):
             raise ValueError(f"the numpy backend computes in float32; --dtype {dtype} needs --backend cpu or cuda")
@@ -96,7 +99,8 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
         if dtype not in ("auto", "float32", *CPU_DTYPES):
             raise ValueError(f"the CPU backend keeps weights in float32, q8_0 or q4_k; --dtype {dtype} needs"
                              " --backend cuda")
-        return Backend("cpu", "q8_0" if dtype == "auto" else dtype)  # its kernels compile in prepare, once the model is checked
+        # its kernels compile in prepare, once the model is checked
+        return Backend("cpu", "q8_0" if dtype == "auto" else dtype, kv=kv)
     try:
         from model.ops import cupy_ops
     except ImportError:
@@ -107,6 +111,15 @@ def resolve(backend: str = "auto", dtype: str = "auto") -> Backend:
     if dtype in CPU_DTYPES:
         raise ValueError(f"--dtype {dtype} is for --backend cpu; the CUDA kernels take bfloat16, float16 or float32")
     return Backend("cuda", dtype)
+
+
+def check_kv_cache(backend: str, dtype: str, kv: str) -> None:
+    """Refuse a K/V cache type that --backend and --dtype cannot keep (auto passes until resolved)."""
+    if kv not in KV_CACHE_TYPES:
+        raise ValueError(f"K/V cache type {kv!r} is not built; the cache types are {' and '.join(KV_CACHE_TYPES)}")
+    if kv == "q8_0" and (backend in ("numpy", "cuda") or dtype not in ("auto", *CPU_DTYPES)):
+        raise ValueError(f"a q8_0 K/V cache is the CPU backend's, beside q8_0 or q4_k weights, not --backend"
+                         f" {backend} --dtype {dtype}; use --backend cpu, or f16 K/V")
 
 
 def cpu_kernels() -> type:

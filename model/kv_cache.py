@@ -4,7 +4,11 @@ and, for a hybrid model's delta-net layers, one state slot per running request.
 The engine decides which block ids and which state slot a request holds; this class owns the
 memory behind them. Per attention layer, K and V are (kv_heads, num_blocks, block_size,
 head_dim) arrays: kv-head-major, so attention gathers whole blocks and multiplies contiguous
-matrices. A token at position p of a request lives in flat slot
+matrices. With q8_0 K/V (ops.kv_q8_0, --cache-type-k q8_0 on the CPU) they are int8 and
+(kv_heads, num_blocks, block_size, head_dim + SCALE_BYTES): each token's head vector as
+round(x / s), s = max |x| / 127, with s's float32 bytes in the same block (the kernels' layout:
+model/ops/numba_rowwise.write_kv), so a block is still one run of one dtype and moves, spills and
+reloads as float blocks do. A token at position p of a request lives in flat slot
 table[p // block_size] * block_size + p % block_size. A layer that reads an earlier layer's K/V
 (Gemma 4's last ones) keeps none (None in the K/V lists). Per delta-net layer (None too), a
 slot holds the recurrent state (value_heads, key_dim, value_dim) and the convolution's last
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.config import ModelConfig
-from model.ops.protocol import Ops
+from model.ops.protocol import SCALE_BYTES, Ops
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -48,12 +52,13 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.state_slots = state_slots if config.delta_net else 0
-        keeps = set(config.attention_layers)
-        shapes = [(config.kv_heads_of(i), num_blocks, block_size, config.head_dim_of(i)) if i in keeps else None
-                  for i in range(config.num_layers)]
-        shapes += [(config.num_kv_heads, num_blocks, block_size, config.head_dim)] * extra_layers
-        self.k = [None if shape is None else ops.zeros(shape, ops.storage_dtype) for shape in shapes]
-        self.v = [None if shape is None else ops.zeros(shape, ops.storage_dtype) for shape in shapes]
+        keeps, extra = set(config.attention_layers), SCALE_BYTES if ops.kv_q8_0 else 0
+        shapes = [(config.kv_heads_of(i), num_blocks, block_size, config.head_dim_of(i) + extra) if i in keeps
+                  else None for i in range(config.num_layers)]
+        shapes += [(config.num_kv_heads, num_blocks, block_size, config.head_dim + extra)] * extra_layers
+        dtype = np.dtype(np.int8) if ops.kv_q8_0 else ops.storage_dtype
+        self.k = [None if shape is None else ops.zeros(shape, dtype) for shape in shapes]
+        self.v = [None if shape is None else ops.zeros(shape, dtype) for shape in shapes]
         net = config.delta_net
         self.conv = [ops.zeros((self.state_slots, net.conv_kernel - 1, net.conv_channels)) if config.linear(i)
                      else None for i in range(config.num_layers)]
@@ -62,9 +67,20 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, itemsize: int = 4,
-                        extra_layers: int = 0) -> int:
+                        extra_layers: int = 0, q8_0: bool = False) -> int:
+        """itemsize: a float K/V element's bytes; q8_0: one byte an element and SCALE_BYTES a
+        token's head vector."""
+        if q8_0:
+            heads = sum(map(config.kv_heads_of, config.attention_layers)) + extra_layers * config.num_kv_heads
+            return KVCache.bytes_per_block(config, block_size, 1, extra_layers) + 2 * heads * block_size * SCALE_BYTES
         floats = sum(map(config.kv_size_of, config.attention_layers)) + extra_layers * config.kv_size
         return 2 * floats * block_size * itemsize
+
+    @staticmethod
+    def bytes_per_block_of(ops: Ops, config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE,
+                           extra_layers: int = 0) -> int:
+        """bytes_per_block for K/V as ops keeps them."""
+        return KVCache.bytes_per_block(config, block_size, ops.storage_dtype.itemsize, extra_layers, ops.kv_q8_0)
 
     @staticmethod
     def bytes_per_state_slot(config: ModelConfig) -> int:

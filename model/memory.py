@@ -59,8 +59,8 @@ def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: 
     launcher.synchronize()
     free, total = launcher.memory_info()
     launcher.release_cached()  # the throwaway cache's memory goes back, for the real one to take
-    block_bytes = KVCache.bytes_per_block(config, block_size, model.ops.storage_dtype.itemsize, extra_layers)
-    used = total - free - num_blocks * KVCache.bytes_per_block(config, block_size, model.ops.storage_dtype.itemsize)
+    block_bytes = KVCache.bytes_per_block_of(model.ops, config, block_size, extra_layers)
+    used = total - free - num_blocks * KVCache.bytes_per_block_of(model.ops, config, block_size)
     return MemoryPlan(total=total, used=used, budget=int(total * utilization),
                       block_bytes=block_bytes)
 

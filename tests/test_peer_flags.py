@@ -73,10 +73,9 @@ def test_flags_of_the_same_meaning_become_spools():
 @pytest.mark.parametrize("argv, says", [
     (["--draft", "16"], "llama-server's --draft is not supported: how many guesses"),
     (["-tp", "2"], "vLLM's -tp is not supported: one process serves one device"),
-    (["--cache-type-k", "q8_0"], "llama-server's --cache-type-k is not supported: a quantized KV cache"),
+    (["-ctkd", "q8_0"], "llama-server's -ctkd is not supported: a draft model runs on the model's own"),
     (["--enable-lora", "--lora-modules", "a=b"], "vLLM's --enable-lora is not supported: LoRA adapters"),
     (["--temp", "0.7"], "llama-server's --temp is not supported: a request's sampling is its own"),
-    (["--kv-cache-dtype=fp8"], "vLLM's --kv-cache-dtype is not supported"),
 ])
 def test_refusals_say_why(argv, says):
     with pytest.raises(settings.SettingsError) as e:

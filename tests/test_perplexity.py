@@ -50,6 +50,11 @@ def test_the_command_prints_the_figure(tiny, tmp_path):
                            "--text", str(text)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "perplexity " in done.stdout and " over " in done.stdout
+    q8 = subprocess.run([sys.executable, "tools/perplexity.py", "--model", str(tiny), "--ctx", "64", "--text",
+                         str(text), "--cache-type", "q8_0"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert q8.returncode == 0 and "K/V q8_0" in q8.stdout, q8.stderr
+    figures = [float(out.split("perplexity ")[1].split()[0]) for out in (done.stdout, q8.stdout)]
+    assert figures[0] != figures[1] and figures[1] == pytest.approx(figures[0], rel=0.05)
     odd = subprocess.run([sys.executable, "tools/perplexity.py", "--model", str(tiny), "--ctx", "63"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert odd.returncode == 2 and "--ctx must be an even number" in odd.stderr

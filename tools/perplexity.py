@@ -3,11 +3,13 @@ text's tokens cut into windows of --ctx, each read as one prompt from an empty c
 second half of each window scored, so that every scored token has at least ctx / 2 before it.
 Prints exp(mean negative log-likelihood) with its standard error over the scored tokens.
 
-    python tools/perplexity.py [--model DIR|FILE.gguf] [--dtype auto|float32|q8_0] [--ctx 512] [--text FILE]
+    python tools/perplexity.py [--model DIR|FILE.gguf] [--dtype auto|float32|q8_0] [--cache-type f16|q8_0]
+                               [--ctx 512] [--text FILE]
 
 The default text is Python's reference chapter on compound statements (prose with some code,
 shipped with Python, as tests/test_q8.py reads it). Comparing two runs on one text is what the
-figure is for: a quantization's cost against float32, one GGUF type against another.
+figure is for: a quantization's cost against float32, one GGUF type against another, q8_0 K/V
+(--cache-type, as `spool serve --cache-type-k q8_0 --cache-type-v q8_0` keeps them) against f16.
 """
 
 import argparse
@@ -21,6 +23,7 @@ import model  # noqa: E402, F401  (first: it sets the thread pools' environment 
 import numpy as np  # noqa: E402
 
 from model.backend import resolve  # noqa: E402
+from model.choices import KV_CACHE_TYPES  # noqa: E402
 from model.default import resolve_model  # noqa: E402
 from model.runner import ModelRunner, Row, StepPlan  # noqa: E402
 
@@ -51,6 +54,8 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--backend", default="cpu", choices=("cpu", "numpy"))
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "q8_0"), help="weights on --backend cpu")
+    parser.add_argument("--cache-type", default="f16", choices=KV_CACHE_TYPES,
+                        help="the K/V cache's type on --backend cpu (default: f16)")
     parser.add_argument("--ctx", type=int, default=512, help="tokens a window holds (default: 512)")
     parser.add_argument("--text", default=None, help="a UTF-8 text file (default: Python's 'compound' chapter)")
     args = parser.parse_args()
@@ -68,11 +73,15 @@ def main() -> None:
     ids = Tokenizer(model_dir).encode(text)
     if len(ids) < args.ctx:
         parser.error(f"the text is {len(ids)} tokens, less than one window of --ctx {args.ctx}")
-    backend = resolve(args.backend, args.dtype)
+    try:
+        backend = resolve(args.backend, args.dtype, args.cache_type)
+    except ValueError as e:
+        parser.error(str(e))
     loaded = backend.load(model_dir)
     runner = ModelRunner(loaded.config, loaded, num_blocks=-(-args.ctx // 16) + 1, seed=0)
     value, error, count = perplexity(runner, ids, args.ctx)
-    print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), {len(ids)} tokens, windows of {args.ctx}")
+    print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}, K/V {args.cache_type}),"
+          f" {len(ids)} tokens, windows of {args.ctx}")
     print(f"perplexity {value:.4f} +/- {error:.4f} over {count} tokens")
 
 

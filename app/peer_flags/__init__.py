@@ -34,7 +34,6 @@ ROPE = "RoPE and YaRN come from the model's own config.json or GGUF metadata"
 THREADS = "numba's pool runs -t/--threads threads; pinning, priorities and NUMA placement are the OS's"
 GPU_LAYERS = "every layer runs on the backend chosen (--backend cuda puts all of them on the GPU)"
 ONE_DEVICE = "one process serves one device; for more, run replicas behind a router (docs/scale-out.md)"
-NO_KV_QUANT = "a quantized KV cache is not built yet: K/V is float16 (q8_0 and q4_k --dtype) or float32"
 TEXT_ONLY = "images, audio and video are not served: Spool serves text models"
 
 # first match wins; a flag of a peer's list that no rule names is refused with its peer's name
@@ -64,8 +63,6 @@ RULES = [
     Rule(r"--slots|--no-slots|--props", IGNORE, "Spool has no /slots or /props; /metrics and /health report its state"),
     Rule(r"--cache-prompt", IGNORE, "prompt prefixes are cached in KV blocks (--enable-prefix-caching)"),
     Rule(r"--no-cache-prompt", SAME, "--no-enable-prefix-caching"),
-    Rule(r"-ctk|--cache-type-k|-ctv|--cache-type-v", REFUSE,
-         NO_KV_QUANT),
     Rule(r"--lora|--lora-scaled|--lora-init-without-apply|--control-vector\S*", REFUSE, NO_LORA),
     Rule(r"--draft|--draft-max|--draft-n|--draft-min|--draft-n-min|--draft-p-min|--draft-p-split", REFUSE,
          "how many guesses a row carries is --speculative-config's num_speculative_tokens"),
@@ -117,7 +114,6 @@ RULES = [
          r"|--no-disable-log-requests", IGNORE, "--log-level and --disable-log-requests set Spool's logs"),
     Rule(r"-tp|--tensor-parallel-size|-pp|--pipeline-parallel-size|-dp|--data-parallel-size", REFUSE,
          ONE_DEVICE, "1"),
-    Rule(r"--kv-cache-dtype", REFUSE, NO_KV_QUANT, "auto"),
     Rule(r"--enable-lora|--no-enable-lora|--lora-modules|--max-loras|--max-lora-rank|--max-cpu-loras|--lora-\S+"
          r"|--fully-sharded-loras|--no-fully-sharded-loras|--default-mm-loras", REFUSE, NO_LORA),
     Rule(r"-q|--quantization", REFUSE, "--dtype chooses the weights' type (q8_0, q4_k, float16 ...); a GGUF's types"

@@ -29,6 +29,7 @@ class ServerState:
     origins: OriginPolicy = field(default_factory=OriginPolicy)  # which web pages may call it
     ui: bool = True  # serve the chat page at /
     backend: str = ""  # "cpu (q8_0)", once loaded
+    kv_cache_dtype: str = ""  # "float16", "q8_0" ..., once loaded
     model_path: str = ""  # the Hugging Face directory served, once loaded
     model_type: str = ""
     architectures: list = field(default_factory=list)

@@ -38,7 +38,8 @@ async def server_info(state: ServerState):
         "vllm_config": {
             "model_config": {"model": state.model_path, "served_model_name": state.model_name,
                              "max_model_len": state.max_model_len},
-            "cache_config": {"block_size": pool.block_size, "enable_prefix_caching": pool.prefix_caching},
+            "cache_config": {"block_size": pool.block_size, "enable_prefix_caching": pool.prefix_caching,
+                             "cache_dtype": state.kv_cache_dtype},
         },
     }
 

@@ -1,7 +1,7 @@
 """The attention kernel's steps on one K/V block, as numba intrinsics in LLVM IR
 (model/ops/numba_attention.py runs them): scoring a tile's queries against sixteen keys a
 vector, folding a query's scores into its online softmax, adding V rows into its output,
-widening float16 bits once, and prefetching the next block.
+widening float16 bits (or q8_0 values times their scales) once, and prefetching the next block.
 
 Every step keeps one rule: a query's arithmetic is the same whatever else a call computes beside
 it (which queries share a pass, which lanes are masked), so a token's output never depends on
@@ -10,13 +10,16 @@ multiply-adds in a fixed order (llvm.fma, never contracted or reassociated), and
 across lanes pair halves in a fixed order.
 """
 
+import numpy as np
 from llvmlite import ir
+from numba import njit
 from numba.core import cgutils
 from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
 from model.ops.llvm_ir import byte_address, element, splat
-from model.ops.numba_kernels import LN2_HIGH, LN2_LOW, LOG2E
+from model.ops.numba_kernels import FASTMATH, LN2_HIGH, LN2_LOW, LOG2E
+from model.ops.protocol import SCALE_BYTES
 
 LANES = 16  # keys scored at once, and output dimensions added at once
 
@@ -38,11 +41,16 @@ def prefetch(typingctx, array, offset):
 
 def _load(builder, address, dtype, width: int) -> ir.Value:
     """width elements from address as floats (one float for width 1): float32 as they are,
-    float16 bits widened."""
+    float16 bits widened, int8 converted (q8_0 blocks are scaled by widen_keys and widen_values;
+    this only lets the kernel compile for them)."""
     f32 = ir.FloatType()
     if dtype == nbtypes.float32:
         kind = ir.VectorType(f32, width) if width > 1 else f32
         return builder.load(builder.bitcast(address, kind.as_pointer()), align=4)
+    if dtype == nbtypes.int8:
+        byte = ir.VectorType(ir.IntType(8), width) if width > 1 else ir.IntType(8)
+        return builder.sitofp(builder.load(builder.bitcast(address, byte.as_pointer()), align=1),
+                              ir.VectorType(f32, width) if width > 1 else f32)
     half = ir.VectorType(ir.HalfType(), width) if width > 1 else ir.HalfType()
     return builder.fpext(builder.load(builder.bitcast(address, half.as_pointer()), align=2),
                          ir.VectorType(f32, width) if width > 1 else f32)
@@ -132,6 +140,29 @@ def widen(typingctx, source, at, count, out):
             builder.store(values, builder.bitcast(builder.gep(dst, [i]), values.type.as_pointer()), align=4)
         return context.get_dummy_value()
     return nbtypes.void(source, at, count, out), codegen
+
+
+@njit(inline="always", fastmath=FASTMATH)
+def widen_keys(cache, at, scales, block_size, dim, out):
+    """A q8_0 K block at flat byte offset at (head-dim-major int8 values, then each key's float32
+    scale: model/kv_cache.py) as float32, out[d * block_size + i] = value times its key's scale;
+    scales is the same cache seen as float32. One product per element, so a key reads the same
+    whichever query tile widens it."""
+    flat, first = cache.reshape(cache.size), (at + dim * block_size) // 4
+    for d in range(dim):
+        for i in range(block_size):
+            out[d * block_size + i] = np.float32(flat[at + d * block_size + i]) * scales[first + i]
+
+
+@njit(inline="always", fastmath=FASTMATH)
+def widen_values(cache, at, scales, block_size, dim, out):
+    """A q8_0 V block at flat byte offset at (rows of dim int8 values, each followed by its
+    float32 scale) as float32 rows dim apart."""
+    flat, width = cache.reshape(cache.size), dim + SCALE_BYTES
+    for i in range(block_size):
+        scale = scales[(at + i * width + dim) // 4]
+        for d in range(dim):
+            out[i * dim + d] = np.float32(flat[at + i * width + d]) * scale
 
 
 @intrinsic

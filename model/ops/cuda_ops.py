@@ -85,6 +85,7 @@ class CudaOps:
     name = "cuda"
     asynchronous = True  # kernels are queued: a step returns before the device has run it
     attention_cost = 1.0  # not measured on a device yet
+    kv_q8_0 = False  # K/V in the storage dtype; q8_0 is the CPU's
 
     def __init__(self, xp, launcher: Launcher, dtype: str = "float32"):
         self.xp, self.launcher, self.dtype = xp, launcher, dtype

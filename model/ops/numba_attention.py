@@ -16,17 +16,20 @@ and blocks come in position order. So a token's output is the same bits whatever
 step, however its prompt was chunked, and whether it came as a decode row or in a prefill chunk
 (tests/test_batch_invariance.py, tests/test_prefill_attention.py). K/V are float32 or float16
 bits, widened as they are read (the q8_0 ops keep K/V in float16 where the target has F16C, see
-model/ops/numba_kernels.QUANTIZED_KV).
+model/ops/numba_kernels.QUANTIZED_KV), or q8_0 (--cache-type-k q8_0: int8 values and a scale per
+token, model/kv_cache.py), always widened a block at a time into float32 tiles, so that every
+query reads a key as the same float.
 """
 
 import numpy as np
 from numba import prange
 
-from model.ops.attention_blocks import LANES, accumulate, block_scores, fold, prefetch, widen
-from model.ops.numba_kernels import F1, F2, F3, F4, H4, I1, I2, kernel
+from model.ops.attention_blocks import (LANES, accumulate, block_scores, fold, prefetch, widen, widen_keys,
+                                        widen_values)
+from model.ops.numba_kernels import B4, F1, F2, F3, F4, H4, I1, I2, kernel
 
 TILE_FLOATS = 4096  # a tile's queries (and their outputs) in floats: both stay in L1
-NO_SINKS = np.zeros(0, dtype=np.float32)
+NO_SINKS = NO_SCALES = np.zeros(0, dtype=np.float32)
 
 
 class AttentionPlan:
@@ -64,17 +67,20 @@ class AttentionPlan:
         return self._tiles[size]
 
 
-@kernel(f"void({F3}, {F4}, {F4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F1}, {F2})",
-        f"void({F3}, {H4}, {H4}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F1}, {F2})")
-def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_count, order, scale, window,
-               softcap, sinks, out):
+@kernel(*(f"void({F3}, {C}, {C}, {F1}, {F1}, {I1}, {I2}, {I1}, {I1}, {I1}, {I1}, float32, int64, float32, {F1}, {F2})"
+          for C in (F4, H4, B4)))
+def _attention(q, cache_k, cache_v, k_scales, v_scales, context, tables, tile_row, tile_first, tile_count, order,
+               scale, window, softcap, sinks, out):
     """For each query token t: out[t] = softmax(q K^T * scale) V over its context[t] cached
     positions (the last `window` of them for a sliding window), block by block with a running
     max and sum per query; scores soft-capped where softcap is not 0, and each head's sink
     (where sinks is not empty) added to the sum at the end. Each job is one tile (a run of one
-    row's tokens) and one KV head, with the query heads that share it."""
+    row's tokens) and one KV head, with the query heads that share it. k_scales and v_scales:
+    a q8_0 cache seen as float32 (its scales), else empty."""
     heads, dim = q.shape[1], q.shape[2]
     kv_heads, cache_blocks, block_size = cache_k.shape[0], cache_k.shape[1], cache_k.shape[2]
+    width = cache_k.shape[3]  # a cached row: dim values, and a q8_0 row's scale after them
+    quantized = k_scales.shape[0] > 0
     group = heads // kv_heads
     tiles = order.shape[0]
     for job in prange(tiles * kv_heads):  # every tile of one head, then the next head: even halves
@@ -87,7 +93,7 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
         total = np.zeros(queries, dtype=np.float32)
         corrections = np.empty(queries, dtype=np.float32)
         s = np.empty(queries * block_size + LANES, dtype=np.float32)  # fold reads whole vectors
-        widened = queries > 8 and (block_size * dim) % LANES == 0  # K and V read by several passes
+        widened = quantized or (queries > 8 and (block_size * dim) % LANES == 0)  # K and V read by several passes
         keys = np.empty(block_size * dim if widened else 0, dtype=np.float32)
         values = np.empty(block_size * dim if widened else 0, dtype=np.float32)
         for r in range(queries):
@@ -96,13 +102,17 @@ def _attention(q, cache_k, cache_v, context, tables, tile_row, tile_first, tile_
         earliest = max(0, context[first] - window) if window > 0 else 0  # the first position any query sees
         blocks = -(-context[first + count - 1] // block_size)
         for b in range(earliest // block_size, blocks):
-            base = (kh * cache_blocks + tables[row, b]) * block_size * dim  # the block's flat offset, K and V
+            base = (kh * cache_blocks + tables[row, b]) * block_size * width  # the block's flat offset, K and V
             if b + 1 < blocks:  # the next block's K and V, while this one computes
-                following = (kh * cache_blocks + tables[row, b + 1]) * block_size * dim
-                for line in range(0, block_size * dim, 64 // cache_k.itemsize):
+                following = (kh * cache_blocks + tables[row, b + 1]) * block_size * width
+                for line in range(0, block_size * width, 64 // cache_k.itemsize):
                     prefetch(cache_k, following + line)
                     prefetch(cache_v, following + line)
-            if widened:
+            if quantized:
+                widen_keys(cache_k, base, k_scales, block_size, dim, keys)
+                widen_values(cache_v, base, v_scales, block_size, dim, values)
+                block_scores(qs, queries, dim, keys, 0, block_size, s)
+            elif widened:
                 widen(cache_k, base, block_size * dim, keys)
                 widen(cache_v, base, block_size * dim, values)
                 block_scores(qs, queries, dim, keys, 0, block_size, s)
@@ -157,7 +167,9 @@ def paged_attention(q: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, pla
         seen = np.minimum(plan.context, window) if window else plan.context
         work = int(seen.sum()) * heads * dim
         row, first, count, order = plan.tiles(tile_tokens(heads // cache_k.shape[0], dim))
-        _attention(work, np.ascontiguousarray(q), cache_k, cache_v, plan.context, plan.tables, row, first, count,
-                   order, np.float32(scale), np.int64(window), np.float32(softcap),
+        k_scales, v_scales = (part.reshape(-1).view(np.float32) if part.dtype == np.int8 else NO_SCALES
+                              for part in (cache_k, cache_v))
+        _attention(work, np.ascontiguousarray(q), cache_k, cache_v, k_scales, v_scales, plan.context, plan.tables,
+                   row, first, count, order, np.float32(scale), np.int64(window), np.float32(softcap),
                    NO_SINKS if sinks is None else sinks, out)
     return out

@@ -55,6 +55,7 @@ def kernel(*signatures: str):
 F1, F2, F3, F4, I1, I2 = "float32[::1]", "float32[:, ::1]", "float32[:, :, ::1]", "float32[:, :, :, ::1]", \
     "int64[::1]", "int64[:, ::1]"
 H4 = "uint16[:, :, :, ::1]"  # a K/V cache of float16 bit patterns
+B4 = "int8[:, :, :, ::1]"  # a q8_0 K/V cache: int8 values, each token's float32 scale inline (model/kv_cache.py)
 
 LOG2E, LN2_HIGH, LN2_LOW = np.float32(1.4426950408889634), np.float32(0.693145751953125), \
     np.float32(1.428606765330187e-06)

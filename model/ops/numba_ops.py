@@ -12,6 +12,7 @@ import logging
 
 import numpy as np
 
+from model.choices import KV_CACHE_TYPES
 from model.errors import ModelError
 from model.ops import delta_rule, numba_attention, numba_delta_rule, numba_rowwise, numba_sampler
 from model.ops.moe import ExpertPlan, router_logits
@@ -36,10 +37,11 @@ class NumbaOps(NumpyOps):
     Either way a GGUF's quantized tensors are packed from their own blocks where
     model/quant/blocks.py has a packer for the kind (and this CPU the kernels), else
     dequantized and rounded to Q8_0; and K/V are float16 (float32 on a CPU without F16C:
-    model/ops/numba_kernels.QUANTIZED_KV). activations: what the packed weights' GEMV rounds
-    each block of 32 activations to (model/quant/gemv.py): int8 as llama.cpp does (one vpdpbusd
-    for 64 products with VNNI), or int16 (closer to float32, half the products an instruction);
-    model/backend.py chooses by the model's size."""
+    model/ops/numba_kernels.QUANTIZED_KV), or q8_0 where kv says so (model/kv_cache.py).
+    activations: what the packed weights' GEMV rounds each block of 32 activations to
+    (model/quant/gemv.py): int8 as llama.cpp does (one vpdpbusd for 64 products with VNNI), or
+    int16 (closer to float32, half the products an instruction); model/backend.py chooses by the
+    model's size."""
 
     name = "numba"
     # measured on a 2-core Xeon, a Llama-3.2-1B Q4_K_M prompt of 4,096 tokens: the tiled
@@ -54,13 +56,16 @@ class NumbaOps(NumpyOps):
     silu_and_mul = staticmethod(numba_rowwise.silu_and_mul)
     gelu_and_mul = staticmethod(numba_rowwise.gelu_and_mul)
 
-    def __init__(self, weights: str = "float32", activations: str = "int8"):
+    def __init__(self, weights: str = "float32", activations: str = "int8", kv: str = "f16"):
         super().__init__()
         if weights not in self.WEIGHTS:
             raise ValueError(f"the CPU keeps weights as {', '.join(self.WEIGHTS)}, not {weights}")
         if activations not in self.ACTIVATIONS:
             raise ValueError(f"the CPU rounds activations to {', '.join(self.ACTIVATIONS)}, not {activations}")
-        self.weights, self.activations = weights, activations
+        if kv not in KV_CACHE_TYPES or kv == "q8_0" and weights == "float32":
+            raise ValueError(f"the CPU keeps K/V as {' or '.join(KV_CACHE_TYPES)} (q8_0 beside packed weights), not"
+                             f" {kv} beside {weights} weights")
+        self.weights, self.activations, self.kv_q8_0 = weights, activations, kv == "q8_0"
         self.storage_dtype = np.dtype(np.float32) if weights == "float32" else QUANTIZED_KV
         self.converted: set[str] = set()  # GGUF types rounded to Q8_0 since the last loaded()
 

@@ -2,16 +2,17 @@
 rotary, SiLU- and GELU-and-mul and the K/V write, each in place where NumPy makes temporaries.
 
 The K/V write rounds to float16 bits where the cache holds them (model/ops/numba_kernels.HALF;
-QUANTIZED_KV says where).
+QUANTIZED_KV says where), or to q8_0 where it is int8 (--cache-type-k q8_0, model/kv_cache.py).
 """
 
 import numpy as np
 from llvmlite import ir
-from numba import prange
+from numba import njit, prange
 from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
-from model.ops.numba_kernels import F1, F2, F3, F4, H4, I1, exp_shifted, kernel
+from model.ops.numba_kernels import FASTMATH, F1, F2, F3, F4, H4, I1, exp_shifted, kernel
+from model.ops.protocol import SCALE_BYTES
 
 
 @intrinsic
@@ -27,6 +28,7 @@ def _as_cached(typingctx, x, cache):
 
 
 KV = "float32[:, :, :]"  # (tokens, kv_heads, head_dim) K or V, any strides (v is a view of qkv)
+B1 = "int8[::1]"  # a q8_0 cache, flat
 
 
 @kernel(f"void({F4}, {F4}, {I1}, {KV}, {KV})", f"void({H4}, {H4}, {I1}, {KV}, {KV})")
@@ -42,12 +44,48 @@ def _write_kv(cache_k, cache_v, slots, k, v):
             cache_v[h, block, i, d] = _as_cached(v[t, h, d], cache_v)
 
 
+@njit(inline="always", fastmath=FASTMATH)
+def _quantized(x, cache, at, step, scales, scale_at):
+    """x as q8_0: cache[at + d * step] = round(x[d] / s), s = max |x| / 127, and scales[scale_at] = s."""
+    top = np.float32(0.0)
+    for d in range(x.shape[0]):
+        top = max(top, abs(x[d]))
+    s = top / np.float32(127.0)
+    scales[scale_at] = s
+    for d in range(x.shape[0]):
+        cache[at + d * step] = np.int8(np.rint(x[d] / s)) if s > 0 else np.int8(0)
+
+
+@kernel(f"void({B1}, {F1}, {B1}, {F1}, {I1}, int64, {KV}, {KV})")
+def _write_kv_q8_0(cache_k, k_scales, cache_v, v_scales, slots, block_size, k, v):
+    """Each token's K and V head vectors as q8_0 into the flat caches (k_scales and v_scales: the
+    same memory seen as float32): keys head-dim-major with the block's keys' scales after them,
+    V rows each followed by its scale."""
+    tokens, heads, dim = k.shape
+    width = dim + SCALE_BYTES
+    blocks = cache_k.shape[0] // (heads * block_size * width)
+    for job in prange(tokens * heads):
+        t, h = job // heads, job % heads
+        block, i = slots[t] // block_size, slots[t] % block_size
+        base = (h * blocks + block) * block_size * width
+        _quantized(k[t, h], cache_k, base + i, block_size, k_scales, (base + dim * block_size) // 4 + i)
+        _quantized(v[t, h], cache_v, base + i * width, 1, v_scales, (base + i * width + dim) // 4)
+
+
 def write_kv(cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-    """K/V (tokens, kv_heads, head_dim) into the caches' flat slots, as float16 bits where the
-    caches hold them. A K block's elements are head-dim-major (model/ops/numba_attention.py
+    """K/V (tokens, kv_heads, head_dim) into the caches' flat slots, as float16 bits or q8_0
+    where the caches hold them. A K block's elements are head-dim-major (model/ops/numba_attention.py
     reads a block's keys side by side, one vector a dimension): key i's dimension d is at flat
-    offset d * block_size + i of its block. V blocks are as NumpyOps keeps them."""
-    _write_kv(k.size, cache_k, cache_v, np.asarray(slots, dtype=np.int64), k, v)
+    offset d * block_size + i of its block (a q8_0 block's keys' scales after them, float32 at
+    offset head_dim * block_size + 4 i). V blocks are as NumpyOps keeps them (a q8_0 row's scale
+    after its values)."""
+    slots = np.asarray(slots, dtype=np.int64)
+    if cache_k.dtype != np.int8:
+        _write_kv(k.size, cache_k, cache_v, slots, k, v)
+        return
+    flat_k, flat_v = cache_k.reshape(-1), cache_v.reshape(-1)
+    _write_kv_q8_0(k.size, flat_k, flat_k.view(np.float32), flat_v, flat_v.view(np.float32), slots,
+                   cache_k.shape[2], k, v)
 
 
 @kernel(f"void({F2}, {F2}, {F1}, float32, {F2})")

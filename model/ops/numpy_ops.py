@@ -13,7 +13,7 @@ import numpy as np
 from model.ops import delta_rule
 from model.ops.moe import ExpertPlan, add_bias, clamped_swiglu, combine, route
 from model.ops.numpy_sampling import log_softmax, most_likely, sample_rows
-from model.ops.protocol import Download, SampleBatch, SampleResult, Scored
+from model.ops.protocol import SCALE_BYTES, Download, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
 from model.weights import Experts
 
@@ -62,6 +62,7 @@ class NumpyOps:
     name = "numpy"
     xp = np
     storage_dtype = np.dtype(np.float32)
+    kv_q8_0 = False  # K/V as q8_0 (model/kv_cache.py): the numba backend's, where asked
     asynchronous = False
     attention_cost = 1.0
     launcher = None
@@ -199,7 +200,7 @@ class NumpyOps:
         stored at slots (write_kv), the rotated q returned as (tokens, heads, head_dim). What the
         forward pass does between the QKV projection and attention, as one op so that a device
         can do it in one kernel (model/ops/cuda_ops.py)."""
-        kv_heads, head_dim = cache_k.shape[0], cache_k.shape[-1]
+        kv_heads, head_dim = cache_k.shape[0], cache_k.shape[-1] - (SCALE_BYTES if self.kv_q8_0 else 0)
         tokens, q_size, kv_size = qkv.shape[0], heads * head_dim, kv_heads * head_dim
         q = qkv[:, :q_size].reshape(tokens, heads, head_dim)
         k = qkv[:, q_size:q_size + kv_size].reshape(tokens, kv_heads, head_dim)

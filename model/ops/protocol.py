@@ -106,11 +106,15 @@ class Launcher(Protocol):
     def capture(self, fn) -> Any: ...  # fn's kernels as a graph: .replay() and .output
 
 
+SCALE_BYTES = 4  # a q8_0 K/V token's float32 scale, inline after its head vector's int8 values
+
+
 @runtime_checkable
 class Ops(Protocol):
     name: str
     xp: ModuleType  # the array module of this backend's arrays (NumPy, or CuPy on a GPU)
     storage_dtype: np.dtype  # of weights, activations and K/V
+    kv_q8_0: bool  # K/V held as q8_0 instead: int8, and each token's scale in SCALE_BYTES beside (model/kv_cache.py)
     asynchronous: bool  # kernels are queued: a step returns before the device has run it
     attention_cost: float  # time of an attention multiply-add over a projection's (the planner's prefill chunks)
     launcher: Launcher | None  # the device's; None on the CPU
