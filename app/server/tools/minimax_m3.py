@@ -7,18 +7,22 @@ written out as tags too (a list's members as <item>):
     ]<]minimax[>[</tool_call>
 
 A leaf's text is typed by the tool's schema: a string as written, anything else as the JSON
-it spells. A null is left out, as the template leaves it out.
+it spells. A null is left out, as the template leaves it out. A call's arguments stream a
+parameter at a time (keyed.py), each once its own closing tag is written.
 """
 
 import json
 import re
 
-from app.server.tools.blocks import BlockFormat, bare_value
+from app.server.tools.blocks import bare_value
+from app.server.tools.keyed import WAIT, KeyedFormat, tag_at
 
 NS = "]<]minimax[>["
 OPEN, CLOSE = f"{NS}<tool_call>", f"{NS}</tool_call>"
 TAG = re.compile(re.escape(NS) + r"<(/?)([^<>\n]+)>")
 INVOKE = re.compile(r'invoke name="([^"]+)"')
+STARTS_CALL = re.compile(r"\s*" + re.escape(NS) + "<" + INVOKE.pattern + ">")
+STARTS_PARAMETER = re.compile(r"\s*" + re.escape(NS) + r"<([^/<>\n][^<>\n]*)>")
 
 
 def tree(text: str) -> list[tuple[str, object]] | None:
@@ -59,10 +63,32 @@ def xml(value) -> str:
     return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
-class MiniMaxM3(BlockFormat):
+class MiniMaxM3(KeyedFormat):
     name = "minimax_m3"
     opener, closer = OPEN, CLOSE
     markers = (OPEN, CLOSE, NS)
+    call_close_text = f"{NS}</invoke>"
+
+    def starts_call(self, text):
+        found = tag_at(text, STARTS_CALL, (f"{NS}<invoke",))
+        return found if found in (None, WAIT) else (found.group(1), found.end())
+
+    def next_parameter(self, text, schemas):
+        """A parameter once its own closing tag is written: the tags inside it counted."""
+        found = tag_at(text, STARTS_PARAMETER, (f"{NS}<",))
+        if found in (None, WAIT):
+            return found
+        key, depth = found.group(1), 0
+        for tag in TAG.finditer(text, found.end()):
+            closing, name = tag.groups()
+            if closing and depth == 0:
+                if name != key:
+                    return None
+                inner = text[found.end():tag.start()]
+                elements = tree(inner)
+                return key, typed(elements or inner, schemas.get(key, {})), tag.end()
+            depth += -1 if closing else 1
+        return WAIT
 
     def value_rule(self, rule, schema, end):
         """A list or an object as tags (each member's own value rule); anything else as any
