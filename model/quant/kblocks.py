@@ -209,39 +209,36 @@ def _strips(weights: type[Strips], name: str, blocks: np.ndarray, columns: int, 
     return weights.zeros(blocks.shape[0], columns)
 
 
-def pack_q4_k(blocks: np.ndarray, columns: int) -> Q4_KStrips:
-    strips = _strips(Q4_KStrips, "Q4_K", blocks, columns, QK_K, 144)
-    _pack_affine_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, 144, 0,
-                   Q4_KStrips.BLOCK_BYTES - Q4_KStrips.FACTORS)
+def _super_blocks(scheme: type[Strips], size: int, pack, blocks: np.ndarray, columns: int, *args) -> Strips:
+    """blocks of 256 weights (size bytes each) packed by the kernel pack into scheme's strips, its
+    sub-blocks' integers at the end of each (strip, block) of q; args before that offset."""
+    strips = _strips(scheme, scheme.kind.upper(), blocks, columns, QK_K, size)
+    pack(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, *args, scheme.BLOCK_BYTES - scheme.FACTORS)
     return strips
+
+
+def pack_q4_k(blocks: np.ndarray, columns: int) -> Q4_KStrips:
+    return _super_blocks(Q4_KStrips, 144, _pack_affine_k, blocks, columns, 144, 0)
 
 
 def pack_q5_k(blocks: np.ndarray, columns: int) -> Q5_KStrips:
-    strips = _strips(Q5_KStrips, "Q5_K", blocks, columns, QK_K, 176)
-    _pack_affine_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, 176, 1,
-                   Q5_KStrips.BLOCK_BYTES - Q5_KStrips.FACTORS)
-    return strips
+    return _super_blocks(Q5_KStrips, 176, _pack_affine_k, blocks, columns, 176, 1)
 
 
 def pack_q2_k(blocks: np.ndarray, columns: int) -> Q2_KStrips:
-    strips = _strips(Q2_KStrips, "Q2_K", blocks, columns, QK_K, 84)
-    _pack_q2_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows,
-               Q2_KStrips.BLOCK_BYTES - Q2_KStrips.FACTORS)
-    return strips
+    return _super_blocks(Q2_KStrips, 84, _pack_q2_k, blocks, columns)
 
 
 def pack_q3_k(blocks: np.ndarray, columns: int) -> Q3_KStrips:
-    strips = _strips(Q3_KStrips, "Q3_K", blocks, columns, QK_K, 110)
-    _pack_q3_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows,
-               Q3_KStrips.BLOCK_BYTES - Q3_KStrips.FACTORS)
-    return strips
+    return _super_blocks(Q3_KStrips, 110, _pack_q3_k, blocks, columns)
 
 
 def pack_iq4_xs(blocks: np.ndarray, columns: int) -> IQ4_XSStrips:
-    strips = _strips(IQ4_XSStrips, "IQ4_XS", blocks, columns, QK_K, 136)
-    _pack_iq4_xs(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows,
-                 IQ4_XSStrips.BLOCK_BYTES - IQ4_XSStrips.FACTORS)
-    return strips
+    return _super_blocks(IQ4_XSStrips, 136, _pack_iq4_xs, blocks, columns)
+
+
+def pack_q6_k(blocks: np.ndarray, columns: int) -> Q6_KStrips:
+    return _super_blocks(Q6_KStrips, 210, _pack_q6_k, blocks, columns)
 
 
 def pack_q5_0(blocks: np.ndarray, columns: int) -> Q5_0Strips:
@@ -253,11 +250,4 @@ def pack_q5_0(blocks: np.ndarray, columns: int) -> Q5_0Strips:
 def pack_q5_1(blocks: np.ndarray, columns: int) -> Q5_1Strips:
     strips = _strips(Q5_1Strips, "Q5_1", blocks, columns, BLOCK, 24)
     _pack_q5(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows, True)
-    return strips
-
-
-def pack_q6_k(blocks: np.ndarray, columns: int) -> Q6_KStrips:
-    strips = _strips(Q6_KStrips, "Q6_K", blocks, columns, QK_K, 210)
-    _pack_q6_k(np.ascontiguousarray(blocks), *strips.packed_arrays(), strips.rows,
-               Q6_KStrips.BLOCK_BYTES - Q6_KStrips.FACTORS)
     return strips
