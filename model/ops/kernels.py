@@ -27,6 +27,7 @@ KERNELS = {
     "logprobs.cu": ("logprobs",),
     "moe.cu": ("moe_route", "moe_align", "moe_gemm", "moe_combine", "moe_shared_add"),
     "delta_net.cu": ("delta_conv", "delta_rule", "sigmoid_mul"),
+    "lora.cu": ("lora_shrink", "lora_expand"),
 }
 # fp32 logits whatever the model's storage type; moe_align sorts integers
 UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_align"}
