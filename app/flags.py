@@ -170,6 +170,23 @@ def serve_arguments(parser) -> None:
     a("--kv-cache-dtype", default="auto", metavar="auto",
       help="vLLM's K/V type: auto, the --dtype's float; its fp8 types are not built (on the CPU, --cache-type-k q8_0"
            " --cache-type-v q8_0 quantizes K/V) (default: auto)")
+    a("--enable-lora", action="store_true",
+      help="serve LoRA adapters, as vLLM does: those of --lora-modules, and with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"
+           " in the environment, those POSTed to /v1/load_lora_adapter")
+    a("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+      help='LoRA adapters a request chooses by naming one as its model: NAME=PATH or vLLM\'s JSON ({"name": ...,'
+           ' "path": ...}); PATH a PEFT adapter\'s directory or a GGUF adapter (default: none)')
+    a("--max-loras", type=int, default=1,
+      help="LoRA adapters held at once (at least those given at start), all of them usable in one step (default: 1)")
+    a("--max-lora-rank", type=int, default=16,
+      help="the highest rank an adapter may have (at least that of those given at start) (default: 16)")
+    a("--lora", action="append", default=None, metavar="FILE",
+      help="llama-server's: a LoRA adapter (a GGUF file or a PEFT directory) applied to every request that chooses"
+           " none; requests choose by its file name as the model, or llama-server's lora field (default: none)")
+    a("--lora-scaled", nargs=2, action="append", default=None, metavar=("FILE", "SCALE"),
+      help="llama-server's: --lora at a scale")
+    a("--lora-init-without-apply", action="store_true",
+      help="llama-server's: load the --lora adapters at scale 0, applied only where a request chooses one")
     a("--served-model-name", "-a", "--alias", dest="served_model_name", nargs="+", default=None, metavar="NAME",
       help="the names clients use, the first in replies (default: the Hub id, or the directory's or file's name)")
     a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")

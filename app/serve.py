@@ -22,7 +22,7 @@ from app.engine import Engine, EngineConfig
 from app.flags import (attach_proposer, extra_kv_layers, fetch_model, kv_cache_type, prefill_beside_decode,
                        speculative_config)
 from app.logs import configure_logging
-from app.server import limits, reasoning, tools
+from app.server import adapters, limits, reasoning, tools
 from app.server.app import create_app
 from app.server.responses.store import ResponseStore
 from app.server.origins import OriginPolicy
@@ -186,6 +186,11 @@ def load(args, state: ServerState) -> Engine:
         prefill_chunk=args.prefill_chunk, prefill_beside_decode=prefill_beside_decode(args, backend.name),
         max_queue=args.max_queue, swap_blocks=swap_blocks, prefix_caching=args.enable_prefix_caching,
         speculative=speculative))
+    state.adapters = adapters.start(engine, config, state.model_name, args)
+    if state.adapters is not None:
+        log.info(f"LoRA adapters: {', '.join(state.adapters.served) or 'none yet'} ({state.adapters.slots} slots of"
+                 f" rank {runner.adapters.max_rank}, {runner.adapters.nbytes / 2**20:.1f} MiB)"
+                 + (", loaded and unloaded at run time" if state.adapters.runtime else ""))
     log.info(f"model {model_dir} ({config.model_type}, {config.num_layers} layers), backend {backend.name}"
              f" ({backend.dtype}, weights {model.weight_bytes / 2**20:.0f} MiB),"
              f" KV cache {num_blocks} blocks x {DEFAULT_BLOCK_SIZE} tokens of {state.kv_cache_dtype} K/V"

@@ -56,11 +56,12 @@ class Llama:
         return sum(a.nbytes for a in arrays if a is not None)
 
     def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index, pooled_index=None,
-                state_rows=None):
+                state_rows=None, adapters=None):
         """Hidden states for all tokens of a step, K/V written to the cache (and a hybrid model's
         delta-net state to the slots of state_rows, kv_cache.StateRows), and logits (fp32)
         for the tokens at logit_index only; with pooled_index, (those logits, the final
-        normalised hidden states of the tokens at pooled_index: embedding rows').
+        normalised hidden states of the tokens at pooled_index: embedding rows'). adapters:
+        the step's LoRA adapters (model/lora.StepAdapters), None where no row has one.
 
         The residual stream x is only ever touched through ops (add_rms_norm adds each block's
         output, delta, and normalises in one pass), so the arrays may hold any storage type."""
@@ -79,11 +80,12 @@ class Llama:
                 net = ops.gated_delta_net(proj, layer.delta_net, c.delta_net, cache.conv[i], cache.recurrent[i],
                                           state_rows, eps)
                 x, h = ops.add_rms_norm(x, ops.linear(net, layer.delta_net.out_proj), layer.mlp_norm, eps)
-                delta = self.mlp(h, layer)
+                delta = self.mlp(h, layer, adapters=adapters, i=i)
                 continue
-            out = self.attention(h, layer, i, cos, sin, slots, attn_meta, cache, temperature, self.windows[i])
+            out = self.attention(h, layer, i, cos, sin, slots, attn_meta, cache, temperature, self.windows[i],
+                                 adapters)
             x, h = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
-            delta = self.mlp(h, layer, x)
+            delta = self.mlp(h, layer, x, adapters, i)
             if layer.scalar is not None:
                 x, delta = self.layer_end(x, delta, layer, None if per_layer is None else per_layer[:, i]), None
         _, h = ops.add_rms_norm(x[logit_index], None if delta is None else delta[logit_index], w.norm, eps)
@@ -93,14 +95,15 @@ class Llama:
         return logits, ops.add_rms_norm(x[pooled_index], None if delta is None else delta[pooled_index], w.norm,
                                         eps)[1]
 
-    def attention(self, h, layer, i: int, cos, sin, slots, attn_meta, cache, temperature, window: int):
+    def attention(self, h, layer, i: int, cos, sin, slots, attn_meta, cache, temperature, window: int,
+                  adapters=None):
         """The attention of layer (the cache's layer i) over the normalised stream h, its K/V
         written first (unless it reads an earlier layer's), through its output projection (and
-        post-attention norm)."""
+        post-attention norm); adapters: the step's LoRA (model/lora.StepAdapters) or None."""
         ops, c = self.ops, self.config
         eps, tokens, source = c.rms_norm_eps, h.shape[0], c.kv_source(i)
         Q, KV, D, kv_heads = c.q_size_of(i), c.kv_size_of(i), c.head_dim_of(i), c.kv_heads_of(i)
-        qkv = ops.linear(h, layer.wqkv, layer.bqkv)
+        qkv = self.project(h, layer.wqkv, layer.bqkv, adapters, i, "wqkv")
         if layer.q_norm is None:
             q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
         else:  # q/k norms: each head normalised before the rotation
@@ -127,12 +130,12 @@ class Llama:
                                    c.attn_softcap, layer.sinks)
         if c.attention_gate:
             attn = ops.sigmoid_mul(attn, qkv[:, Q:2 * Q])
-        out = ops.linear(attn, layer.wo, layer.bo)
+        out = self.project(attn, layer.wo, layer.bo, adapters, i, "wo")
         if layer.post_attn_norm is not None:
             out = ops.rms_norm(out, layer.post_attn_norm, eps)
         return out
 
-    def mlp(self, h, layer, x=None):
+    def mlp(self, h, layer, x=None, adapters=None, i: int = 0):
         """The MLP (or the mixture of experts) of a normalised residual, its output normalised
         where the family has a post-MLP norm; experts beside the MLP read the stream x itself."""
         ops, c = self.ops, self.config
@@ -140,8 +143,9 @@ class Llama:
         if layer.experts is not None and layer.expert_norms is None:
             delta = ops.moe(h, layer.experts, c.gelu)
         else:
-            gate_up = ops.linear(h, layer.w_gate_up)
-            delta = ops.linear(ops.gelu_and_mul(gate_up) if c.gelu else ops.silu_and_mul(gate_up), layer.w_down)
+            gate_up = self.project(h, layer.w_gate_up, None, adapters, i, "w_gate_up")
+            delta = self.project(ops.gelu_and_mul(gate_up) if c.gelu else ops.silu_and_mul(gate_up), layer.w_down,
+                                 None, adapters, i, "w_down")
         if layer.expert_norms is not None:
             n = layer.expert_norms
             routed = ops.moe(ops.rms_norm(x, n.experts_in, eps), layer.experts, c.gelu, ops.rms_norm(x, n.router, eps))
@@ -150,6 +154,12 @@ class Llama:
         if layer.post_mlp_norm is not None:
             delta = ops.rms_norm(delta, layer.post_mlp_norm, eps=eps)
         return delta
+
+    def project(self, x, w, bias, adapters, i: int, weight: str):
+        """x through the projection w (layer i's field `weight`), with the step's LoRA adapters'
+        share added where a row has one (model/lora.py)."""
+        y = self.ops.linear(x, w, bias)
+        return y if adapters is None else adapters.add(y, x, i, weight)
 
     def per_layer_inputs(self, x, token_ids):
         """Gemma 4's per-layer inputs, (tokens, layers, width): each token's rows of the table plus

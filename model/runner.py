@@ -16,6 +16,7 @@ from model.errors import is_failure, one_line
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, StateRows
 from model import rewind
 from model.llama import Llama
+from model.lora import Adapter, AdapterSlots
 from model.ops.numpy_ops import NumpyOps
 from model.ops.protocol import Ops, SampleBatch, SampleResult
 from model.sampling import SamplingParams
@@ -45,6 +46,7 @@ class Row:
     num_draft: int = 0  # a decode row's speculative guesses: its last num_draft tokens, each position sampled
     draft_limit: int = 0  # guesses the runner's draft model may add to this decode row (model/draft.py)
     state_slot: int | None = None  # a hybrid model's: where the request's delta-net state lives
+    adapter: object = None  # its request's LoRA adapter (model/lora.AdapterUse), None for the base model
 
     def histories(self) -> list[Sequence[int]]:
         """The output before each sampled position: a verified guess is sampled as plain
@@ -123,6 +125,7 @@ class ModelRunner:
         self.last_sampled = (None, {})  # the last launched step's ids on the device, and each request's row
         self.draft = None  # model.draft.DraftModel or model.mtp.MTP: guesses for rows with a draft_limit
         self.rewinds: list = []  # the last forward pass's rows with guesses, on a hybrid (model/rewind.py)
+        self.adapters = None  # model.lora.AdapterSlots, where LoRA adapters are served
         # the position at which a prompt token's attention takes as long as the rest of it
         self.prefill_break_even = config.attention_break_even / self.ops.attention_cost
 
@@ -163,7 +166,8 @@ class ModelRunner:
         then of every token where the draft follows them (MTP), or None)."""
         self.rewinds = []
         follows = self.draft is not None and self.draft.wants_hidden
-        if self.graphs is not None and not follows and self.graphs.can_replay(plan):
+        adapted = self.adapters is not None and any(r.adapter is not None for r in plan.rows)
+        if self.graphs is not None and not follows and not adapted and self.graphs.can_replay(plan):
             return self.graphs.replay(plan, self.fill_ahead), None
         ops, rows = self.ops, plan.rows
         query_lens = [len(r.token_ids) for r in rows]
@@ -185,8 +189,19 @@ class ModelRunner:
         self.rewinds = rewind.prepare(self.cache, rows, state_rows) if state_rows is not None else []
         out = self.model.forward(device_tokens, ops.asarray(positions, np.int64), ops.asarray(slots, np.int32), meta,
                                  self.cache, ops.asarray(logit_index, np.int64),
-                                 ops.asarray(pooled_index, np.int64) if pooled_index.size else None, state_rows)
+                                 ops.asarray(pooled_index, np.int64) if pooled_index.size else None, state_rows,
+                                 self.adapters.step([r.adapter for r in rows], query_lens) if adapted else None)
         return out if pooled_index.size else (out, None)
+
+    @on_compute_thread
+    def serve_adapters(self, slots: int, max_rank: int) -> None:
+        """Room for `slots` LoRA adapters of rank up to max_rank (model/lora.py)."""
+        self.adapters = AdapterSlots(self.config, self.ops, slots, max_rank)
+
+    @on_compute_thread
+    def load_adapter(self, adapter: Adapter, slot: int) -> None:
+        """The adapter into a slot (whatever it held before), between steps."""
+        self.adapters.load(adapter, slot)
 
     def state_rows(self, rows: list[Row], starts) -> StateRows:
         """Where each row's delta-net state lives; a row at position 0 starts from zeros."""

@@ -183,6 +183,26 @@ def load_weights(model_dir: Path, config: ModelConfig, prepare: Callable = float
     return Weights(embed=embed, layers=layers, norm=norm, lm_head=lm_head, **extras)
 
 
+def qkv_rows(c: ModelConfig, i: int) -> np.ndarray | None:
+    """Where layer i's fused q/k/v rows come from, or None where they stay as read. A partial
+    rotation: each q/k head's rotated pairs moved to where the kernels rotate (model/rope.py);
+    v's rows stay. A gate: every head's query rows, then every head's gate rows, each row kept
+    within its tensor (a packed Fused's parts, a LoRA module's rows: model/lora.py)."""
+    D = c.head_dim_of(i)
+    order = rotary_row_order(D, rotary_dim(c, D))
+    if order is None and not c.attention_gate:
+        return None
+    Q, KV = c.q_size_of(i), c.kv_size_of(i)
+    q_rows = 2 * Q if c.attention_gate else Q
+    within = np.arange(D) if order is None else order
+    stride = 2 * D if c.attention_gate else D
+    heads = [(np.arange(c.num_heads)[:, None] * stride + within).ravel()]
+    if c.attention_gate:
+        heads.append((np.arange(c.num_heads)[:, None] * stride + D + np.arange(D)).ravel())
+    heads += [(np.arange(c.kv_heads_of(i))[:, None] * D + within).ravel() + q_rows, q_rows + KV + np.arange(KV)]
+    return np.concatenate(heads)
+
+
 class LayerReader:
     """Reads a layer's tensors, checked against config.json's shapes, fused into their GEMMs."""
 
@@ -280,18 +300,9 @@ class LayerReader:
             out["bo"] = float32(self.take(a + "o_proj.bias", (H,)))
         if f.attention_sinks:
             out["sinks"] = float32(self.take(a + "sinks", (c.num_heads,)))
-        if order is None and not c.attention_gate:
+        rows = qkv_rows(c, i)
+        if rows is None:
             return dict(wqkv=wqkv, bqkv=bias, q_norm=q_norm, k_norm=k_norm, **out)
-        # A partial rotation: each q/k head's rotated pairs moved to where the kernels rotate
-        # (model/rope.py); v's rows stay. A gate: every head's query rows, then every head's gate
-        # rows, each row kept within its tensor (a packed Fused's parts).
-        within = np.arange(D) if order is None else order
-        stride = 2 * D if c.attention_gate else D
-        heads = [(np.arange(c.num_heads)[:, None] * stride + within).ravel()]
-        if c.attention_gate:
-            heads.append((np.arange(c.num_heads)[:, None] * stride + D + np.arange(D)).ravel())
-        heads += [(np.arange(c.kv_heads_of(i))[:, None] * D + within).ravel() + q_rows, q_rows + KV + np.arange(KV)]
-        rows = np.concatenate(heads)
         return dict(wqkv=take_rows(wqkv, rows), bqkv=None if bias is None else take_rows(bias, rows),
                     q_norm=q_norm if q_norm is None or order is None else q_norm[order],
                     k_norm=k_norm if k_norm is None or order is None else k_norm[order], **out)

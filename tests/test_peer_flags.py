@@ -34,7 +34,7 @@ def test_the_lists_name_their_versions_and_hold_both_command_lines():
     heads = {name: (Path(peer_flags.__file__).parent / f).read_text().splitlines()[0] for name, f in
              peer_flags.LISTS.items()}
     assert "vLLM 0.34.0" in heads["vLLM"] and "0c1e570" in heads["llama-server"]
-    assert {"--enable-auto-tool-choice", "--kv-cache-dtype", "-tp", "--lora-modules"} <= set(KNOWN)
+    assert {"--enable-auto-tool-choice", "--kv-cache-dtype", "-tp", "--lora-target-modules"} <= set(KNOWN)
     assert {"-ngl", "--jinja", "--cache-type-k", "--no-webui", "-hf", "--draft-max"} <= set(KNOWN)
     assert len(KNOWN) > 800
 
@@ -74,7 +74,7 @@ def test_flags_of_the_same_meaning_become_spools():
     (["--draft", "16"], "llama-server's --draft is not supported: how many guesses"),
     (["-tp", "2"], "vLLM's -tp is not supported: one process serves one device"),
     (["-ctkd", "q8_0"], "llama-server's -ctkd is not supported: a draft model runs on the model's own"),
-    (["--enable-lora", "--lora-modules", "a=b"], "vLLM's --enable-lora is not supported: LoRA adapters"),
+    (["--lora-target-modules", "q_proj"], "vLLM's --lora-target-modules is not supported: an adapter adapts"),
     (["--temp", "0.7"], "llama-server's --temp is not supported: a request's sampling is its own"),
 ])
 def test_refusals_say_why(argv, says):

@@ -90,15 +90,17 @@ class BlockPool:
         self.evictable.clear()
         return len(flushed) + (self.host.flush() if self.host is not None else 0)
 
-    def match_prefix(self, token_ids, host: bool = True) -> list:
+    def match_prefix(self, token_ids, host: bool = True, root=-1) -> list:
         """The longest cached prefix of token_ids, a block at a time: a device block (an int, now
         referenced once more) or, where the device has none, a host-tier Entry (for the caller
         to claim; host False: the device's blocks alone). Only full blocks match, and at least
-        one token is always left to compute, so the request still gets logits."""
+        one token is always left to compute, so the request still gets logits. root: what the
+        first block's key names as its parent: -1, or a LoRA adapter's (lora.AdapterUse.cache_root),
+        so that K/V computed under one adapter never serves another."""
         if not self.prefix_caching:
             return []
         hits: list = []
-        parent = -1
+        parent = root
         bs = self.block_size
         for start in range(0, len(token_ids) - 1 - bs + 1, bs):
             key = (parent, tuple(token_ids[start:start + bs]))
@@ -119,7 +121,7 @@ class BlockPool:
                 self.refs[block] += 1
         return hits
 
-    def cache_full_blocks(self, block_table, token_ids, num_cached: int, num_computed: int) -> int:
+    def cache_full_blocks(self, block_table, token_ids, num_cached: int, num_computed: int, root=-1) -> int:
         """Offer the blocks that became full between num_cached and num_computed tokens to the
         prefix cache; returns the new number of offered tokens (a block-size multiple)."""
         bs = self.block_size
@@ -127,7 +129,7 @@ class BlockPool:
             return num_computed - num_computed % bs
         for index in range(num_cached // bs, num_computed // bs):
             block = block_table[index]
-            parent = self.ident_of(block_table[index - 1]) if index else -1
+            parent = self.ident_of(block_table[index - 1]) if index else root
             key = (parent, tuple(token_ids[index * bs:(index + 1) * bs]))
             h = hash(key)
             if block not in self.key_of and h not in self.block_of:

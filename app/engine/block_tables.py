@@ -40,7 +40,7 @@ class BlockTables:
             if s.state_slot is None:
                 return False
         scores = request.params.prompt_logprobs is not None and s.state is State.WAITING
-        hits = [] if scores else self.pool.match_prefix(tokens, host)
+        hits = [] if scores else self.pool.match_prefix(tokens, host, cache_root(request))
         device = [b for b in hits if isinstance(b, int)]
         host_hits = [(i, e) for i, e in enumerate(hits) if not isinstance(e, int)]
         for _, entry in host_hits:  # before allocating, whose evictions could drop them
@@ -114,7 +114,7 @@ class BlockTables:
         s = request.schedule
         if s.num_computed - s.num_offered >= self.pool.block_size:
             s.num_offered = self.pool.cache_full_blocks(self.table(request), request.all_ids, s.num_offered,
-                                                        s.num_computed)
+                                                        s.num_computed, cache_root(request))
 
     def drop_outside_window(self, request: Request) -> None:
         """Free the leading blocks no later query sees: every position in them is at least
@@ -126,3 +126,9 @@ class BlockTables:
             self.pool.release(s.block_table[:drop])
             s.block_table = s.block_table[drop:]
             s.dropped_blocks += drop
+
+
+def cache_root(request: Request):
+    """The parent its first block is cached under: -1, or its LoRA adapter's own root."""
+    adapter = request.params.adapter
+    return -1 if adapter is None else adapter.cache_root

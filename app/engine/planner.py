@@ -226,7 +226,8 @@ class Planner:
         """ahead: fed the token the step in flight samples, at the position after it."""
         last = AHEAD if ahead else request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
         return Row(request.id, [last], request.num_tokens - 1 + ahead, self.tables.table(request), sample=True,
-                   prompt_ids=request.prompt_ids, output_ids=request.output_ids, state_slot=request.schedule.state_slot)
+                   prompt_ids=request.prompt_ids, output_ids=request.output_ids, state_slot=request.schedule.state_slot,
+                   adapter=request.params.adapter)
 
     def plan_prefill(self, decode_rows: int, flying: dict) -> list[tuple[Request, Row]]:
         """Up to prefill_chunk tokens, round-robin: each prefilling request in turn gets a chunk,
@@ -255,7 +256,7 @@ class Planner:
                 sample=last and not p.embed and request.max_tokens > 0, prompt_ids=request.prompt_ids,
                 output_ids=request.output_ids, embed=last and p.embed,
                 prompt_logprobs=None if request.output_ids else p.prompt_logprobs,
-                state_slot=request.schedule.state_slot)))
+                state_slot=request.schedule.state_slot, adapter=p.adapter)))
         for request, _ in planned:
             self.queues.move(request, State.PREFILLING)  # to the back of the line
         return planned

@@ -45,6 +45,7 @@ class GenerationParams:
     # each prompt token's logprob (but the first's) with the top n at its position; None: not
     # asked. Such a request computes its whole prompt: no prefix-cache hit skips a position.
     prompt_logprobs: int | None = None
+    adapter: object = None  # a LoRA adapter's model.lora.AdapterUse; None: the base model
 
 
 @dataclass

@@ -26,7 +26,7 @@ class Rule:
 
 
 SAME, IGNORE, REFUSE = "same", "ignore", "refuse"
-NO_LORA = "LoRA adapters are not served yet; merge the adapter into the model's weights"
+LORA_KEPT = "LoRA adapters are held in float32 in --max-loras slots, all usable in one step"
 DRAFT = ("a draft model runs on the model's own backend, threads and cache: give it with --draft-model or"
          " --speculative-config '{\"method\": \"draft_model\", \"model\": PATH}'")
 PER_REQUEST = "a request's sampling is its own: send the field in each request (temperature, top_p, seed, ...)"
@@ -63,7 +63,7 @@ RULES = [
     Rule(r"--slots|--no-slots|--props", IGNORE, "Spool has no /slots or /props; /metrics and /health report its state"),
     Rule(r"--cache-prompt", IGNORE, "prompt prefixes are cached in KV blocks (--enable-prefix-caching)"),
     Rule(r"--no-cache-prompt", SAME, "--no-enable-prefix-caching"),
-    Rule(r"--lora|--lora-scaled|--lora-init-without-apply|--control-vector\S*", REFUSE, NO_LORA),
+    Rule(r"--control-vector\S*", REFUSE, "control vectors are not served; LoRA adapters are (--lora)"),
     Rule(r"--draft|--draft-max|--draft-n|--draft-min|--draft-n-min|--draft-p-min|--draft-p-split", REFUSE,
          "how many guesses a row carries is --speculative-config's num_speculative_tokens"),
     Rule(r".*-draft|.*draft.*|-md|-cd|-devd|-ngld|-td|-tbd|-Cd|-Crd|-Cbd|-Crbd|-otd|-cmoed|-ncmoed|-ctkd|-ctvd"
@@ -114,8 +114,14 @@ RULES = [
          r"|--no-disable-log-requests", IGNORE, "--log-level and --disable-log-requests set Spool's logs"),
     Rule(r"-tp|--tensor-parallel-size|-pp|--pipeline-parallel-size|-dp|--data-parallel-size", REFUSE,
          ONE_DEVICE, "1"),
-    Rule(r"--enable-lora|--no-enable-lora|--lora-modules|--max-loras|--max-lora-rank|--max-cpu-loras|--lora-\S+"
-         r"|--fully-sharded-loras|--no-fully-sharded-loras|--default-mm-loras", REFUSE, NO_LORA),
+    Rule(r"--max-cpu-loras|--lora-dtype|--fully-sharded-loras|--no-fully-sharded-loras|--specialize-active-lora"
+         r"|--no-specialize-active-lora", IGNORE, LORA_KEPT),
+    Rule(r"--no-enable-lora|--disable-lora", IGNORE, "LoRA adapters are served only where --enable-lora, --lora-modules or --lora"
+                                      " asks for them"),
+    Rule(r"--default-mm-loras|--enable-tower-connector-lora|--disable-tower-connector-lora", REFUSE, TEXT_ONLY),
+    Rule(r"--lora-target-modules", REFUSE, "an adapter adapts the modules its own files hold"),
+    Rule(r"--\S*moe\S*lora\S*", REFUSE, "LoRA adapts dense projections only; a mixture of experts' are not"),
+    Rule(r"--max-lora-cls-labels", REFUSE, "classification heads are not served"),
     Rule(r"-q|--quantization", REFUSE, "--dtype chooses the weights' type (q8_0, q4_k, float16 ...); a GGUF's types"
                                        " are served as they are"),
     Rule(r"--ssl-ca-certs|--ssl-cert-reqs|--ssl-ciphers", REFUSE, "clients are not asked for certificates, and the"

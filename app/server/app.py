@@ -15,7 +15,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from app.server import chat_page, keys, openapi, origins, routes, worker_routes
+from app.server import chat_page, keys, lora_routes, openapi, origins, routes, worker_routes
 from app.server.access_log import AccessLog
 from app.server.anthropic import routes as anthropic
 from app.server.anthropic.schemas import error_body
@@ -28,7 +28,7 @@ from app.server.websocket import websocket_route
 
 # what /openapi.json shows: each API's routes, then the server's own
 DOCUMENTED = tuple(openai.DOCUMENTED + embeddings.DOCUMENTED + anthropic.DOCUMENTED + responses.DOCUMENTED
-                   + routes.DOCUMENTED)
+                   + routes.DOCUMENTED + lora_routes.DOCUMENTED)
 
 
 async def openapi_spec(state: ServerState):
@@ -37,7 +37,7 @@ async def openapi_spec(state: ServerState):
 
 # method, path, route: every HTTP route, each a function of the ServerState (and the path's parts)
 ROUTES = (openai.ROUTES + embeddings.ROUTES + anthropic.ROUTES + responses.ROUTES + routes.ROUTES
-          + [("GET", "/openapi.json", openapi_spec)] + worker_routes.ROUTES)
+          + [("GET", "/openapi.json", openapi_spec)] + worker_routes.ROUTES + lora_routes.ROUTES)
 PAGE_ROUTES = [("GET", "/", chat_page.chat_page), ("GET", "/ui/<name>", chat_page.chat_page_file)]  # unless --no-ui
 
 log = logging.getLogger("spool.server")

@@ -96,7 +96,7 @@ def breaker_ids(tokenizer, breakers: list[str] | None) -> tuple[int, ...]:
 
 
 def generation_params(req, index: int, grammar_text: str | None = None, thinking=None,
-                      defaults: dict | None = None, tokenizer=None) -> GenerationParams:
+                      defaults: dict | None = None, tokenizer=None, adapter=None) -> GenerationParams:
     prompt_logprobs = req.prompt_logprobs
     defaults = defaults or {}
     if isinstance(req, ChatCompletionRequest):
@@ -112,7 +112,7 @@ def generation_params(req, index: int, grammar_text: str | None = None, thinking
     return GenerationParams(sampling_params(req, logprobs, index, defaults, tokenizer), max_tokens=max_tokens,
                             min_tokens=req.min_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
                             ignore_eos=req.ignore_eos, grammar=grammar_text, thinking=thinking,
-                            prompt_logprobs=prompt_logprobs)
+                            prompt_logprobs=prompt_logprobs, adapter=adapter)
 
 
 @dataclass
@@ -137,6 +137,7 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
     """A chat or completion request's prompts rendered and tokenized, its output format
     compiled, and every choice checked by the engine: the pure part, run in a worker thread."""
     engine, tokenizer = state.engine, state.tokenizer
+    adapter = adapter_for(state, req)
     grammar_text, field = grammar(req)
     tools = ToolUse.of(req, state.tool_format) if isinstance(req, ChatCompletionRequest) else None
     if tools is not None:
@@ -145,8 +146,8 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
         grammar_text, field = tools.grammar(), "tools"
     if not isinstance(req, ChatCompletionRequest):
         prompts = completion_prompts(req, tokenizer)
-        params = (generation_params(req, index, grammar_text, defaults=state.sampling_defaults, tokenizer=tokenizer)
-                  for index in range(len(prompts) * req.n))
+        params = (generation_params(req, index, grammar_text, defaults=state.sampling_defaults, tokenizer=tokenizer,
+                                    adapter=adapter) for index in range(len(prompts) * req.n))
         return Checked(check_choices(engine, prompts, req.n, params, field))
     prompt = chat_prompt(tokenizer, req.messages, tools, req.add_generation_prompt, req.template_variables(),
                          state.tool_format)
@@ -161,10 +162,20 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
         grammar_text = after_analysis(tokenizer, grammar_text)
     elif grammar_text is not None and state.reasoning == XTML:
         grammar_text = xtml.after_thought(tokenizer, grammar_text, xtml.opened(tokenizer, prompt), field == "tools")
-    params = (generation_params(req, index, grammar_text, thinking, state.sampling_defaults, tokenizer)
+    params = (generation_params(req, index, grammar_text, thinking, state.sampling_defaults, tokenizer, adapter)
               for index in range(req.n))
     reading = Reading(tools, inside, whole_reader(state.reasoning, tokenizer, prompt, tools), think_tags=tokenizer.think_tags or THINK_TAGS[0])
     return Checked(check_choices(engine, [prompt], req.n, params, field), reading)
+
+
+def adapter_for(state: ServerState, req):
+    """The LoRA adapter the request runs with (model.lora.AdapterUse), or None."""
+    if state.adapters is not None:
+        return state.adapters.use_for(req.model, req.lora)
+    if req.lora:
+        raise APIError(400, "this server serves no LoRA adapters (start it with --lora or --lora-modules)",
+                       param="lora")
+    return None
 
 
 def check_embeddings(state: ServerState, req) -> list[Submission]:

@@ -15,17 +15,20 @@ from app.server.workers import json_reply, off_loop, parse
 
 
 async def models(state: ServerState):
-    return ModelList(data=[model_card(state, name) for name in state.model_names]).model_dump()
+    return ModelList(data=[model_card(state, name) for name in state.model_names]).model_dump(exclude_none=True)
 
 
 async def model(state: ServerState, model_id: str):
     """GET /v1/models/{id}: the served model's card under any of its names (what openai's
     models.retrieve reads), or a 404 for any other id."""
     state.check_model(model_id or None)
-    return model_card(state, model_id).model_dump()
+    return model_card(state, model_id).model_dump(exclude_none=True)
 
 
 def model_card(state: ServerState, name: str) -> ModelCard:
+    adapter = state.adapters.served.get(name) if state.adapters is not None else None
+    if adapter is not None:
+        return ModelCard(id=name, max_model_len=state.max_model_len, root=adapter.path, parent=state.model_name)
     return ModelCard(id=name, max_model_len=state.max_model_len)
 
 

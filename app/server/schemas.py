@@ -44,7 +44,7 @@ UNSUPPORTED = {
 UNSUPPORTED_SAMPLERS = {
     "samplers": None,
     "use_beam_search": (), "length_penalty": (1,), "truncate_prompt_tokens": (), "logits_processors": (),
-    "lora": (), "n_probs": (0,), "min_keep": (0,), "repeat_penalty": (1,),
+    "n_probs": (0,), "min_keep": (0,), "repeat_penalty": (1,),
 }
 SAMPLER_WHY = "this sampler is not implemented yet; leave it out or off (docs/apis.md)"
 
@@ -74,6 +74,7 @@ class SamplingFields(BaseModel):
     xtc_probability: float | None = None  # llama-server's XTC; 0: off
     xtc_threshold: float | None = None  # above 0.5: off
     allowed_token_ids: list[int] | None = None  # vLLM's
+    lora: list | None = None  # llama-server's [{"id": ID, "scale": SCALE}]: the LoRA adapter (app/server/adapters.py)
     bad_words: list[str] | None = None  # vLLM's
     penalty_last_n: int | None = None  # llama-server's penalty window (-1: all, 0: off), or its older name
     repeat_last_n: int | None = None
@@ -339,6 +340,8 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "spool"
     max_model_len: int
+    root: str | None = None  # a LoRA adapter's path, as vLLM lists it
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(BaseModel):

@@ -38,6 +38,7 @@ class ServerState:
     limits: Limits = field(default_factory=Limits)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
     responses: object = None  # the Responses API's store (app/server/responses/store.py), once serve() makes it
+    adapters: object = None  # the LoRA adapters served (app/server/adapters.Adapters), where any may be
     workers: trio.CapacityLimiter = field(init=False)  # the threads of app/server/workers.py, --request-threads
 
     def __post_init__(self):
@@ -49,7 +50,8 @@ class ServerState:
 
     @property
     def model_names(self) -> list[str]:
-        return [self.model_name, *self.aliases]
+        """The base model's names, then the LoRA adapters'."""
+        return [self.model_name, *self.aliases, *(self.adapters.served if self.adapters is not None else ())]
 
     def check_model(self, name: str | None) -> None:
         if name not in (None, "", *self.model_names):

@@ -124,6 +124,17 @@ class CudaOps:
         self.launcher.linear(self.contiguous(x), w, bias, out)
         return out
 
+    def lora(self, y, x, a, b, slots, scales, first: int):
+        """NumpyOps.lora in cuda/lora.cu: each token's a @ x to fp32 scratch, then b @ that into y."""
+        (tokens, width), (out, rank) = x.shape, b.shape[1:]
+        shrunk = self.xp.empty((tokens, rank), dtype=np.float32)
+        if tokens:
+            self.kernel("lora.cu", "lora_shrink")((tokens,), (THREADS,), (
+                shrunk, self.contiguous(x), a, slots, scales, np.int32(width), np.int32(rank)))
+            self.kernel("lora.cu", "lora_expand")((-(-out // THREADS), tokens), (THREADS,), (
+                y, shrunk, b, slots, np.int32(out), np.int32(rank), np.int32(y.shape[1]), np.int32(first)))
+        return y
+
     def logits(self, h, w, softcap: float = 0.0):
         """h @ w.T in fp32, for the sampler; soft-capped (Gemma 2) where softcap is not 0."""
         out = self.xp.empty((h.shape[0], w.shape[0]), dtype=np.float32)

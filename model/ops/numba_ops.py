@@ -14,7 +14,7 @@ import numpy as np
 
 from model.choices import KV_CACHE_TYPES
 from model.errors import ModelError
-from model.ops import delta_rule, numba_attention, numba_delta_rule, numba_rowwise, numba_sampler
+from model.ops import delta_rule, numba_attention, numba_delta_rule, numba_lora, numba_rowwise, numba_sampler
 from model.ops.moe import ExpertPlan, router_logits
 from model.ops.numba_kernels import QUANTIZED_KV
 from model.ops.numpy_ops import NumpyOps, soft_capped
@@ -55,6 +55,7 @@ class NumbaOps(NumpyOps):
     rope = staticmethod(numba_rowwise.rope)
     silu_and_mul = staticmethod(numba_rowwise.silu_and_mul)
     gelu_and_mul = staticmethod(numba_rowwise.gelu_and_mul)
+    lora = staticmethod(numba_lora.lora)
 
     def __init__(self, weights: str = "float32", activations: str = "int8", kv: str = "f16"):
         super().__init__()

@@ -136,6 +136,16 @@ class NumpyOps:
             out += bias
         return out
 
+    def lora(self, y, x, a, b, slots, scales, first: int):
+        """y[t, first:first + out] += scales[t] * b[s] @ (a[s] @ x[t]) for each token t with an
+        adapter's slot s = slots[t] >= 0 (model/lora.py); y in place, a slot's tokens together."""
+        out = b.shape[1]
+        for s in np.unique(slots[slots >= 0]):
+            rows = np.flatnonzero(slots == s)
+            shrunk = (x[rows] @ a[s].T) * scales[rows, None]
+            y[rows, first:first + out] += shrunk @ b[s].T
+        return y
+
     def logits(self, h: np.ndarray, w: np.ndarray, softcap: float = 0.0) -> np.ndarray:
         """The LM head in float32; with a softcap (Gemma 2), cap * tanh(logits / cap)."""
         return soft_capped(self.linear(h, w), softcap)

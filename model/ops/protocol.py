@@ -127,6 +127,8 @@ class Ops(Protocol):
     def loaded(self) -> None: ...  # a model's weights have all been through weight()
     def embedding(self, table, token_ids, scale: float = 1.0): ...  # rows times scale
     def linear(self, x, w, bias=None): ...  # x @ w.T (+ bias)
+    def lora(self, y, x, a, b, slots, scales, first: int): ...  # LoRA's per-token products added into
+    # y's columns from first (model/lora.py): a (slots, rank, in), b (slots, out, rank); slots[t] -1: none
     def logits(self, h, w, softcap: float = 0.0): ...  # the LM head, in fp32; cap * tanh(l / cap) where set
     def rms_norm(self, x, weight, eps: float): ...
     def add_rms_norm(self, x, delta, weight, eps: float) -> tuple: ...  # x += delta in place; (x, rms_norm(x))
