@@ -17,10 +17,12 @@ from safetensors.numpy import load_file, save_file
 
 from model.config import ModelConfig
 from model.lora import AdapterUse, read_adapter
+from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
 from model.ops.numpy_ops import NumpyOps
 from model.runner import ModelRunner, Row, StepPlan
 from model.tokenizer import Tokenizer
+from cuda_harness import CpuLauncher
 from engine_harness import Harness
 from live_server import LiveServer
 from tiny_model import make_tiny_model
@@ -128,6 +130,35 @@ def test_adapter_logits_match_the_merged_weights(base, tmp_path, ops, rslora):
     half = logits(runner, AdapterUse(1, 0.5, 2))  # a request's scale multiplies the adapter's
     half_merged = ModelRunner.from_dir(merged_model(base, tmp_path / "half", tensors, scale / 2), 8, ops=ops())
     np.testing.assert_allclose(half, logits(half_merged), atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_kernels_apply_adapters_as_numpy_does(base, tmp_path, dtype):
+    """The forward pass through the CUDA kernels (the CPU harness) with two adapters and the
+    base model in one batch, prefill then decode; with decode graphs captured, an adapted decode
+    step runs eagerly (the graphs hold no slots) and a plain one still replays."""
+    config = ModelConfig.load(base)
+    runners = [ModelRunner.from_dir(base, 16, ops=NumpyOps()),
+               ModelRunner.from_dir(base, 16, ops=CudaOps(np, CpuLauncher(), dtype))]
+    runners[1].capture_graphs(4, 64)
+    for seed, runner in enumerate(runners):
+        runner.serve_adapters(2, 8)
+        for slot in range(2):
+            write_peft(tmp_path / f"a{slot}", config, seed=20 + slot, rank=4 + 4 * slot)
+            runner.load_adapter(read_adapter(f"a{slot}", tmp_path / f"a{slot}", config), slot)
+    uses = [AdapterUse(0, 1.0, 1), None, AdapterUse(1, 0.5, 2)]
+    tolerance = {"float32": 1e-5, "bfloat16": 4e-2}[dtype]
+
+    def compare(rows):
+        want, got = (r.ops.to_host(r.logits(StepPlan(rows))) for r in runners)
+        assert np.abs(got - want).max() / np.abs(want).max() < tolerance
+
+    compare([Row(k, PROMPT[:10 + k], 0, [2 * k, 2 * k + 1], sample=True, adapter=uses[k]) for k in range(3)])
+    replays = runners[1].graphs.replays
+    compare([Row(k, [7 + k], 10 + k, [2 * k, 2 * k + 1], sample=True, adapter=uses[k]) for k in range(3)])
+    assert runners[1].graphs.replays == replays
+    compare([Row(1, [9], 12, [2, 3], sample=True)])
+    assert runners[1].graphs.replays == replays + 1
 
 
 def test_gguf_adapter_reads_as_its_peft_twin(base, tmp_path):

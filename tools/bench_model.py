@@ -25,6 +25,7 @@ import model  # noqa: E402, F401  (first: it sets the thread pools' environment 
 import numpy as np  # noqa: E402
 
 from model.backend import resolve  # noqa: E402
+from model.lora import AdapterUse  # noqa: E402
 from model.default import resolve_model  # noqa: E402
 from model.runner import ModelRunner, Row, StepPlan  # noqa: E402
 
@@ -67,13 +68,28 @@ def bytes_per_token(model) -> int:
     return int(model.weight_bytes - (w.embed.nbytes if w.lm_head is not w.embed else 0) - unread)
 
 
-def bench_prefill(runner, ids, repeats, chunk):
+def random_adapter(config, rank: int):
+    """A LoRA adapter of rank `rank` on every dense projection, random (its speed is what counts)."""
+    from model.lora import MODULES, Adapter, module_span
+
+    rng = np.random.default_rng(0)
+    adapter = Adapter("bench", "random", rank, [{} for _ in range(config.num_layers)])
+    for i, modules in enumerate(adapter.layers):
+        for module in MODULES:
+            _, _, out, width = module_span(config, i, module)
+            modules[module] = (rng.standard_normal((rank, width), np.float32) / np.sqrt(width),
+                               rng.standard_normal((out, rank), np.float32) * np.float32(0.01))
+    return adapter
+
+
+def bench_prefill(runner, ids, repeats, chunk, adapter=None):
     """Tokens a second of one prompt prefilled in steps of chunk tokens (the whole prompt at once
     for 0), each on the cache the steps before it wrote, as the server's chunked prefill runs."""
     table = list(range(-(-len(ids) // runner.block_size)))
     chunk = chunk or len(ids)
     slot = runner.state_slots - 1  # a hybrid's state: the last slot (decode rows take the others)
-    plans = [StepPlan([Row("p", ids[at:at + chunk], at, table, sample=at + chunk >= len(ids), state_slot=slot)])
+    plans = [StepPlan([Row("p", ids[at:at + chunk], at, table, sample=at + chunk >= len(ids), state_slot=slot,
+                           adapter=adapter)])
              for at in range(0, len(ids), chunk)]
     runner.step(plans[0])  # warm-up
     times = []
@@ -85,23 +101,23 @@ def bench_prefill(runner, ids, repeats, chunk):
     return len(ids) / statistics.median(times)
 
 
-def bench_decode(runner, ids, batch, context, steps):
+def bench_decode(runner, ids, batch, context, steps, adapter=None):
     bs = runner.block_size
     per_row = -(-(context + steps + 1) // bs)
     rows = []
     for b in range(batch):
         prompt = ids[b * 3: b * 3 + context]
         table = list(range(b * per_row, (b + 1) * per_row))
-        runner.step(StepPlan([Row(b, prompt, 0, table, state_slot=b)]))  # fill the cache, no sampling
-        rows.append(Row(b, [prompt[-1]], context, table, sample=True, state_slot=b))
+        runner.step(StepPlan([Row(b, prompt, 0, table, state_slot=b, adapter=adapter)]))  # fill the cache, no sampling
+        rows.append(Row(b, [prompt[-1]], context, table, sample=True, state_slot=b, adapter=adapter))
     times = []
     for step in range(steps + 1):
         t = time.perf_counter()
         out = runner.step(StepPlan(rows))
         if step:  # the first step is a warm-up
             times.append(time.perf_counter() - t)
-        rows = [Row(r.request_id, [s.token_id], r.start_pos + 1, r.block_table, sample=True, state_slot=r.state_slot)
-                for r, s in zip(rows, out)]
+        rows = [Row(r.request_id, [s.token_id], r.start_pos + 1, r.block_table, sample=True, state_slot=r.state_slot,
+                    adapter=adapter) for r, s in zip(rows, out)]
     return batch / statistics.median(times), statistics.median(times)
 
 
@@ -118,6 +134,8 @@ def main() -> None:
     parser.add_argument("--backend", default="cpu", choices=("cpu", "numpy"),
                         help="cpu: numba kernels (the server's default); numpy: the reference")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "q8_0"), help="weights on --backend cpu")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="every row through a random LoRA adapter of this rank on every dense projection (0: none)")
     args = parser.parse_args()
 
     from model.tokenizer import Tokenizer
@@ -131,19 +149,26 @@ def main() -> None:
     backend = resolve(args.backend, args.dtype)
     model = backend.load(model_dir)
     runner = ModelRunner(model.config, model, num_blocks=need, seed=0, state_slots=max([*batches, 0]) + 1)
+    adapter = None
+    if args.lora_rank:
+        runner.serve_adapters(1, args.lora_rank)
+        runner.load_adapter(random_adapter(model.config, args.lora_rank), 0)
+        adapter = AdapterUse(0)
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, {blas_info()}")
-    print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), context {args.context} per decode row")
+    lora = f", a rank-{args.lora_rank} LoRA adapter on every row" if args.lora_rank else ""
+    print(f"# model {model_dir.name}, backend {backend.name} ({backend.dtype}), context {args.context} per decode row"
+          + lora)
     reads = bytes_per_token(runner.model)
     print(f"# a decode token reads {reads / 2**20:.0f} MiB of weights; memory copy {bandwidth / 1e9:.1f} GB/s,"
           f" so batch 1 at most {bandwidth / reads:.1f} tok/s")
     print("| measurement | tok/s | ms/step |")
     print("| --- | ---: | ---: |")
-    rate = bench_prefill(runner, ids[:args.prompt_tokens], args.prefill_repeats, args.prefill_chunk)
+    rate = bench_prefill(runner, ids[:args.prompt_tokens], args.prefill_repeats, args.prefill_chunk, adapter)
     steps = f", chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
     print(f"| prefill {args.prompt_tokens} tokens{steps} | {rate:.0f} | {1000 * args.prompt_tokens / rate:.0f} |")
     for batch in batches:
-        rate, step = bench_decode(runner, ids, batch, args.context, args.steps)
+        rate, step = bench_decode(runner, ids, batch, args.context, args.steps, adapter)
         share = f" ({rate * reads / bandwidth:.0%} of the copy bandwidth)" if batch == 1 else ""
         print(f"| decode batch {batch}{share} | {rate:.1f} | {1000 * step:.1f} |")
 
