@@ -131,6 +131,14 @@ def _convert(action, raw, where: str):
         else:
             raise SettingsError(f"{where}: {raw!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
         return on if action.const is not False else not on
+    if isinstance(action, argparse._AppendAction):  # a repeated flag (--lora FILE): a list of what each takes
+        items = [str(v) for item in (raw if isinstance(raw, list) else re.split(r"[,\s]+", str(raw).strip()))
+                 for v in (item if isinstance(item, list) else [item]) if str(v)]
+        width = action.nargs if isinstance(action.nargs, int) else 1
+        if not items or len(items) % width:
+            raise SettingsError(f"{where}: takes values in groups of {width}")
+        groups = [items[i:i + width] for i in range(0, len(items), width)]
+        return groups if isinstance(action.nargs, int) else [g[0] for g in groups]
     many = action.nargs in ("+", "*")
     if isinstance(raw, list) and not many:
         try:  # one value that reads a JSON list (--allowed-origins) takes a YAML list whole

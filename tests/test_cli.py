@@ -33,6 +33,11 @@ def other_value(action):
         return value, [json.dumps(value)]
     else:
         value = "x-" + action.dest
+    if isinstance(action, argparse._AppendAction):  # repeated (--lora FILE): one use, a list of what it takes
+        if isinstance(action.nargs, int):
+            group = [f"{value}-{k}" for k in range(action.nargs)]
+            return [group], group
+        return [value], [value]
     if action.nargs in ("+", "*"):
         return [value, value + "-2"], [value, value + "-2"]
     return value, [str(value)]
@@ -64,7 +69,8 @@ def test_every_name_env_var_and_config_key_reaches_the_same_setting(command, opt
     assert getattr(args, dest) == value and sources[dest] == "command line"
 
     # the environment and the file name the setting by its dest, whatever alias the flag had
-    env_value = ",".join(value) if isinstance(value, list) else str(value).lower()
+    flat = [w for v in value for w in (v if isinstance(v, list) else [v])] if isinstance(value, list) else None
+    env_value = ",".join(flat) if flat is not None else str(value).lower()
     _, args, sources = cli.parse(base, environ={settings.env_name(dest): env_value})
     assert getattr(args, dest) == value and sources[dest] == settings.env_name(dest)
 
