@@ -272,6 +272,10 @@ def test_server_serves_adapters_by_name(base, tmp_path):
         want = text(merged_client, "base")
         assert text(client, "sql") == want != text(client, "base")
         assert text(client, "style") == want  # the GGUF twin
+        vectors = {m: client.embeddings.create(model=m, input="hello there").data[0].embedding for m in ("base", "sql")}
+        assert vectors["base"] != vectors["sql"]
+        assert merged_client.embeddings.create(model="base", input="hello there").data[0].embedding == \
+            pytest.approx(vectors["sql"], abs=1e-5)
         ids = {a["path"]: a["id"] for a in httpx.get(server.url + "/lora-adapters").json()}
         assert text(client, "base", lora=[{"id": ids[str(tmp_path / "style.gguf")], "scale": 1.0}]) == want
         bad = httpx.post(server.url + "/v1/completions", json={"model": "base", "prompt": "hi", "max_tokens": 2,
@@ -295,3 +299,31 @@ def test_server_serves_adapters_by_name(base, tmp_path):
     finally:
         server.stop()
         reference.stop()
+
+
+def test_an_unloaded_adapters_slot_waits_for_its_requests(base, tmp_path):
+    """Unloading takes the name away at once; the slot is loaded again only after the requests
+    still running with it end, so they keep their adapter's weights to the last token."""
+    from app.server.adapters import Adapters
+    from model.errors import ModelError
+
+    config = ModelConfig.load(base)
+    for name in "abc":
+        write_peft(tmp_path / name, config, seed=ord(name))
+    runner = ModelRunner.from_dir(base, 64, ops=NumpyOps())
+    runner.serve_adapters(1, 8)
+    harness = Harness(runner, Tokenizer(base))
+    adapters = Adapters(harness.engine, config, "base", runtime=True)
+    first = adapters.load("a", str(tmp_path / "a"))
+    alone = Harness(runner, Tokenizer(base))
+    rid = alone.submit(PROMPT, max_tokens=6, ignore_eos=True, adapter=first.use)
+    alone.run()
+    running = harness.submit(PROMPT, max_tokens=6, ignore_eos=True, adapter=first.use)
+    harness.tick()
+    adapters.unload("a")
+    assert adapters.use_for("a", None) is None
+    with pytest.raises(ModelError, match="still in use"):
+        adapters.load("b", str(tmp_path / "b"))
+    harness.run()
+    assert harness.tokens(running) == alone.tokens(rid)
+    assert adapters.load("c", str(tmp_path / "c")).use.slot == first.use.slot

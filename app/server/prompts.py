@@ -171,8 +171,8 @@ def check_request(state: ServerState, req, fit_context: bool = False) -> Checked
 def adapter_for(state: ServerState, req):
     """The LoRA adapter the request runs with (model.lora.AdapterUse), or None."""
     if state.adapters is not None:
-        return state.adapters.use_for(req.model, req.lora)
-    if req.lora:
+        return state.adapters.use_for(req.model, getattr(req, "lora", None))
+    if getattr(req, "lora", None):
         raise APIError(400, "this server serves no LoRA adapters (start it with --lora or --lora-modules)",
                        param="lora")
     return None
@@ -181,7 +181,9 @@ def adapter_for(state: ServerState, req):
 def check_embeddings(state: ServerState, req) -> list[Submission]:
     """An embeddings request's inputs tokenized and checked, one choice each (in a worker thread)."""
     inputs = completion_prompts(req, state.tokenizer, "input")
-    return check_choices(state.engine, inputs, 1, (GenerationParams(max_tokens=1, embed=True) for _ in inputs))
+    adapter = adapter_for(state, req)
+    return check_choices(state.engine, inputs, 1, (GenerationParams(max_tokens=1, embed=True, adapter=adapter)
+                                                   for _ in inputs))
 
 
 def chat_tokens(state: ServerState, req) -> list[int]:
