@@ -12,6 +12,9 @@ import numpy as np
 _M64 = (1 << 64) - 1
 INT32_MAX = 2**31 - 1  # the widest top_k a sampler holds (int32 on the device)
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
+# llama-server's sampler chain: its names, each with its letter (its `samplers` as a string)
+SAMPLER_STAGES = {"penalties": "e", "dry": "d", "top_n_sigma": "s", "top_k": "k", "typ_p": "y", "top_p": "p",
+                  "min_p": "m", "xtc": "x", "temperature": "t"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class SamplingParams:
     mirostat_eta: float = 0.1  # how fast mu follows the error
     mirostat_mu: float | None = None  # the request's mu before this draw (the engine keeps it); None: 2 tau
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # llama-server's samplers: the chain's stages (SAMPLER_STAGES) in its order, each applied only
+    # if named (model/ops/numpy_chain.py); None: Spool's own order (numpy_sampling.pick)
+    samplers: tuple[str, ...] | None = None
     seed: int | None = None
     logprobs: int | None = None  # None: none; n >= 0: the sampled token's plus the top n
 
@@ -65,7 +71,7 @@ class SamplingParams:
         """Uses a sampler beyond the kernels' (temperature, top-k, top-p, min-p, top-nσ,
         penalties, bias): the row is drawn by the NumPy reference (model/ops/numpy_samplers.py)."""
         return (self.typical_p < 1.0 or self.dynatemp_range > 0 or self.excludes_top_choices
-                or self.allowed_token_ids is not None or self.reads_output)
+                or self.allowed_token_ids is not None or self.reads_output or self.samplers is not None)
 
     @property
     def dry(self) -> bool:
@@ -134,6 +140,10 @@ def validate_extended(p: SamplingParams, vocab_size: int) -> None:
         raise ValueError(f"dry_allowed_length must be a whole number >= 0, got {p.dry_allowed_length!r}")
     if not isinstance(p.dry_penalty_last_n, int) or p.dry_penalty_last_n < -1:
         raise ValueError(f"dry_penalty_last_n must be -1 (all), 0 (off) or a positive int, got {p.dry_penalty_last_n!r}")
+    unknown = [s for s in p.samplers or () if s not in SAMPLER_STAGES]
+    if unknown:
+        raise ValueError(f"samplers has {unknown[0]!r}; the stages are {', '.join(SAMPLER_STAGES)} (or their letters"
+                         f" {''.join(SAMPLER_STAGES.values())} as one string)")
     if p.mirostat not in (0, 2):
         raise ValueError(f"mirostat must be 0 (off) or 2 (mirostat 2); mirostat 1 is not supported, got {p.mirostat!r}")
     if p.mirostat_tau < 0 or p.mirostat_eta < 0:

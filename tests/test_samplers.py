@@ -1,7 +1,9 @@
 """The samplers beyond the kernels' (typical-p, dynamic temperature, XTC, DRY, mirostat 2,
-allowed_token_ids, bad_words, a penalty window), held to references written here from their published
+allowed_token_ids, bad_words, a penalty window, llama-server's sampler chain), held to references written here from their published
 definitions (llama.cpp's where it defines them), on NumPy, numba and the CUDA backend (whose
 rows for them go through the NumPy reference on the host)."""
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,9 +11,10 @@ import pytest
 from cuda_harness import CpuLauncher
 from model.ops.cuda_ops import CudaOps
 from model.ops.numba_ops import NumbaOps
+from model.ops.numpy_chain import chain_draw
 from model.ops.numpy_dry import apply_dry
 from model.ops.numpy_ops import NumpyOps
-from model.ops.numpy_sampling import pick
+from model.ops.numpy_sampling import apply_penalties, pick
 from model.ops.protocol import SampleBatch
 from model.sampling import XTC_STREAM, SamplingParams, seeded_uniform
 
@@ -233,6 +236,49 @@ def test_mirostat_2_follows_llama_cpp_and_carries_mu(temperature, tau, eta):
     assert len(sizes) > 1  # mu moved the cut
 
 
+LLAMA_CPP_CHAIN = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+SPOOL_ORDER = ("penalties", "dry", "temperature", "top_n_sigma", "min_p", "top_k", "typ_p", "top_p", "xtc")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_chain_in_spools_own_order_draws_what_spool_draws(seed):
+    """samplers naming Spool's own order (temperature first) gives the tokens of the request
+    without it, over a spread of uniforms: the chain's stages are the same samplers."""
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal(300) * 2.5).astype(np.float32)
+    p = SamplingParams(temperature=float(rng.uniform(0.5, 1.5)), top_k=int(rng.choice([0, 5, 40])),
+                       top_p=float(rng.choice([1.0, 0.9, 0.6])), min_p=float(rng.choice([0.0, 0.05])),
+                       top_n_sigma=float(rng.choice([-1.0, 1.5])), typical_p=float(rng.choice([1.0, 0.8])),
+                       xtc_probability=float(rng.choice([0.0, 1.0])), xtc_threshold=0.05,
+                       repetition_penalty=float(rng.choice([1.0, 1.3])), dry_multiplier=float(rng.choice([0.0, 2.0])))
+    if p.top_k == 0 and p.top_p == 1.0 and p.min_p == 0 and p.top_n_sigma < 0 and p.typical_p == 1.0:
+        p = replace(p, top_k=20)  # unfiltered, Spool draws in id order, a chain in probability order
+    prompt, output = [2, 17, 5, 9, 40, 17, 5], [9, 40, 17]
+    chained = replace(p, samplers=SPOOL_ORDER)
+    coin = 0.5  # XTC's: below xtc_probability 1.0, so it acts
+    for u in np.linspace(0.0005, 0.9995, 200):
+        assert chain_draw(logits, chained, prompt, output, u, coin) == pick_row(logits, p, prompt, output, u, coin)
+
+
+def pick_row(logits, p, prompt, output, u, coin):
+    """NumpyOps' draw of one row in Spool's own order, with a given uniform and coin."""
+    row = logits.copy()
+    apply_penalties(row, p, prompt, output)
+    apply_dry(row, p, prompt, output)
+    return pick(row, p, u, coin)
+
+
+def test_llama_cpps_chain_puts_the_temperature_last():
+    """At temperature 2 with top_p 0.5: llama.cpp's default chain cuts the nucleus at
+    temperature 1 (one token left), Spool's order after the temperature flattened it (two)."""
+    logits = np.log(np.array([0.6, 0.3, 0.1], dtype=np.float32))
+    p = SamplingParams(temperature=2.0, top_p=0.5)
+    draws = {order: {chain_draw(logits, replace(p, samplers=order), [], [], u, 1.0) for u in (0.1, 0.5, 0.9)}
+             for order in (LLAMA_CPP_CHAIN, SPOOL_ORDER)}
+    assert draws == {LLAMA_CPP_CHAIN: {0}, SPOOL_ORDER: {0, 1}}
+    assert chain_draw(logits, replace(p, samplers=("top_k",)), [], [], 0.95, 1.0) == 2  # no temperature, no top_p
+
+
 EXTENDED = [SamplingParams(typical_p=0.7, seed=1), SamplingParams(temperature=0.9, dynatemp_range=0.5, seed=2),
             SamplingParams(xtc_probability=0.8, xtc_threshold=0.05, seed=3),
             SamplingParams(allowed_token_ids=tuple(range(0, 300, 7)), top_p=0.9, seed=4),
@@ -241,7 +287,10 @@ EXTENDED = [SamplingParams(typical_p=0.7, seed=1), SamplingParams(temperature=0.
             SamplingParams(dry_multiplier=3.0, dry_allowed_length=1, seed=7),
             SamplingParams(mirostat=2, mirostat_tau=3.0, mirostat_mu=4.5, seed=8),
             SamplingParams(typical_p=0.9, xtc_probability=1.0, xtc_threshold=0.02, dynatemp_range=0.3, top_k=40,
-                           seed=6)]
+                           seed=6),
+            SamplingParams(samplers=LLAMA_CPP_CHAIN, top_k=40, top_p=0.9, min_p=0.05, temperature=0.8,
+                           repetition_penalty=1.2, dry_multiplier=2.0, seed=9),
+            SamplingParams(samplers=("top_p", "temperature", "top_k"), top_p=0.8, top_k=3, temperature=1.5, seed=13)]
 PLAIN = [SamplingParams(seed=10), SamplingParams(temperature=0.0), SamplingParams(top_p=0.9, seed=11),
          SamplingParams(repetition_penalty=1.3, seed=12)]
 
@@ -284,7 +333,8 @@ def test_seeded_rows_are_reproducible(p):
                                          ("allowed_token_ids", ()), ("bad_words", ((1, 2000),)),
                                          ("dry_multiplier", -0.5), ("dry_allowed_length", -1),
                                          ("dry_penalty_last_n", -3), ("dry_base", float("inf")),
-                                         ("mirostat", 1), ("mirostat_tau", -1.0), ("mirostat_eta", float("nan"))])
+                                         ("mirostat", 1), ("mirostat_tau", -1.0), ("mirostat_eta", float("nan")),
+                                         ("samplers", ("top_k", "infill"))])
 def test_out_of_range_values_are_refused(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
         SamplingParams(**{field: value}).validate(1000)

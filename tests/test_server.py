@@ -116,7 +116,8 @@ BAD_SAMPLERS = [("typical_p", 0), ("typical_p", 1.5), ("dynatemp_range", -0.5), 
                 ("xtc_probability", 1.5), ("xtc_threshold", -0.1), ("allowed_token_ids", [10 ** 9]),
                 ("allowed_token_ids", []), ("bad_words", [""]), ("penalty_last_n", -2), ("repeat_last_n", -2),
                 ("dry_multiplier", -1), ("dry_allowed_length", -1), ("dry_penalty_last_n", -2),
-                ("mirostat", 1), ("mirostat", 3), ("mirostat_tau", -1)]
+                ("mirostat", 1), ("mirostat", 3), ("mirostat_tau", -1), ("samplers", ["top_k", "infill"]),
+                ("samplers", "kqt")]
 BAD = [
     ("malformed JSON", "/v1/chat/completions", b"{not json", 400),
     ("wrong type", "/v1/chat/completions", {"messages": "hello"}, 400),
@@ -187,7 +188,8 @@ def test_allowed_token_ids_bad_words_and_llama_samplers_reach_the_sampler(server
              "repeat_last_n": 16, "repetition_penalty": 1.2, "dry_multiplier": 0.8, "dry_allowed_length": 1,
              "dry_sequence_breakers": ["\n", "."]}
     mirostat = {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2, "max_tokens": 12}
-    for extra in (llama, mirostat):
+    chain = {"samplers": "edkypmxt", "top_k": 20, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1}
+    for extra in (llama, mirostat, chain):
         runs = [httpx.post(server.url + "/v1/completions", json={**body, **extra}, timeout=60).json()
                 for _ in range(2)]
         assert runs[0]["choices"][0]["text"] == runs[1]["choices"][0]["text"], runs  # seeded

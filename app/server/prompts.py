@@ -20,7 +20,7 @@ from app.server.schemas import ChatCompletionRequest
 from app.server.state import ServerState
 from app.server.tools import ToolFormat, ToolUse, prompt_messages
 from app.server.workers import off_loop
-from model.sampling import SamplingParams
+from model.sampling import SAMPLER_STAGES, SamplingParams
 from model.tokenizer import THINK_TAGS, ChatTemplateError
 
 
@@ -65,6 +65,7 @@ def sampling_params(req, logprobs: int | None, index: int, defaults: dict | None
         mirostat_tau=field("mirostat_tau", 5.0),
         mirostat_eta=field("mirostat_eta", 0.1),
         logit_bias=bias,
+        samplers=sampler_chain(req.samplers),
         seed=None if req.seed is None else req.seed + index,
         logprobs=logprobs,
     )
@@ -86,6 +87,17 @@ def bad_word_ids(tokenizer, words) -> tuple[tuple[int, ...], ...]:
 
 
 DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's default dry_sequence_breakers
+
+
+def sampler_chain(samplers: list[str] | str | None) -> tuple[str, ...] | None:
+    """llama-server's samplers as stage names: a list of names, or a string of their letters
+    ("kypmt"); SamplingParams.validate names what is unknown."""
+    if samplers is None:
+        return None
+    if isinstance(samplers, list):
+        return tuple(samplers)
+    names = {letter: name for name, letter in SAMPLER_STAGES.items()}
+    return tuple(names.get(letter, letter) for letter in samplers)
 
 
 def breaker_ids(tokenizer, breakers: list[str] | None) -> tuple[int, ...]:

@@ -42,7 +42,6 @@ UNSUPPORTED = {
 # vLLM's and llama-server's samplers and sampling switches that Spool does not implement yet,
 # each with the values that leave it off (a request that sends those passes)
 UNSUPPORTED_SAMPLERS = {
-    "samplers": None,
     "use_beam_search": (), "length_penalty": (1,), "truncate_prompt_tokens": (), "logits_processors": (),
     "n_probs": (0,), "min_keep": (0,), "repeat_penalty": (1,),
 }
@@ -74,6 +73,7 @@ class SamplingFields(BaseModel):
     xtc_probability: float | None = None  # llama-server's XTC; 0: off
     xtc_threshold: float | None = None  # above 0.5: off
     allowed_token_ids: list[int] | None = None  # vLLM's
+    samplers: list[str] | str | None = None  # llama-server's chain: stage names in order, or their letters
     lora: list | None = None  # llama-server's [{"id": ID, "scale": SCALE}]: the LoRA adapter (app/server/adapters.py)
     bad_words: list[str] | None = None  # vLLM's
     penalty_last_n: int | None = None  # llama-server's penalty window (-1: all, 0: off), or its older name

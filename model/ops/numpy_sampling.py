@@ -7,6 +7,7 @@ import numpy as np
 
 from model.ops.numpy_samplers import dynamic_temperature, exclude_top_choices, locally_typical, mirostat_v2, \
     penalty_window, restrict
+from model.ops.numpy_chain import chain_draw
 from model.ops.numpy_dry import apply_dry
 from model.ops.protocol import SampleBatch, SampleResult
 from model.sampling import SamplingParams, allowed_tokens
@@ -32,10 +33,13 @@ def sample_rows(logits: np.ndarray, batch: SampleBatch) -> SampleResult:
             if p.logit_bias:
                 ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
                 row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32)
-            apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
-            apply_dry(row, p, batch.prompts[r], batch.outputs[r])
+            if p.samplers is None:  # else stages of the chain, where it names them
+                apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
+                apply_dry(row, p, batch.prompts[r], batch.outputs[r])
             restrict(row, p, batch.outputs[r])
-        if p.greedy:
+        if p.samplers is not None and p.mirostat != 2:
+            token_ids[r] = chain_draw(row, p, batch.prompts[r], batch.outputs[r], batch.uniform(r), batch.coin(r))
+        elif p.greedy:
             token_ids[r] = int(np.argmax(row))
         elif p.mirostat == 2:
             token_ids[r], mus[r] = mirostat_v2(row, p, batch.uniform(r))
@@ -113,7 +117,9 @@ def pick(logits: np.ndarray, p: SamplingParams, u: float, coin: float = 1.0) -> 
     cand = cand[np.lexsort((cand, -probs[cand]))]
     if top_k:
         cand = cand[:top_k]
-    kept = probs[cand] / probs[cand].sum()
+    kept = probs[cand]
+    if top_k or floor > 0.0:  # renormalised over what the filters left (not over top-p's shortlist)
+        kept = kept / kept.sum()
     if typical:
         cand, kept = locally_typical(cand, kept, p.typical_p)
     if p.top_p < 1.0:
