@@ -89,7 +89,8 @@ def server():
     s.stop()
 
 
-@pytest.mark.parametrize("protocol,endpoint,extra", [("sse", "completions", ["--keep-alive"]),
+@pytest.mark.parametrize("protocol,endpoint,extra", [("sse", "completions", ["--keep-alive"]),  # httpx
+                                                     ("sse", "chat", []),  # tools/sse_stream.py
                                                      ("ws", "chat", ["--request-rate", "20"])])
 def test_a_short_load_test_against_a_live_server(server, tmp_path, protocol, endpoint, extra):
     out, png = tmp_path / "run.json", tmp_path / "run.png"

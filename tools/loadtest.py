@@ -35,6 +35,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
+from sse_stream import StreamError, events
 
 # Running and waiting requests, by the metric names of each server family.
 RUNNING_METRICS = ("spool:num_requests_running", "vllm:num_requests_running", "sglang:num_running_reqs",
@@ -308,46 +309,60 @@ class Timer:
         r.ok = True
 
 
-async def send_sse(client, args, item: Item, result: RequestResult, tokenizer: Tokenizer) -> None:
+async def httpx_events(client, url: str, body: dict):
+    """sse_stream.events' contract through httpx (https://, pooled connections)."""
     import httpx
 
-    path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
-    timer, usage, finished = Timer(result), None, False
     try:
-        async with client.stream("POST", args.base_url + path, json=request_body(args, item)) as resp:
+        async with client.stream("POST", url, json=body) as resp:
+            yield resp.status_code
             if resp.status_code != 200:
-                await resp.aread()
-                result.error = f"http_{resp.status_code}"
                 return
             async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    finished = True
-                    break
-                chunk = json.loads(data)
-                if chunk.get("error"):
-                    result.error = "stream_error"
-                    return
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    text = choice.get("text") if args.endpoint != "chat" else (choice.get("delta") or {}).get("content")
-                    if text:
-                        timer.content(text)
-                    finished = finished or bool(choice.get("finish_reason"))
+                if line.startswith("data:"):
+                    yield line[5:].strip()
     except httpx.TimeoutException:
-        result.error = "timeout"
-        return
+        raise StreamError("timeout") from None
     except httpx.ConnectError:
-        result.error = "connect"
-        return
+        raise StreamError("connect") from None
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-        result.error = "disconnected"
+        raise StreamError("disconnected") from None
+
+
+async def send_sse(client, args, item: Item, result: RequestResult, tokenizer: Tokenizer) -> None:
+    path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+    url, body = args.base_url + path, request_body(args, item)
+    lean = url.startswith("http://") and not args.keep_alive
+    auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    stream = events(url, body, auth, args.timeout) if lean else httpx_events(client, url, body)
+    timer, usage, finished = Timer(result), None, False
+    try:
+        status = await anext(stream)
+        if status != 200:
+            result.error = f"http_{status}"
+            return
+        async for data in stream:
+            if data == "[DONE]":
+                finished = True
+                break
+            chunk = json.loads(data)
+            if chunk.get("error"):
+                result.error = "stream_error"
+                return
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                text = choice.get("text") if args.endpoint != "chat" else (choice.get("delta") or {}).get("content")
+                if text:
+                    timer.content(text)
+                finished = finished or bool(choice.get("finish_reason"))
+    except StreamError as e:
+        result.error = str(e)
         return
     except json.JSONDecodeError:
         result.error = "bad_chunk"
         return
+    finally:
+        await stream.aclose()
     if not finished:
         result.error = "incomplete"
         return
@@ -443,7 +458,8 @@ async def run(args) -> dict:
 
         t0 = time.perf_counter()
         async with trio.open_nursery() as outer:
-            outer.start_soon(scrape, control, args.base_url, t0, timeline)
+            if args.metrics_every > 0:
+                outer.start_soon(scrape, control, args.base_url, t0, timeline, args.metrics_every)
             async with trio.open_nursery() as requests:
                 for n, (item, delay) in enumerate(zip(items, delays)):
                     if args.num_requests and n >= args.num_requests:
@@ -573,6 +589,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--seed", type=int, default=0, help="workload and arrival seed (default: 0)")
     a("--slo", default=None, help="goodput targets in ms, as ttft:500,tpot:50[,e2el:MS]")
     a("--timeout", type=float, default=600.0, help="seconds a request may take (default: 600)")
+    a("--metrics-every", type=float, default=0.5, metavar="SECONDS",
+      help="read the server's /metrics this often for the timeline; 0: never, so a small machine's server spends"
+           " nothing on it (default: 0.5)")
     a("--json", default=None, help="write the config, summary, every request and the /metrics timeline")
     a("--plot", default=None, help="write a PNG: latency CDFs, throughput and server queue over time")
     a("--compare", nargs="+", metavar="JSON", default=None,
