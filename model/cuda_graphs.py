@@ -6,7 +6,7 @@ ids, positions, K/V slots, context lengths, block tables), its kernels depend on
 size. So at start-up the forward pass is captured once per size of `graph_sizes` (1, 2, 4, 8 ...
 and max_seqs), the largest first, all sizes reading a prefix of the same buffers. A step packs
 its rows into one pinned host array, copies it up in one transfer, and replays the smallest graph
-that holds its rows. The copy is queued, and reads the host array when it runs, so steps take
+that holds its rows. The copy (the fields, and the block tables of the graph's rows only) is queued, and reads the host array when it runs, so steps take
 turns with two host arrays and wait for a turn's last copy before filling it again: with the
 overlapped loop, the next step is filled while the device may not yet have run this one's copy.
 Padding rows write no K/V (slot -1), attend to one token, and their logits are never read.
@@ -103,18 +103,23 @@ class DecodeGraphs:
             tables[i, :len(table)] = table
         self.filled[self.turn] = n
 
-    def upload(self) -> None:
-        """The last fill's host array into the device buffers, queued on the step's stream."""
-        self.uploads[self.turn] = self.ops.launcher.upload(self.device, self.host)
+    def upload(self, size: int | None = None) -> None:
+        """The last fill's host array into the device buffers, queued on the step's stream: the
+        fields, and the block tables of the first `size` rows (all when None), which are all a
+        graph of that size reads (a whole table set is megabytes at a long context)."""
+        launcher, fields = self.ops.launcher, len(self.FIELDS) * self.sizes[-1]
+        end = fields + (self.sizes[-1] if size is None else size) * self.width
+        launcher.upload(self.device[:fields], self.host[:fields])
+        self.uploads[self.turn] = launcher.upload(self.device[fields:end], self.host[fields:end])
 
     def replay(self, plan, fill_ahead):
         """The step's logits (rows, vocab), fp32, from the smallest graph that holds its rows.
         fill_ahead (ModelRunner's) puts the tokens of rows fed AHEAD in place on the device."""
-        rows = plan.rows
+        rows, size = plan.rows, self.padded_size(len(plan.rows))
         self.fill(rows)
-        self.upload()
+        self.upload(size)
         fill_ahead(self.fields["token_ids"], range(len(rows)), rows)
-        graph = self.graphs[self.padded_size(len(rows))]
+        graph = self.graphs[size]
         graph.replay()
         self.replays += 1
         return graph.output[:len(rows)]

@@ -208,12 +208,12 @@ class QueuedUploads(CpuLauncher):
 
     def __init__(self):
         super().__init__()
-        self.events, self.read = [], []  # per upload: its event, and the host array it read
+        self.events, self.read = [], []  # per upload: its event, and the host array it read (a part of)
 
     def upload(self, device, host):
         super().upload(device, host)
         self.events.append(self.Event())
-        self.read.append(host)
+        self.read.append(host if host.base is None else host.base)
         return self.events[-1]
 
 
@@ -227,11 +227,11 @@ def test_a_step_never_fills_the_host_array_the_last_copy_may_still_read(tiny_dir
     blocks = Blocks(runner)
     for step in range(4):
         plan = StepPlan([Row(rid, [5 + step], 3 + step, blocks.table(rid, 4 + step), sample=True) for rid in "ab"])
-        runner.step(plan)
-        assert launcher.read[-1] is not launcher.read[-2]  # not the array the last copy reads (at start-up too)
-        assert not launcher.events[-2].waited  # and that copy is not waited for
+        runner.step(plan)  # two copies a step, the fields and the tables: the second's event is the turn's
+        assert launcher.read[-1] is launcher.read[-2] is not launcher.read[-3]  # not the last step's array
+        assert not launcher.events[-3].waited  # and the last step's copy is not waited for
         if step:
-            assert launcher.read[-1] is launcher.read[-3] and launcher.events[-3].waited
+            assert launcher.read[-1] is launcher.read[-5] and launcher.events[-5].waited
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -323,3 +323,37 @@ def test_running_out_of_memory_in_the_profiling_step_says_which_flags_to_lower(t
     with pytest.raises(ValueError, match=r"^out of GPU memory in the profiling step \(Out of memory allocating"
                                          r" 1,073,741,824 bytes\); lower --max-batched-tokens \(32\) and --max-seqs"):
         gpu_kv_blocks(model, 0.9, max_seqs=4, max_batched_tokens=32, max_model_len=64)
+
+
+class CountedUploads(CpuLauncher):
+    """The bytes each copy up moves."""
+
+    def __init__(self):
+        super().__init__()
+        self.uploaded: list[int] = []
+
+    def upload(self, device, host):
+        self.uploaded.append(host.nbytes)
+        return super().upload(device, host)
+
+
+def test_a_replay_uploads_the_block_tables_of_its_graphs_rows_only(tiny_dir):
+    """At a long context the tables of every graph row are megabytes; a step copies the fields
+    and the tables of the rows its graph reads, and still gives the eager step's logits."""
+    launcher = CountedUploads()
+    graphed = ModelRunner.from_dir(tiny_dir, num_blocks=64, block_size=4, ops=CudaOps(np, launcher))
+    eager = ModelRunner.from_dir(tiny_dir, num_blocks=64, block_size=4, ops=cuda_ops("cpu"))
+    graphed.capture_graphs(16, 1024)  # 256 table columns a row
+    graphs, blocks = graphed.graphs, Blocks(eager)
+    width, fields = graphs.width, len(graphs.FIELDS) * graphs.sizes[-1] * 4
+    for n in (1, 3, 9):
+        prompts = {rid: [5 + i, 9, 3] for i, rid in enumerate("abcdefghi"[:n])}
+        for rid, ids in prompts.items():
+            plan = StepPlan([Row(rid, ids, 0, blocks.table(rid, 3), sample=True)])
+            for r in (graphed, eager):
+                r.logits(plan)
+        launcher.uploaded.clear()
+        plan = StepPlan([Row(rid, [7], 3, blocks.table(rid, 4), sample=True) for rid in prompts])
+        got, want = (r.ops.to_host(r.logits(plan)) for r in (graphed, eager))
+        assert rel_err(got, want) < 1e-5
+        assert launcher.uploaded == [fields, graphs.padded_size(n) * width * 4]
