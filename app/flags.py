@@ -88,13 +88,22 @@ def speculative_config(args):
 
 def kv_cache_type(args) -> str:
     """The K/V cache's type from llama-server's --cache-type-k/-v and vLLM's --kv-cache-dtype:
-    f16 or q8_0, or a ValueError of one line that says what works."""
-    works = "K/V is f16, or q8_0 on the CPU (--cache-type-k q8_0 --cache-type-v q8_0)"
+    f16, q8_0 or fp8, or a ValueError of one line that says what works."""
+    works = ("K/V is f16, q8_0 on the CPU (--cache-type-k q8_0 --cache-type-v q8_0), or fp8 on CUDA"
+             " (--kv-cache-dtype fp8)")
+    if args.kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        if args.backend in ("cpu", "numpy"):
+            raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype} is --backend cuda's; on the CPU,"
+                             " --cache-type-k q8_0 --cache-type-v q8_0 quantizes K/V")
+        if (args.cache_type_k, args.cache_type_v) != ("f16", "f16"):
+            raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype} with --cache-type-k {args.cache_type_k}"
+                             f" --cache-type-v {args.cache_type_v}: give one of them")
+        return "fp8"
     if args.kv_cache_dtype != "auto":
         raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype} is not built (auto keeps K/V in the --dtype's"
-                         " float); " + works)
+                         " float, fp8 or fp8_e4m3 in e4m3 with a scale per token and head); " + works)
     for flag, kind in (("--cache-type-k", args.cache_type_k), ("--cache-type-v", args.cache_type_v)):
-        if kind not in KV_CACHE_TYPES:
+        if kind not in KV_CACHE_TYPES or kind == "fp8":  # llama-server's types; fp8 is vLLM's flag's
             raise ValueError(f"{flag} {kind} is not built; {works}")
     if args.cache_type_k != args.cache_type_v:
         raise ValueError(f"--cache-type-k {args.cache_type_k} with --cache-type-v {args.cache_type_v}: K and V are"
@@ -168,8 +177,9 @@ def serve_arguments(parser) -> None:
     a("--cache-type-v", "-ctv", default="f16", metavar="TYPE",
       help="the V cache's type: as --cache-type-k's (default: f16)")
     a("--kv-cache-dtype", default="auto", metavar="auto",
-      help="vLLM's K/V type: auto, the --dtype's float; its fp8 types are not built (on the CPU, --cache-type-k q8_0"
-           " --cache-type-v q8_0 quantizes K/V) (default: auto)")
+      help="vLLM's K/V type: auto, the --dtype's float; or fp8 (fp8_e4m3), --backend cuda's: e4m3 values and a"
+           " float32 scale per token and head, about 1.9 times the tokens of bfloat16 K/V in the same memory (on"
+           " the CPU, --cache-type-k q8_0 --cache-type-v q8_0 quantizes K/V) (default: auto)")
     a("--enable-lora", action="store_true",
       help="serve LoRA adapters, as vLLM does: those of --lora-modules, and with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"
            " in the environment, those POSTed to /v1/load_lora_adapter")

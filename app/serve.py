@@ -204,7 +204,9 @@ def kv_type(backend) -> str:
     """What the K/V cache holds, as the start-up line and /server_info name it."""
     if backend.ops.kv_q8_0:
         return "q8_0"
-    return backend.dtype if backend.name == "cuda" else f"float{8 * backend.ops.storage_dtype.itemsize}"
+    if backend.name == "cuda":
+        return "fp8_e4m3" if backend.ops.kv_fp8 else backend.dtype
+    return f"float{8 * backend.ops.storage_dtype.itemsize}"
 
 
 def capture_graphs(runner, max_seqs: int, max_model_len: int) -> None:

@@ -27,6 +27,11 @@
 // block_tables: (seqs, max_blocks) int32; context_lens: (seqs) int32.
 // Partials: max and sum (seqs, heads, splits) fp32, acc (seqs, heads, splits, head_dim) fp32.
 // Limits: head_dim a multiple of 4, at most 32 * DIMS; any group (heads a multiple of kv_heads).
+//
+// C, the cache's element type (common.cuh's KvCache), is T, or spool_fp8_e4m3: rows of head_dim + 4
+// bytes, each row's float32 scale after its values; a lane loads a Four of bytes and each row's
+// two scales, and a score is the row's K scale times the dot with its e4m3 values, a row's
+// softmax weight times its V scale weighs its values (the same rows in flight as T's).
 #include "common.cuh"
 
 #define DA_WARPS 4
@@ -49,10 +54,10 @@ __device__ __forceinline__ void merge(float& m, float& sum, float* acc, float m2
     m = top;
 }
 
-template <typename T, int GROUP, int DIMS>
+template <typename T, int GROUP, int DIMS, typename C = T>
 __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: at most 128 registers
     float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc,
-    const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
+    const T* __restrict__ q, const C* __restrict__ cache_k, const C* __restrict__ cache_v,
     const int* __restrict__ block_tables, const int* __restrict__ context_lens, int heads, int kv_heads,
     int head_dim, int block_size, int max_blocks, int num_blocks, int min_split, float scale, int window,
     float softcap) {
@@ -98,24 +103,30 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
     constexpr int unroll = GROUP * DIMS >= 32 || DIMS * sizeof(T) >= 32 ? 1 : DA_UNROLL * 8 / int(DIMS * sizeof(T));
     const int* table = block_tables + size_t(seq) * max_blocks;
     size_t head_base = size_t(kv_head) * num_blocks * block_size;
+    int width = KvCache<C>::width(head_dim);  // a cached row's elements: head_dim, and a scaled row's scale
     int first_page = begin / block_size, last_page = (end + block_size - 1) / block_size;
     for (int page = first_page + warp; page < last_page; page += DA_WARPS) {  // warp-uniform
-        size_t page_base = (head_base + size_t(table[page]) * block_size) * head_dim;
+        size_t page_base = (head_base + size_t(table[page]) * block_size) * width;
         int page_start = page * block_size;
         for (int i0 = 0; i0 < block_size; i0 += subs * unroll) {
-            Four<T> key[unroll][RUNS], value[unroll][RUNS];
+            Four<C> key[unroll][RUNS], value[unroll][RUNS];
+            float key_scale[unroll], value_scale[unroll];  // a scaled row's; unused otherwise
             bool valid[unroll];
 #pragma unroll
             for (int u = 0; u < unroll; ++u) {  // every load first: unroll rows in flight
                 int i = i0 + u * subs + sub;
                 valid[u] = i < block_size && page_start + i >= begin && page_start + i < end;
+                if constexpr (KvCache<C>::scaled) {
+                    key_scale[u] = valid[u] ? row_scale(cache_k + page_base + size_t(i) * width, head_dim) : 0.0f;
+                    value_scale[u] = valid[u] ? row_scale(cache_v + page_base + size_t(i) * width, head_dim) : 0.0f;
+                }
 #pragma unroll
                 for (int r = 0; r < RUNS; ++r) {
                     int d = d0 + r * stride;
-                    key[u][r] = value[u][r] = Four<T>{};
+                    key[u][r] = value[u][r] = Four<C>{};
                     if (valid[u] && d < head_dim) {
-                        key[u][r] = *reinterpret_cast<const Four<T>*>(cache_k + page_base + size_t(i) * head_dim + d);
-                        value[u][r] = *reinterpret_cast<const Four<T>*>(cache_v + page_base + size_t(i) * head_dim + d);
+                        key[u][r] = *reinterpret_cast<const Four<C>*>(cache_k + page_base + size_t(i) * width + d);
+                        value[u][r] = *reinterpret_cast<const Four<C>*>(cache_v + page_base + size_t(i) * width + d);
                     }
                 }
             }
@@ -130,10 +141,12 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
                         for (int j = 0; j < 4; ++j) dot += query[g][4 * r + j] * to_float(key[u][r].v[j]);
                     float score = subwarp_sum(dot, lanes);  // every lane shuffles; invalid rows are then skipped
                     if (!valid[u] || g >= count) continue;
+                    if constexpr (KvCache<C>::scaled) score *= key_scale[u];
                     if (softcap > 0.0f) score = softcap * tanhf(score / softcap);
                     float new_max = fmaxf(run_max[g], score);
                     float correction = __expf(run_max[g] - new_max), weight = __expf(score - new_max);
                     run_sum[g] = run_sum[g] * correction + weight;
+                    if constexpr (KvCache<C>::scaled) weight *= value_scale[u];  // the values' share
 #pragma unroll
                     for (int r = 0; r < RUNS; ++r)
 #pragma unroll

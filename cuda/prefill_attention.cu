@@ -18,16 +18,18 @@
 // q, out: (tokens, heads, head_dim), the step's query tokens, sequence after sequence;
 // query_starts: (seqs + 1) int32 offsets into them; context_lens: (seqs) int32;
 // block_tables: (seqs, max_blocks) int32; caches: (kv_heads, blocks, block_size, head_dim).
-// Limits: head_dim <= 32 * DIMS.
+// Limits: head_dim <= 32 * DIMS. C, the cache's element type, is T or spool_fp8_e4m3 (common.cuh's
+// KvCache: rows of head_dim e4m3 values and their float32 scale): K and V are widened to float,
+// times their row's scale, as they are staged.
 #include "common.cuh"
 
 #define PA_ROWS 16
 #define PA_ROWS_PER_WARP 4
 #define PA_KEYS 32
 
-template <typename T, int DIMS>
+template <typename T, int DIMS, typename C = T>
 __global__ void __launch_bounds__(128) prefill_attention(
-    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
+    T* __restrict__ out, const T* __restrict__ q, const C* __restrict__ cache_k, const C* __restrict__ cache_v,
     const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
     int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale, int window,
     float softcap, const float* __restrict__ sinks) {
@@ -74,9 +76,10 @@ __global__ void __launch_bounds__(128) prefill_attention(
             int key = j / head_dim, d = j % head_dim, pos = tile + key;
             float k = 0.0f, v = 0.0f;
             if (pos < keys_end) {
-                size_t at = (head_base + size_t(table[pos / block_size]) * block_size + pos % block_size) * head_dim + d;
-                k = to_float(cache_k[at]);
-                v = to_float(cache_v[at]);
+                size_t row = (head_base + size_t(table[pos / block_size]) * block_size + pos % block_size) *
+                             KvCache<C>::width(head_dim);
+                k = kv_value(cache_k, row, d, head_dim);
+                v = kv_value(cache_v, row, d, head_dim);
             }
             s_k[key * (head_dim + 1) + d] = k;
             s_v[key * head_dim + d] = v;

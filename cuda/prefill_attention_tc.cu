@@ -22,6 +22,9 @@
 //
 // q, out: (tokens, heads, head_dim); query_starts: (seqs + 1) int32; context_lens: (seqs) int32;
 // block_tables: (seqs, max_blocks) int32; caches: (kv_heads, blocks, block_size, head_dim).
+// C, the cache's element type, is T or spool_fp8_e4m3 (common.cuh's KvCache): an fp8 cache's K and
+// V are widened to float times their row's scale as they are staged, and rounded to T there, as the
+// tensor cores take them.
 // <mma.h> includes crt/mma.h: a CUDA toolkit's headers have it, the pip CUDA runtime wheel's do
 // not (then CudaOps falls back to prefill_attention.cu). NVRTC 13.5 compiles this file with a
 // toolkit's include directory.
@@ -62,14 +65,21 @@ __device__ __forceinline__ void score_tile(float* scores, const T* queries, cons
     wmma::store_matrix_sync(scores + 16, s[1], TC_KEYS, wmma::mem_row_major);
 }
 
-// Where key pos's row starts in a cache of the KV head at head_base, through the block table.
-__device__ __forceinline__ size_t key_row(const int* table, size_t head_base, int pos, int block_size, int head_dim) {
-    return (head_base + size_t(table[pos / block_size]) * block_size + pos % block_size) * head_dim;
+// Where key pos's row starts in a cache of the KV head at head_base, through the block table;
+// width: a cached row's elements (KvCache).
+__device__ __forceinline__ size_t key_row(const int* table, size_t head_base, int pos, int block_size, int width) {
+    return (head_base + size_t(table[pos / block_size]) * block_size + pos % block_size) * width;
 }
 
-template <typename T>
+// Element d of a cached row as T: itself, or an fp8 row's value times its scale, rounded.
+template <typename T, typename C> __device__ __forceinline__ T staged(const C* cache, size_t row, int d, int head_dim) {
+    if constexpr (KvCache<C>::scaled) return from_float<T>(kv_value(cache, row, d, head_dim));
+    else return cache[row + d];
+}
+
+template <typename T, typename C = T>
 __global__ void __launch_bounds__(128) prefill_attention_tc(
-    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ cache_k, const T* __restrict__ cache_v,
+    T* __restrict__ out, const T* __restrict__ q, const C* __restrict__ cache_k, const C* __restrict__ cache_v,
     const int* __restrict__ query_starts, const int* __restrict__ context_lens, const int* __restrict__ block_tables,
     int heads, int kv_heads, int head_dim, int block_size, int max_blocks, int num_blocks, float scale, int window,
     float softcap, const float* __restrict__ sinks) {
@@ -103,6 +113,7 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
     int visible = offset + (row0 + my_row) / group;  // the row's query sees keys 0..visible
     const int* table = block_tables + size_t(seq) * max_blocks;
     size_t head_base = size_t(kv_head) * num_blocks * block_size;
+    int width = KvCache<C>::width(head_dim);
     float* scores = &s_s[warp][0][0];
     float row_max = neg_inf(), row_sum = 0.0f;
     Accumulator acc[TC_TILES];
@@ -116,12 +127,14 @@ __global__ void __launch_bounds__(128) prefill_attention_tc(
             __syncthreads();  // the last tile is read (and the queries staged, the first time)
             for (int j = threadIdx.x; j < TC_KEYS * head_dim; j += blockDim.x) {
                 int key = j / head_dim, d = j % head_dim, pos = tile + key;
-                s_k[key * stride + d] =
-                    pos < keys_end ? cache_k[key_row(table, head_base, pos, block_size, head_dim) + d] : from_float<T>(0.0f);
+                s_k[key * stride + d] = pos < keys_end ? staged<T>(cache_k, key_row(table, head_base, pos, block_size, width), d,
+                                                                  head_dim)
+                                                       : from_float<T>(0.0f);
             }
             for (int j = threadIdx.x; pass && j < TC_KEYS * 16 * out_tiles; j += blockDim.x) {
                 int key = j / (16 * out_tiles), d = j % (16 * out_tiles), pos = tile + key;
-                s_v[key][d] = pos < keys_end ? cache_v[key_row(table, head_base, pos, block_size, head_dim) + dim0 + d]
+                s_v[key][d] = pos < keys_end ? staged<T>(cache_v, key_row(table, head_base, pos, block_size, width),
+                                                         dim0 + d, head_dim)
                                              : from_float<T>(0.0f);
             }
             __syncthreads();

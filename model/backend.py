@@ -40,7 +40,7 @@ class Backend:
     name: str  # cpu or cuda
     dtype: str  # of weights, activations and K/V; auto until a model is loaded
     ops: Ops | None = None  # set by prepare: once the dtype is known, and the model checked
-    kv: str = "f16"  # the K/V cache's type: f16 (the dtype's), or q8_0 (the CPU's, beside packed weights)
+    kv: str = "f16"  # the K/V cache's type: f16 (the dtype's), q8_0 (the CPU's, beside packed weights) or fp8 (CUDA's)
 
     def load(self, model_dir: Path, max_model_len: int | None = None, progress: bool | None = None) -> Llama:
         """The model's weights on this backend, after check_model; progress: a bar on stderr
@@ -65,7 +65,7 @@ class Backend:
 
             if self.dtype == "auto":
                 self.dtype = "float16" if config.torch_dtype == "float16" else "bfloat16"
-            self.ops = cupy_ops.create(self.dtype)
+            self.ops = cupy_ops.create(self.dtype, self.kv)
         return self.ops
 
 
@@ -87,7 +87,8 @@ def cuda_available() -> bool:
 
 
 def resolve(backend: str = "auto", dtype: str = "auto", kv: str = "f16") -> Backend:
-    """kv: the K/V cache's type (--cache-type-k); q8_0 only on the CPU beside packed weights."""
+    """kv: the K/V cache's type (--cache-type-k, --kv-cache-dtype); q8_0 only on the CPU beside packed
+    weights, fp8 only on CUDA."""
     if backend == "auto":
         backend = "cuda" if cuda_available() else "cpu"
     check_kv_cache(backend, dtype, kv)
@@ -110,7 +111,7 @@ def resolve(backend: str = "auto", dtype: str = "auto", kv: str = "f16") -> Back
         raise ValueError("--backend cuda: CuPy sees no CUDA device (or no driver); use --backend cpu")
     if dtype in CPU_DTYPES:
         raise ValueError(f"--dtype {dtype} is for --backend cpu; the CUDA kernels take bfloat16, float16 or float32")
-    return Backend("cuda", dtype)
+    return Backend("cuda", dtype, kv=kv)
 
 
 def check_kv_cache(backend: str, dtype: str, kv: str) -> None:
@@ -120,6 +121,9 @@ def check_kv_cache(backend: str, dtype: str, kv: str) -> None:
     if kv == "q8_0" and (backend in ("numpy", "cuda") or dtype not in ("auto", *CPU_DTYPES)):
         raise ValueError(f"a q8_0 K/V cache is the CPU backend's, beside q8_0 or q4_k weights, not --backend"
                          f" {backend} --dtype {dtype}; use --backend cpu, or f16 K/V")
+    if kv == "fp8" and backend in ("cpu", "numpy"):
+        raise ValueError(f"an fp8 K/V cache (--kv-cache-dtype fp8) is --backend cuda's, not {backend}'s; on the CPU,"
+                         " --cache-type-k q8_0 --cache-type-v q8_0 quantizes K/V")
 
 
 def cpu_kernels() -> type:

@@ -8,12 +8,14 @@ matrices. With q8_0 K/V (ops.kv_q8_0, --cache-type-k q8_0 on the CPU) they are i
 (kv_heads, num_blocks, block_size, head_dim + SCALE_BYTES): each token's head vector as
 round(x / s), s = max |x| / 127, with s's float32 bytes in the same block (the kernels' layout:
 model/ops/numba_rowwise.write_kv), so a block is still one run of one dtype and moves, spills and
-reloads as float blocks do. A token at position p of a request lives in flat slot
-table[p // block_size] * block_size + p % block_size. A layer that reads an earlier layer's K/V
-(Gemma 4's last ones) keeps none (None in the K/V lists). Per delta-net layer (None too), a
-slot holds the recurrent state (value_heads, key_dim, value_dim) and the convolution's last
-inputs (conv_kernel - 1, conv_channels), float32 on every backend: the state is summed into
-at every token, for as long as the request lives.
+reloads as float blocks do. With fp8 K/V on CUDA (ops.kv_fp8, --kv-cache-dtype fp8) they are
+uint8 of the same shape: each token's head vector as OCP FP8 E4M3 codes of x / s, s = max |x| /
+448, and s's float32 bytes after them; K token-major as V (cuda/kv_write.cu). A token at
+position p of a request lives in flat slot table[p // block_size] * block_size + p % block_size.
+A layer that reads an earlier layer's K/V (Gemma 4's last ones) keeps none (None in the K/V
+lists). Per delta-net layer (None too), a slot holds the recurrent state (value_heads, key_dim,
+value_dim) and the convolution's last inputs (conv_kernel - 1, conv_channels), float32 on every
+backend: the state is summed into at every token, for as long as the request lives.
 """
 
 from dataclasses import dataclass
@@ -52,11 +54,12 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.state_slots = state_slots if config.delta_net else 0
-        keeps, extra = set(config.attention_layers), SCALE_BYTES if ops.kv_q8_0 else 0
+        fp8 = getattr(ops, "kv_fp8", False)
+        keeps, extra = set(config.attention_layers), SCALE_BYTES if ops.kv_q8_0 or fp8 else 0
         shapes = [(config.kv_heads_of(i), num_blocks, block_size, config.head_dim_of(i) + extra) if i in keeps
                   else None for i in range(config.num_layers)]
         shapes += [(config.num_kv_heads, num_blocks, block_size, config.head_dim + extra)] * extra_layers
-        dtype = np.dtype(np.int8) if ops.kv_q8_0 else ops.storage_dtype
+        dtype = np.dtype(np.int8) if ops.kv_q8_0 else np.dtype(np.uint8) if fp8 else ops.storage_dtype
         self.k = [None if shape is None else ops.zeros(shape, dtype) for shape in shapes]
         self.v = [None if shape is None else ops.zeros(shape, dtype) for shape in shapes]
         net = config.delta_net
@@ -68,8 +71,8 @@ class KVCache:
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, itemsize: int = 4,
                         extra_layers: int = 0, q8_0: bool = False) -> int:
-        """itemsize: a float K/V element's bytes; q8_0: one byte an element and SCALE_BYTES a
-        token's head vector."""
+        """itemsize: a float K/V element's bytes; q8_0 (or fp8, the same size): one byte an element
+        and SCALE_BYTES a token's head vector."""
         if q8_0:
             heads = sum(map(config.kv_heads_of, config.attention_layers)) + extra_layers * config.num_kv_heads
             return KVCache.bytes_per_block(config, block_size, 1, extra_layers) + 2 * heads * block_size * SCALE_BYTES
@@ -80,7 +83,8 @@ class KVCache:
     def bytes_per_block_of(ops: Ops, config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE,
                            extra_layers: int = 0) -> int:
         """bytes_per_block for K/V as ops keeps them."""
-        return KVCache.bytes_per_block(config, block_size, ops.storage_dtype.itemsize, extra_layers, ops.kv_q8_0)
+        return KVCache.bytes_per_block(config, block_size, ops.storage_dtype.itemsize, extra_layers,
+                                       ops.kv_q8_0 or getattr(ops, "kv_fp8", False))
 
     @staticmethod
     def bytes_per_state_slot(config: ModelConfig) -> int:

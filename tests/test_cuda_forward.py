@@ -239,10 +239,11 @@ def test_a_spill_holds_its_own_size_on_the_device_not_three_times_it(tiny_dir):
     assert peak < size * (1 + 1.5 / config.num_layers), (peak, size)
 
 
-@pytest.mark.parametrize("checkpoint,asked,expected", [("float16", "auto", "float16"), ("bfloat16", "auto", "bfloat16"),
-                                                       (None, "auto", "bfloat16"), ("float16", "float32", "float32")])
+@pytest.mark.parametrize("checkpoint,asked,expected,kv", [
+    ("float16", "auto", "float16", "f16"), ("bfloat16", "auto", "bfloat16", "f16"), (None, "auto", "bfloat16", "f16"),
+    ("float16", "float32", "float32", "f16"), ("bfloat16", "auto", "bfloat16", "fp8")])  # fp8: --kv-cache-dtype fp8
 def test_the_cuda_backend_loads_in_the_checkpoint_dtype_unless_told(tiny_dir, tmp_path, monkeypatch,
-                                                                     checkpoint, asked, expected):
+                                                                     checkpoint, asked, expected, kv):
     """--backend cuda resolved and loaded as serve does, with CuPy stood in for by the harness."""
     import json
     import shutil
@@ -252,7 +253,7 @@ def test_the_cuda_backend_loads_in_the_checkpoint_dtype_unless_told(tiny_dir, tm
     import model.ops
     from model.backend import resolve
 
-    standin = types.SimpleNamespace(available=lambda: True, create=lambda dtype: CudaOps(np, CpuLauncher(), dtype))
+    standin = types.SimpleNamespace(available=lambda: True, create=lambda dtype, kv: CudaOps(np, CpuLauncher(), dtype, kv))
     monkeypatch.setitem(sys.modules, "model.ops.cupy_ops", standin)
     monkeypatch.setattr(model.ops, "cupy_ops", standin, raising=False)
     path = shutil.copytree(tiny_dir, tmp_path / "model")
@@ -261,12 +262,12 @@ def test_the_cuda_backend_loads_in_the_checkpoint_dtype_unless_told(tiny_dir, tm
     if checkpoint:
         config["torch_dtype"] = checkpoint
     (path / "config.json").write_text(json.dumps(config))
-    backend = resolve("auto", asked)
+    backend = resolve("auto", asked, kv)
     llama = backend.load(path)
     assert backend.name == "cuda" and backend.dtype == expected
     assert llama.w.embed.dtype == {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[expected]
     runner = ModelRunner(llama.config, llama, num_blocks=8, block_size=4)
-    assert runner.cache.k[0].dtype == llama.w.embed.dtype
+    assert runner.cache.k[0].dtype == (np.uint8 if kv == "fp8" else llama.w.embed.dtype)
     assert runner.step(StepPlan([Row("r", [5, 6, 7], 0, [0], sample=True)]))[0].token_id >= 0
 
 

@@ -168,8 +168,8 @@ def spool(*argv: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("argv, says", [
     (["--cache-type-k", "q8_0"], "--cache-type-k q8_0 with --cache-type-v f16: K and V are kept alike"),
-    (["-ctk", "q4_0", "-ctv", "q4_0"], "--cache-type-k q4_0 is not built; K/V is f16, or q8_0 on the CPU"),
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8 is not built"),
+    (["-ctk", "q4_0", "-ctv", "q4_0"], "--cache-type-k q4_0 is not built; K/V is f16, q8_0 on the CPU"),
+    (["--kv-cache-dtype", "fp8", "--backend", "cpu"], "--kv-cache-dtype fp8 is --backend cuda's"),
     (["-ctk", "q8_0", "-ctv", "q8_0", "--backend", "numpy"], "a q8_0 K/V cache is the CPU backend's"),
     (["-ctk", "q8_0", "-ctv", "q8_0", "--dtype", "float32"], "a q8_0 K/V cache is the CPU backend's"),
 ])

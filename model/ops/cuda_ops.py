@@ -46,11 +46,11 @@ def decode_splits(multiprocessors: int, blocks: int) -> int:
     return max(1, min(64, -(-2 * multiprocessors // blocks)))
 
 
-def decode_blocks(heads: int, kv_heads: int, head_dim: int) -> tuple[tuple[int, int], int]:
+def decode_blocks(heads: int, kv_heads: int, head_dim: int, cache: str | None = None) -> tuple[tuple[int, int], int]:
     """decode_attention's instance for a model, and its blocks a sequence and split: one per KV
     head and chunk of the KV head's query heads (cuda/decode_attention.cu)."""
     group = heads // kv_heads
-    instance = decode_variant(group, head_dim)
+    instance = decode_variant(group, head_dim, cache)
     return instance, kv_heads * -(-group // instance[0])
 
 
@@ -85,16 +85,21 @@ class CudaOps:
     name = "cuda"
     asynchronous = True  # kernels are queued: a step returns before the device has run it
     attention_cost = 1.0  # not measured on a device yet
-    kv_q8_0 = False  # K/V in the storage dtype; q8_0 is the CPU's
+    kv_q8_0 = False  # K/V in the storage dtype, or fp8 (kv_fp8); q8_0 is the CPU's
 
-    def __init__(self, xp, launcher: Launcher, dtype: str = "float32"):
+    def __init__(self, xp, launcher: Launcher, dtype: str = "float32", kv: str = "f16"):
+        """kv: f16 (K/V in the storage dtype) or fp8 (e4m3 and a float32 scale per token and head:
+        model/kv_cache.py)."""
+        if kv not in ("f16", "fp8"):
+            raise ValueError(f"the CUDA kernels keep K/V as f16 (the --dtype's) or fp8, not {kv}")
         self.xp, self.launcher, self.dtype = xp, launcher, dtype
+        self.kv_fp8, self.cache = kv == "fp8", None if kv == "f16" else kv  # cache: kernels' CACHE_TYPES key
         self.storage_dtype = ARRAY_DTYPES[dtype]
         self.sampler = DeviceSampler(self)
         self.tensor_cores = True  # until the tensor-core kernel fails to compile (prefill_kernel)
 
     def kernel(self, file: str, name: str, variant: int | None = None):
-        return self.launcher.function(file, name_expression(name, self.dtype, variant))
+        return self.launcher.function(file, name_expression(name, self.dtype, variant, self.cache))
 
     def asarray(self, x, dtype=np.float32):
         return self.xp.asarray(x, dtype=dtype)
@@ -290,8 +295,8 @@ class CudaOps:
     def rope_and_cache(self, qkv, cos, sin, cache_k, cache_v, slots, heads: int):
         """NumpyOps.rope_and_cache in one kernel: two rotations, three copies and the K/V write
         were six launches a layer."""
-        kv_heads, blocks, block_size, head_dim = cache_k.shape
-        tokens = qkv.shape[0]
+        kv_heads, blocks, block_size, _ = cache_k.shape  # an fp8 cache's rows hold their scales too
+        tokens, head_dim = qkv.shape[0], qkv.shape[1] // (heads + 2 * kv_heads)
         q = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         self.kernel("kv_write.cu", "rope_write_kv")((tokens,), (THREADS,), (
             q, cache_k, cache_v, self.contiguous(qkv), self.xp.ascontiguousarray(cos, dtype=np.float32),
@@ -321,7 +326,7 @@ class CudaOps:
         out = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         if meta.decode:
             keys = min(meta.max_context, window) if window else meta.max_context
-            instance, blocks = decode_blocks(heads, kv_heads, head_dim)
+            instance, blocks = decode_blocks(heads, kv_heads, head_dim, self.cache)
             splits = min(decode_splits(self.launcher.multiprocessors, blocks), -(-keys // DECODE_MIN_SPLIT))
             part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)
             part_sum = self.xp.empty((seqs, heads, splits), dtype=np.float32)

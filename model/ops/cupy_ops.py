@@ -163,10 +163,10 @@ def available() -> bool:
         return False
 
 
-def create(dtype: str = "bfloat16") -> CudaOps:
+def create(dtype: str = "bfloat16", kv: str = "f16") -> CudaOps:
     try:
         launcher = RawModuleLauncher()
     except DynamicLibNotFoundError as e:
         raise ValueError(f"CuPy cannot load cuBLAS ({one_line(e)}); install the CUDA libraries with the cuda12 or cuda13"
                          " extra, which brings CuPy's [ctk]") from None
-    return CudaOps(cupy, launcher, dtype)
+    return CudaOps(cupy, launcher, dtype, kv)

@@ -40,19 +40,28 @@ VARIANTS = {"decode_attention": ((1, 4), (2, 4), (4, 4), (8, 4), (1, 8), (2, 8),
             "prefill_attention": ((4,), (8,), (16,))}
 TENSOR_CORE_TYPES = ("float16", "bfloat16")  # what WMMA multiplies
 DTYPES = {"prefill_attention_tc": TENSOR_CORE_TYPES}  # kernels not instantiated for every storage type
+# K/V cache types other than the storage type (--kv-cache-dtype) -> their C++ element type, a last
+# template argument of the kernels that write or read a cache (common.cuh's KvCache)
+CACHE_TYPES = {"fp8": "spool_fp8_e4m3"}
+CACHE_KERNELS = ("write_kv", "rope_write_kv", "decode_attention", "prefill_attention", "prefill_attention_tc")
+# an fp8 cache's decode instances: its widened keys and values take more registers, and GROUP 4 at
+# DIMS 8 and GROUP 8 at DIMS 4 spilled (nvcc 13.0, 2026-12-07): larger groups go in chunks of 4 and 2
+CACHE_VARIANTS = {"decode_attention": tuple(v for v in VARIANTS["decode_attention"] if v not in ((4, 8), (8, 4)))}
 
 
-def name_expression(kernel: str, dtype: str, variant: tuple | None = None) -> str:
+def name_expression(kernel: str, dtype: str, variant: tuple | None = None, cache: str | None = None) -> str:
+    """cache: a CACHE_TYPES key, or None for K/V in the storage type."""
     if kernel in UNTYPED:
         return kernel
-    return f"{kernel}<{', '.join([STORAGE_TYPES[dtype], *map(str, variant or ())])}>"
+    extra = [CACHE_TYPES[cache]] if cache and kernel in CACHE_KERNELS else []
+    return f"{kernel}<{', '.join([STORAGE_TYPES[dtype], *map(str, variant or ()), *extra])}>"
 
 
-def decode_variant(group: int, head_dim: int) -> tuple[int, int]:
+def decode_variant(group: int, head_dim: int, cache: str | None = None) -> tuple[int, int]:
     """decode_attention's (GROUP, DIMS) for a model: the fewest elements a lane that cover head_dim
     in a warp, and the smallest GROUP of those that takes the whole group, else the largest (the
-    group then goes in chunks of it, a block each)."""
-    fits = [v for v in VARIANTS["decode_attention"] if 32 * v[1] >= head_dim]
+    group then goes in chunks of it, a block each); cache: a CACHE_TYPES key, or None."""
+    fits = [v for v in (CACHE_VARIANTS if cache else VARIANTS)["decode_attention"] if 32 * v[1] >= head_dim]
     if not fits:
         raise ValueError(f"decode_attention serves a head_dim of at most {32 * VARIANTS['decode_attention'][-1][1]},"
                          f" not {head_dim}")
@@ -61,8 +70,11 @@ def decode_variant(group: int, head_dim: int) -> tuple[int, int]:
 
 
 def name_expressions(file: str) -> list[str]:
-    return list(dict.fromkeys(name_expression(k, d, v) for k in KERNELS[file] for d in DTYPES.get(k, STORAGE_TYPES)
-                              for v in VARIANTS.get(k, (None,))))
+    plain = [name_expression(k, d, v) for k in KERNELS[file] for d in DTYPES.get(k, STORAGE_TYPES)
+             for v in VARIANTS.get(k, (None,))]
+    cached = [name_expression(k, d, v, c) for k in KERNELS[file] if k in CACHE_KERNELS for c in CACHE_TYPES
+              for d in DTYPES.get(k, STORAGE_TYPES) for v in CACHE_VARIANTS.get(k, VARIANTS.get(k, (None,)))]
+    return list(dict.fromkeys(plain + cached))
 
 
 def sources(file: str) -> list[Path]:
