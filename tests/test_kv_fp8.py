@@ -415,3 +415,23 @@ def test_the_memory_plan_sizes_fp8_blocks_and_the_start_line_names_them(tiny_dir
         assert kv_type(Backend("cuda", "bfloat16", model.ops, kv=kv)) == ("fp8_e4m3" if kv == "fp8" else "bfloat16")
     assert plans["f16"].block_bytes / plans["fp8"].block_bytes == pytest.approx(64 / 36)
     assert plans["fp8"].num_blocks > 1.7 * plans["f16"].num_blocks
+
+
+def test_the_perplexity_tools_simulation_rounds_as_the_kernel_writes():
+    """tools/perplexity.py --simulate-kv fp8_e4m3 (the perplexity cost's measurement) keeps what
+    the kernel's fp8 cache reads back as, bit for bit."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from perplexity import simulated
+
+    rng = np.random.default_rng(6)
+    k, v = (rng.standard_normal((8, 2, 32)).astype(np.float32) * np.exp2(rng.uniform(-8, 8, (8, 2, 1))).astype(
+        np.float32) for _ in range(2))
+    k[3, 1] = 0
+    fp8 = [np.zeros((2, 1, 8, 36), np.uint8) for _ in range(2)]
+    fp8_ops("float32").write_kv(*fp8, np.arange(8), k, v)
+    sim = [np.zeros((2, 1, 8, 32), np.float32) for _ in range(2)]
+    simulated("fp8_e4m3").write_kv(*sim, np.arange(8), k, v)
+    for f, s in zip(fp8, sim):
+        assert np.array_equal(dequantized(f), s)
