@@ -13,7 +13,11 @@
 // floats order as their bits): four passes of 8 bits each, a histogram per pass in shared
 // memory, exact where bisection took 40 passes and came within 2^-40. Histograms count in
 // integers (masses in fixed point, 2^-40 a unit), so no float atomics: the same row gives the
-// same threshold every run.
+// same threshold every run. Each warp first groups its lanes by bin (__match_any_sync) and adds
+// a group's counts in 32 bits (__popc; masses as two 20-bit halves by __reduce_add_sync), so a
+// warp makes one shared atomic per distinct bin instead of one per token: most of a row's tokens
+// fall in a few bins, where 32 lanes' atomics on one address serialise. Integer sums, so the
+// same totals in any order: results are those of one atomic per token.
 // Block size: a power of two, multiple of 32, at most 1024.
 #include "common.cuh"
 
@@ -30,7 +34,8 @@ __device__ __forceinline__ float weight(const float* row, int i, float top, floa
 // floor where no v does (fewer than k tokens are left). Every thread gets it.
 __device__ float threshold(const float* row, int vocab, float top, float inv_t, float floor, bool count,
                            float goal) {
-    __shared__ unsigned long long s_hist[SAMPLE_BINS];
+    __shared__ unsigned s_count[SAMPLE_BINS];           // top-k: tokens a bin (at most vocab)
+    __shared__ unsigned long long s_mass[SAMPLE_BINS];  // top-p: mass a bin, 2^-40 a unit
     __shared__ unsigned long long s_above, s_target;
     __shared__ unsigned s_prefix;
     __shared__ int s_found;
@@ -39,35 +44,55 @@ __device__ float threshold(const float* row, int vocab, float top, float inv_t, 
         s_prefix = 0;
         s_found = 1;
     }
+    int lane = threadIdx.x & 31;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) s_hist[b] = 0;
+        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+            s_count[b] = 0;
+            s_mass[b] = 0;
+        }
         __syncthreads();
         unsigned prefix = s_prefix, high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
         if (s_found) {
-            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                float w = weight(row, i, top, inv_t);
-                unsigned bits = __float_as_uint(w);
-                if (w >= floor && (bits & high) == prefix)
-                    atomicAdd(&s_hist[(bits >> shift) & (SAMPLE_BINS - 1)],
-                              count ? 1ull : (unsigned long long)(w * MASS_UNIT));
+            // Warp-uniform trip count (blockDim is a multiple of 32): every lane reaches the
+            // warp intrinsics; lanes past the row or out of this pass's prefix take bin SAMPLE_BINS.
+            for (int base = threadIdx.x - lane; base < vocab; base += blockDim.x) {
+                int i = base + lane, bin = SAMPLE_BINS;
+                float w = 0.0f;
+                if (i < vocab) {
+                    w = weight(row, i, top, inv_t);
+                    unsigned bits = __float_as_uint(w);
+                    if (w >= floor && (bits & high) == prefix) bin = (bits >> shift) & (SAMPLE_BINS - 1);
+                }
+                unsigned peers = __match_any_sync(0xffffffffu, bin);
+                bool leader = lane == __ffs(peers) - 1;
+                if (count) {
+                    if (leader && bin < SAMPLE_BINS) atomicAdd(&s_count[bin], unsigned(__popc(peers)));
+                } else {
+                    unsigned long long mass = bin < SAMPLE_BINS ? (unsigned long long)(w * MASS_UNIT) : 0ull;
+                    unsigned high_part = __reduce_add_sync(peers, unsigned(mass >> 20));  // at most 2^20 each
+                    unsigned low_part = __reduce_add_sync(peers, unsigned(mass & 0xfffffu));
+                    if (leader && bin < SAMPLE_BINS)
+                        atomicAdd(&s_mass[bin], ((unsigned long long)high_part << 20) + low_part);
+                }
             }
         }
         __syncthreads();
         if (threadIdx.x == 0 && s_found) {
             if (shift == 24) {  // every kept token is in this pass's histogram: the goal in its units
                 unsigned long long total = 0;
-                for (int b = 0; b < SAMPLE_BINS; ++b) total += s_hist[b];
+                for (int b = 0; b < SAMPLE_BINS; ++b) total += count ? s_count[b] : s_mass[b];
                 s_target = count ? (unsigned long long)goal : (unsigned long long)(double(total) * double(goal));
                 if (s_target > total) s_found = 0;
             }
             unsigned long long above = s_above;
             int chosen = 0;
             for (int b = SAMPLE_BINS - 1; b >= 0 && s_found; --b) {
-                if (above + s_hist[b] >= s_target) {
+                unsigned long long here = count ? s_count[b] : s_mass[b];
+                if (above + here >= s_target) {
                     chosen = b;
                     break;
                 }
-                above += s_hist[b];
+                above += here;
             }
             s_above = above;
             s_prefix = prefix | (unsigned(chosen) << shift);
