@@ -24,7 +24,7 @@ from model.kv_cache import KVCache
 from model.ops.cuda_ops import CudaOps
 from model.ops.numpy_ops import NumpyOps
 from model.runner import ModelRunner, Row, StepPlan
-from test_kernels import assert_close, rounded
+from test_kernels import assert_close, launcher, rounded  # noqa: F401 (launcher: the harness, and CuPy on a GPU)
 from test_model import Blocks, rel_err
 from tiny_model import make_tiny_model
 
@@ -98,8 +98,10 @@ class Poisoned:
         return np.asarray(x)
 
 
-def fp8_ops(dtype: str) -> CudaOps:
-    return CudaOps(Poisoned(), LAUNCHER, dtype, kv="fp8")
+def fp8_ops(dtype: str, on=LAUNCHER) -> CudaOps:
+    """CudaOps with an fp8 cache on the harness, or on `on` (test_kernels' launcher fixture: the
+    harness, and CuPy on a GPU, where the conversions must give the same bits)."""
+    return CudaOps(Poisoned(), on, dtype, kv="fp8")
 
 
 def test_the_reference_round_trips_every_code():
@@ -122,7 +124,7 @@ def edge_floats(rng) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_write_converts_every_value_to_nearest_even(dtype):
+def test_the_write_converts_every_value_to_nearest_even(launcher, dtype):
     """Rows whose largest value is 448 have scale 1: the codes are the conversion of the values
     themselves (as the storage type holds them), bit for bit."""
     rng = np.random.default_rng(1)
@@ -135,7 +137,7 @@ def test_the_write_converts_every_value_to_nearest_even(dtype):
     tokens = -(-rows // kv_heads)
     x = np.concatenate([x, np.zeros((tokens * kv_heads - rows, dim), np.float32)]).reshape(tokens, kv_heads, dim)
     caches = [np.zeros((kv_heads, 1, tokens, dim + 4), np.uint8) for _ in range(2)]
-    fp8_ops(dtype).write_kv(*caches, np.arange(tokens), storage(x, dtype), storage(-x, dtype))
+    fp8_ops(dtype, launcher).write_kv(*caches, np.arange(tokens), storage(x, dtype), storage(-x, dtype))
     k = caches[0][:, 0].transpose(1, 0, 2)
     assert np.array_equal(k, quantized(as_float(storage(x, dtype), dtype)))
     assert (k[..., dim:].view(np.float32) == 1).all()
@@ -144,7 +146,7 @@ def test_the_write_converts_every_value_to_nearest_even(dtype):
                           np.where((caches[0][..., :dim] & 0x7f) == 0x7f, 0, 0x80))  # -x: the sign bit alone
 
 
-def test_past_448_saturates_nan_stays_nan_and_an_infinity_poisons_its_row():
+def test_past_448_saturates_nan_stays_nan_and_an_infinity_poisons_its_row(launcher):
     """Where x / s rounds past 448 in float32 the code is 0x7e, not NaN; a NaN is skipped by the
     max and stored as 0x7f; an infinity makes the scale infinite, and its row reads as NaN."""
     rng = np.random.default_rng(2)
@@ -156,18 +158,18 @@ def test_past_448_saturates_nan_stays_nan_and_an_infinity_poisons_its_row():
     x[4, 0, 3] = np.nan
     x[5, 0, 7] = np.inf
     caches = [np.zeros((1, 1, 6, 36), np.uint8) for _ in range(2)]
-    fp8_ops("float32").write_kv(*caches, np.arange(6), x, x)
+    fp8_ops("float32", launcher).write_kv(*caches, np.arange(6), x, x)
     k = caches[0][0, 0]
     assert np.array_equal(k, quantized(x[:, 0])) and (k[:4, 0] == 0x7e).all() and k[4, 3] == 0x7f
     assert np.isnan(dequantized(k[5])).all() and not np.isnan(dequantized(k[:5])[:4]).any()
 
 
 @pytest.mark.parametrize("path", ["decode", "prefill", "prefill_tc"])
-def test_the_kernels_read_every_code(path):
+def test_the_kernels_read_every_code(launcher, path):
     """One key with scale 1: the output is the value row itself, each of the 256 codes widened
     exactly (NaN codes NaN); float16 holds every e4m3 value, float32 too."""
     dtype = "float16" if path == "prefill_tc" else "float32"
-    ops, kv_heads, dim = fp8_ops(dtype), 4, 64
+    ops, kv_heads, dim = fp8_ops(dtype, launcher), 4, 64
     cache_k = np.zeros((kv_heads, 2, 16, dim + 4), np.uint8)  # K zero: every score 0
     cache_v = np.zeros_like(cache_k)
     cache_v[:, 1, 0, :dim] = np.arange(256, dtype=np.uint8).reshape(kv_heads, dim)
@@ -205,14 +207,14 @@ def fp8_caches(ops, k, v, dtype):
     return caches
 
 
-def test_the_write_matches_the_quantizer_bit_for_bit_through_the_slots():
+def test_the_write_matches_the_quantizer_bit_for_bit_through_the_slots(launcher):
     rng = np.random.default_rng(3)
     for dtype in DTYPES:
         k, v = (rng.standard_normal((9, 3, 40)).astype(np.float32) * 5 for _ in range(2))
         k[2, 1] = 0  # an all-zero row: scale 0, zeros
         slots = np.array([5, 0, 17, -1, 30, 8, 9, 2, 31])  # -1: padding, written nowhere
         caches = [np.full((3, 2, 16, 44), 0xa5, np.uint8) for _ in range(2)]
-        fp8_ops(dtype).write_kv(*caches, slots, storage(k, dtype), storage(v, dtype))
+        fp8_ops(dtype, launcher).write_kv(*caches, slots, storage(k, dtype), storage(v, dtype))
         for cache, x in zip(caches, (k, v)):
             want = np.full_like(cache, 0xa5).reshape(3, 32, 44)
             keep = slots >= 0
@@ -223,7 +225,7 @@ def test_the_write_matches_the_quantizer_bit_for_bit_through_the_slots():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 64), (6, 3, 96), (4, 2, 32)])
-def test_rope_and_cache_quantizes_what_the_float_cache_holds(dtype, heads, kv_heads, dim):
+def test_rope_and_cache_quantizes_what_the_float_cache_holds(launcher, dtype, heads, kv_heads, dim):
     """The fused rotation's fp8 write is the float one's cache quantized, its q the same bits."""
     rng = np.random.default_rng(dim)
     tokens = 7
@@ -231,11 +233,11 @@ def test_rope_and_cache_quantizes_what_the_float_cache_holds(dtype, heads, kv_he
     angles = rng.uniform(0, 6, (tokens, dim // 2))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     slots = np.array([3, 1, -1, 0, 6, 5, 2])
-    plain = CudaOps(Poisoned(), LAUNCHER, dtype)
+    plain = CudaOps(Poisoned(), launcher, dtype)
     float_caches = [np.zeros((kv_heads, 1, 8, dim), plain.storage_dtype) for _ in range(2)]
     fp8 = [np.full((kv_heads, 1, 8, dim + 4), 0x5a, np.uint8) for _ in range(2)]
     q_plain = plain.rope_and_cache(qkv, cos, sin, *float_caches, slots, heads)
-    q_fp8 = fp8_ops(dtype).rope_and_cache(qkv, cos, sin, *fp8, slots, heads)
+    q_fp8 = fp8_ops(dtype, launcher).rope_and_cache(qkv, cos, sin, *fp8, slots, heads)
     assert np.array_equal(q_plain, q_fp8)
     written = [3, 1, 0, 6, 5, 2]
     for f, c in zip(float_caches, fp8):
@@ -258,11 +260,12 @@ def reference(q, k, v, query_lens, context_lens, tables, **kw):
     ("prefill_tc", "float16"), ("prefill_tc", "bfloat16")])
 @pytest.mark.parametrize("heads,kv_heads,dim,window,softcap", [
     (8, 2, 64, 0, 0.0), (9, 3, 96, 0, 0.0), (16, 1, 32, 0, 0.0), (8, 1, 256, 0, 0.0), (8, 2, 64, 40, 2.5)])
-def test_attention_on_fp8_matches_numpy_on_the_same_values(path, dtype, heads, kv_heads, dim, window, softcap):
+def test_attention_on_fp8_matches_numpy_on_the_same_values(launcher, path, dtype, heads, kv_heads, dim, window,
+                                                           softcap):
     if path == "prefill_tc" and dim % 16:
         pytest.skip("the tensor-core kernel takes a head_dim in tiles of 16")
     rng = np.random.default_rng(heads * dim + window)
-    ops = fp8_ops(dtype)
+    ops = fp8_ops(dtype, launcher)
     ops.tensor_cores = path == "prefill_tc"
     context_lens = [300, 33, 16, 70] if path == "decode" else [37, 48, 21, 52]
     query_lens = [1] * 4 if path == "decode" else [37, 16, 5, 20]
@@ -282,10 +285,10 @@ def test_attention_on_fp8_matches_numpy_on_the_same_values(path, dtype, heads, k
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_rows_output_is_the_same_bits_alone_in_a_batch_and_however_chunked(dtype):
+def test_a_rows_output_is_the_same_bits_alone_in_a_batch_and_however_chunked(launcher, dtype):
     rng = np.random.default_rng(9)
     heads, kv_heads, dim, n = 8, 2, 64, 150
-    ops = fp8_ops(dtype)
+    ops = fp8_ops(dtype, launcher)
     k, v, tables = scattered(rng, [n, 90, 40], kv_heads, dim)
     caches = fp8_caches(ops, k, v, dtype)
     q = storage(rng.standard_normal((n, heads, dim)), dtype)
