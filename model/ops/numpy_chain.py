@@ -12,7 +12,7 @@ token alone, and a greedy row draws u = 0, so it is greedy whatever the chain.
 import numpy as np
 
 from model.ops.numpy_dry import apply_dry
-from model.ops.numpy_samplers import dynamic_temperature, exclude_top_choices, locally_typical
+from model.ops.numpy_samplers import apply_penalties, dynamic_temperature, exclude_top_choices, locally_typical
 from model.sampling import SamplingParams
 
 
@@ -49,12 +49,6 @@ def _whole_row(fn):
         fn(row, p, prompt_ids, output_ids)
         return ids, row[ids]
     return stage
-
-
-def _penalties(row, p, prompt_ids, output_ids):
-    from model.ops.numpy_sampling import apply_penalties
-
-    apply_penalties(row, p, prompt_ids, output_ids)
 
 
 def temperature(ids, values, p, *_):
@@ -112,5 +106,5 @@ def top_n_sigma(ids, values, p, *_):
     return ids[keep], values[keep]
 
 
-STAGES = {"penalties": _whole_row(_penalties), "dry": _whole_row(apply_dry), "temperature": temperature,
+STAGES = {"penalties": _whole_row(apply_penalties), "dry": _whole_row(apply_dry), "temperature": temperature,
           "top_k": top_k, "top_p": top_p, "min_p": min_p, "typ_p": typical, "xtc": xtc, "top_n_sigma": top_n_sigma}

@@ -1,5 +1,5 @@
-"""The NumPy reference of the samplers beyond the kernels' (model/sampling.py SamplingParams.extended):
-vLLM's allowed_token_ids and bad_words, and llama.cpp's dynamic temperature, locally typical
+"""The NumPy reference of the penalties, and of the samplers beyond the kernels'
+(model/sampling.py SamplingParams.extended): vLLM's allowed_token_ids and bad_words, and llama.cpp's dynamic temperature, locally typical
 sampling and XTC, each as llama.cpp (or vLLM) defines it. numpy_sampling.pick calls them in
 Spool's order, vLLM's: temperature first (llama-server's default chain applies it last), then
 top-k, typical, top-p, min-p and top-nσ, XTC last.
@@ -36,6 +36,23 @@ def penalty_window(p: SamplingParams, prompt_ids, output_ids) -> tuple:
     output = list(output_ids)[-n:]
     left = n - len(output)
     return (list(prompt_ids)[-left:] if left else []), output
+
+
+def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids, output_ids) -> None:
+    """In place: repetition over prompt and output (transformers'), presence and frequency over
+    the output (OpenAI's); within llama-server's penalty_last_n, when the request sets one."""
+    vocab = logits.shape[0]
+    prompt_ids, output_ids = penalty_window(p, prompt_ids, output_ids)
+    if p.repetition_penalty != 1.0:
+        seen = np.unique(np.concatenate([np.asarray(prompt_ids, dtype=np.int64),
+                                         np.asarray(output_ids, dtype=np.int64)]))
+        vals = logits[seen]
+        logits[seen] = np.where(vals > 0, vals / np.float32(p.repetition_penalty),
+                                vals * np.float32(p.repetition_penalty))
+    if (p.presence_penalty or p.frequency_penalty) and len(output_ids):
+        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=vocab).astype(np.float32)
+        logits -= np.float32(p.frequency_penalty) * counts
+        logits -= np.float32(p.presence_penalty) * (counts > 0)
 
 
 def dynamic_temperature(logits: np.ndarray, p: SamplingParams) -> float:

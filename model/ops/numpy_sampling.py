@@ -5,8 +5,8 @@ NumpyOps.sample runs it; the CPU's numba sampler and the CUDA kernels are held t
 
 import numpy as np
 
-from model.ops.numpy_samplers import dynamic_temperature, exclude_top_choices, locally_typical, mirostat_v2, \
-    penalty_window, restrict
+from model.ops.numpy_samplers import apply_penalties, dynamic_temperature, exclude_top_choices, locally_typical, \
+    mirostat_v2, restrict
 from model.ops.numpy_chain import chain_draw
 from model.ops.numpy_dry import apply_dry
 from model.ops.protocol import SampleBatch, SampleResult
@@ -50,23 +50,6 @@ def sample_rows(logits: np.ndarray, batch: SampleBatch) -> SampleResult:
             logprobs[r] = float(lsm[token_ids[r]])
             top[r] = most_likely(lsm, p.logprobs)
     return SampleResult(token_ids, logprobs, top, mus)
-
-
-def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids, output_ids) -> None:
-    """In place: repetition over prompt and output (transformers'), presence and frequency over
-    the output (OpenAI's); within llama-server's penalty_last_n, when the request sets one."""
-    vocab = logits.shape[0]
-    prompt_ids, output_ids = penalty_window(p, prompt_ids, output_ids)
-    if p.repetition_penalty != 1.0:
-        seen = np.unique(np.concatenate([np.asarray(prompt_ids, dtype=np.int64),
-                                         np.asarray(output_ids, dtype=np.int64)]))
-        vals = logits[seen]
-        logits[seen] = np.where(vals > 0, vals / np.float32(p.repetition_penalty),
-                                vals * np.float32(p.repetition_penalty))
-    if (p.presence_penalty or p.frequency_penalty) and len(output_ids):
-        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=vocab).astype(np.float32)
-        logits -= np.float32(p.frequency_penalty) * counts
-        logits -= np.float32(p.presence_penalty) * (counts > 0)
 
 
 def sigma_floor(logits: np.ndarray, p: SamplingParams, temperature: float) -> float:
