@@ -1,6 +1,6 @@
-// A mixture of experts in four launches, sized by the step's token count only (so a CUDA graph
-// captures them): route each token to its top k experts, sort the routed rows by expert on the
-// device, multiply each expert's rows by its weights as tiles of one grouped GEMM (every expert
+// A mixture of experts in five launches, sized by the step's token count only (so a CUDA graph
+// captures them): the router's logits as one GEMM, each token's top k experts with the routed
+// rows then sorted by expert on the device, multiply each expert's rows by its weights as tiles of one grouped GEMM (every expert
 // in one launch, never a launch or a pass per token), and sum each token's k outputs.
 //
 // The experts' weights are stacked along their rows (expert e's n rows from e x n, as
@@ -13,54 +13,45 @@
 #define MOE_TILE_COLS 64   // output columns a GEMM block takes
 #define MOE_TILE_K 32      // the inner dimension a shared tile holds
 
-// One block per token: the router's logits (a warp per expert at a time, lanes along hidden),
-// their softmax, the top k by k argmax passes (ties to the lower id), renormalised to sum to 1
-// where normalize is set. router (and router_bias, or null) is fp32 whatever the storage type.
+#define MOE_ROUTE_WARPS 4   // a router block's warps (128 threads): experts, or tokens, a block
+#define MOE_ROUTE_TOKENS 8  // tokens a router warp takes, its router row read once for all of them
+
+// The router's logits as one GEMM over the step's tokens, in blocks across the GPU (a block per 4
+// experts and 8 tokens) where one block a token read the whole router (1 MB at 128 experts of
+// 2048): logits[t, e] = x[t] . router[e] (+ router_bias[e]), fp32. Not cuBLAS: the router is fp32
+// and x the storage type, which cublasGemmEx cannot mix, and each logit is summed as before
+// (lanes along hidden, then the warp's sum), so a token's routing is the same bits whatever else
+// is in the step. router (and router_bias, or null) is fp32 whatever the storage type.
 template <typename T>
-__global__ void moe_route(int* __restrict__ ids, float* __restrict__ weights, const T* __restrict__ x,
-                          const float* __restrict__ router, const float* __restrict__ router_bias, int hidden,
-                          int experts, int top_k, int normalize) {
-    __shared__ float logits[MOE_MAX_EXPERTS];
-    const T* row = x + size_t(blockIdx.x) * hidden;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int e = warp; e < experts; e += warps) {
-        const float* w = router + size_t(e) * hidden;
-        float dot = 0.0f;
-        for (int i = lane; i < hidden; i += 32) dot += to_float(row[i]) * w[i];
-        dot = warp_sum(dot);
-        if (lane == 0) logits[e] = router_bias ? dot + router_bias[e] : dot;
+__global__ void moe_router(float* __restrict__ logits, const T* __restrict__ x, const float* __restrict__ router,
+                           const float* __restrict__ router_bias, int tokens, int hidden, int experts) {
+    int lane = threadIdx.x & 31, e = blockIdx.x * MOE_ROUTE_WARPS + (threadIdx.x >> 5);
+    int t0 = blockIdx.y * MOE_ROUTE_TOKENS, n = min(MOE_ROUTE_TOKENS, tokens - t0);
+    if (e >= experts) return;  // a whole warp
+    const float* w = router + size_t(e) * hidden;
+    const T* rows = x + size_t(t0) * hidden;
+    float dot[MOE_ROUTE_TOKENS];
+#pragma unroll
+    for (int j = 0; j < MOE_ROUTE_TOKENS; ++j) dot[j] = 0.0f;
+    for (int i = lane; i < hidden; i += 32) {
+        float wi = w[i];
+#pragma unroll
+        for (int j = 0; j < MOE_ROUTE_TOKENS; ++j)
+            if (j < n) dot[j] += to_float(rows[size_t(j) * hidden + i]) * wi;
     }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    float top = neg_inf(), total = 0.0f;
-    for (int e = 0; e < experts; ++e) top = fmaxf(top, logits[e]);
-    for (int e = 0; e < experts; ++e) {
-        logits[e] = expf(logits[e] - top);
-        total += logits[e];
+#pragma unroll
+    for (int j = 0; j < MOE_ROUTE_TOKENS; ++j) {
+        float sum = warp_sum(dot[j]);
+        if (lane == 0 && j < n) logits[size_t(t0 + j) * experts + e] = router_bias ? sum + router_bias[e] : sum;
     }
-    int* my_ids = ids + size_t(blockIdx.x) * top_k;
-    float* my_weights = weights + size_t(blockIdx.x) * top_k;
-    float chosen = 0.0f;
-    for (int j = 0; j < top_k; ++j) {
-        int best = 0;
-        for (int e = 1; e < experts; ++e)
-            if (logits[e] > logits[best]) best = e;
-        my_ids[j] = best;
-        my_weights[j] = logits[best] / total;
-        chosen += my_weights[j];
-        logits[best] = -1.0f;  // below every probability: not chosen twice
-    }
-    if (normalize)
-        for (int j = 0; j < top_k; ++j) my_weights[j] /= chosen;
 }
 
-// One block: the routed rows (token t's choice j at t x top_k + j) sorted by expert, tokens in
-// order within one. starts[e]: expert e's first sorted row (starts[experts]: all of them);
-// tile_starts[e]: its first GEMM tile of MOE_TILE_ROWS rows; tokens_of[s]: sorted row s's
-// token; position[r]: where routed row r went.
-__global__ void moe_align(int* __restrict__ starts, int* __restrict__ tile_starts, int* __restrict__ tokens_of,
-                          int* __restrict__ position, const int* __restrict__ ids, int routed, int top_k,
-                          int experts) {
+// The routed rows (token t's choice j at t x top_k + j) sorted by expert, tokens in order within
+// one, by one block. starts[e]: expert e's first sorted row (starts[experts]: all of them);
+// tile_starts[e]: its first GEMM tile of MOE_TILE_ROWS rows; tokens_of[s]: sorted row s's token;
+// position[r]: where routed row r went. ids are read volatile: other blocks wrote them.
+__device__ void moe_align(int* __restrict__ starts, int* __restrict__ tile_starts, int* __restrict__ tokens_of,
+                          int* __restrict__ position, const volatile int* ids, int routed, int top_k, int experts) {
     __shared__ int counts[MOE_MAX_EXPERTS + 1];
     for (int e = threadIdx.x; e < experts; e += blockDim.x) {
         int n = 0;
@@ -89,6 +80,84 @@ __global__ void moe_align(int* __restrict__ starts, int* __restrict__ tile_start
                 position[r] = at++;
             }
     }
+}
+
+// A warp per token: the softmax of its router logits (expf; their sum added in expert order by
+// one lane, as one thread did), its top k by k warp argmaxes (ties to the lower id), each
+// chosen weight its probability, renormalised to sum to 1 where normalize is set, then times its
+// expert's expert_scale (fp32, or null: Gemma 4). The last block to finish (done counts blocks,
+// zero at launch and left zero) then sorts the routed rows (moe_align), so routing stays two
+// launches. 128 threads; at most MOE_MAX_EXPERTS experts.
+__global__ void moe_topk(int* __restrict__ ids, float* __restrict__ weights, int* __restrict__ starts,
+                         int* __restrict__ tile_starts, int* __restrict__ tokens_of, int* __restrict__ position,
+                         unsigned* __restrict__ done, const float* __restrict__ logits,
+                         const float* __restrict__ expert_scale, int tokens, int experts, int top_k, int normalize) {
+    __shared__ float probs[MOE_ROUTE_WARPS][MOE_MAX_EXPERTS];
+    __shared__ int last;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x * MOE_ROUTE_WARPS + warp;
+    if (t < tokens) {  // warp-uniform
+        const float* row = logits + size_t(t) * experts;
+        float p[MOE_MAX_EXPERTS / 32], top = neg_inf();
+#pragma unroll
+        for (int j = 0; j < MOE_MAX_EXPERTS / 32; ++j) {
+            int e = lane + 32 * j;
+            p[j] = e < experts ? row[e] : neg_inf();
+            top = fmaxf(top, p[j]);
+        }
+        for (int offset = 16; offset > 0; offset >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
+#pragma unroll
+        for (int j = 0; j < MOE_MAX_EXPERTS / 32; ++j) {
+            int e = lane + 32 * j;
+            if (e < experts) probs[warp][e] = p[j] = expf(p[j] - top);
+        }
+        __syncwarp();
+        float total = 0.0f;
+        if (lane == 0)
+            for (int e = 0; e < experts; ++e) total += probs[warp][e];
+        total = __shfl_sync(0xffffffffu, total, 0);
+        int* my_ids = ids + size_t(t) * top_k;
+        float* my_weights = weights + size_t(t) * top_k;
+        float chosen = 0.0f;
+        for (int j = 0; j < top_k; ++j) {
+            float best = p[0];  // this lane's, lowest id on ties; past experts: -inf, never chosen
+            int id = lane;
+#pragma unroll
+            for (int i = 1; i < MOE_MAX_EXPERTS / 32; ++i)
+                if (p[i] > best) {
+                    best = p[i];
+                    id = lane + 32 * i;
+                }
+            for (int offset = 16; offset > 0; offset >>= 1) {
+                float other = __shfl_xor_sync(0xffffffffu, best, offset);
+                int other_id = __shfl_xor_sync(0xffffffffu, id, offset);
+                if (other > best || (other == best && other_id < id)) {
+                    best = other;
+                    id = other_id;
+                }
+            }
+            float w = best / total;
+            if (lane == 0) {
+                my_ids[j] = id;
+                my_weights[j] = w;
+            }
+            chosen += w;
+#pragma unroll
+            for (int i = 0; i < MOE_MAX_EXPERTS / 32; ++i)
+                if (lane + 32 * i == id) p[i] = -1.0f;  // below every probability: not chosen twice
+        }
+        if (lane == 0)
+            for (int j = 0; j < top_k; ++j) {
+                float w = normalize ? my_weights[j] / chosen : my_weights[j];
+                my_weights[j] = expert_scale ? w * expert_scale[my_ids[j]] : w;
+            }
+    }
+    __threadfence();  // this block's ids, seen by the last block
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) *done = 0;  // for the next launch: a graph's replay
+    moe_align(starts, tile_starts, tokens_of, position, ids, tokens * top_k, top_k, experts);
 }
 
 // out[s, c] = in[row s] . w[e x n + c] for sorted row s of expert e, where in's row is

@@ -196,6 +196,40 @@ def test_a_decode_layer_launches_at_most_ten_kernels(tiny_dir):
     assert per_layer <= 10, (per_layer, counts[1])
 
 
+def test_a_moe_decode_layer_launches_six_for_its_experts_where_an_mlp_takes_three(tmp_path):
+    """Qwen3-MoE's routed layer against its dense one in a graph's decode forward pass, the model
+    cut to each alone: the experts take 6 launches where an MLP takes 3 (the router's GEMM, the
+    top k whose last block sorts the rows, two grouped GEMMs, the activation, the combine). 6 too
+    before the router became a GEMM (moe_route, one block a token, and moe_align)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from family_models import make_family
+
+    launcher = CountedLaunches()
+    ops = CudaOps(np, launcher)
+    ops.xp = launcher.counting(np)
+    runner = ModelRunner.from_dir(make_family("qwen3-moe", tmp_path)[0], num_blocks=64, block_size=4, ops=ops,
+                                  max_model_len=32)
+    runner.capture_graphs(4, 32)
+    blocks = Blocks(runner)
+    rows = [Row(rid, [5], 9, blocks.table(rid, 10), sample=True) for rid in "abc"]
+    layers = runner.model.w.layers
+    assert layers[0].experts is not None and layers[1].experts is None
+    counts = []
+    for kept in (layers[:1], layers[1:2]):
+        runner.model.w.layers = kept
+        launcher.launches.clear()
+        runner.graphs.fill(rows)
+        runner.graphs.forward(runner.graphs.padded_size(len(rows)))
+        counts.append(list(launcher.launches))
+    runner.model.w.layers = layers
+    routed = [name.split("<")[0] for name in counts[0] if name.startswith("moe_")]
+    assert routed == ["moe_router", "moe_topk", "moe_gemm", "moe_gemm", "moe_combine"], counts[0]
+    assert len(counts[0]) - len(counts[1]) == 6 - 3, (counts[0], counts[1])
+
+
 class QueuedUploads(CpuLauncher):
     """Uploads as a GPU queues them: each returns an event, and the test sees which were waited on."""
 

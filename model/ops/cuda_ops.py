@@ -249,16 +249,17 @@ class CudaOps:
         tokens, hidden = x.shape
         count, k = experts.count, experts.top_k
         routed = tokens * k
+        logits = xp.empty((tokens, count), dtype=np.float32)  # a block: 4 experts x 8 tokens, then 4 tokens
+        self.kernel("moe.cu", "moe_router")((-(-count // 4), -(-tokens // 8)), (THREADS,), (
+            logits, router_x, experts.router, optional(experts.router_bias), np.int32(tokens), np.int32(hidden),
+            np.int32(count)))
         ids, weights = xp.empty((tokens, k), dtype=np.int32), xp.empty((tokens, k), dtype=np.float32)
-        self.kernel("moe.cu", "moe_route")((tokens,), (THREADS,), (
-            ids, weights, router_x, experts.router, optional(experts.router_bias), np.int32(hidden), np.int32(count),
-            np.int32(k), np.int32(experts.normalize)))
-        if experts.expert_scale is not None:  # Gemma 4's: each chosen expert's weight times its own scale
-            weights *= experts.expert_scale[ids]
         starts, tile_starts = xp.empty(count + 1, dtype=np.int32), xp.empty(count + 1, dtype=np.int32)
         tokens_of, position = xp.empty(routed, dtype=np.int32), xp.empty(routed, dtype=np.int32)
-        self.kernel("moe.cu", "moe_align")((1,), (THREADS,), (
-            starts, tile_starts, tokens_of, position, ids, np.int32(routed), np.int32(k), np.int32(count)))
+        self.kernel("moe.cu", "moe_topk")((-(-tokens // 4),), (THREADS,), (  # its last block sorts the rows
+            ids, weights, starts, tile_starts, tokens_of, position, xp.zeros(1, dtype=np.int32), logits,
+            optional(experts.expert_scale), np.int32(tokens), np.int32(count), np.int32(k),
+            np.int32(experts.normalize)))
         tiles = -(-routed // MOE_TILE_ROWS) + min(count, routed)  # at most one part-filled tile an expert
 
         def grouped(rows, w, bias, gather: bool):

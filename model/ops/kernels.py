@@ -25,12 +25,12 @@ KERNELS = {
     "sampling.cu": ("sample",),
     "penalties.cu": ("apply_penalties", "count_tokens"),
     "logprobs.cu": ("logprobs",),
-    "moe.cu": ("moe_route", "moe_align", "moe_gemm", "moe_combine", "moe_shared_add"),
+    "moe.cu": ("moe_router", "moe_topk", "moe_gemm", "moe_combine", "moe_shared_add"),
     "delta_net.cu": ("delta_conv", "delta_rule", "sigmoid_mul"),
     "lora.cu": ("lora_shrink", "lora_expand"),
 }
-# fp32 logits whatever the model's storage type; moe_align sorts integers
-UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_align"}
+# fp32 logits whatever the model's storage type; moe_topk routes on the router's fp32 logits
+UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_topk"}
 # Kernels with more template arguments, and their instances: decode attention's (GROUP, DIMS) size
 # its per-thread arrays for the query heads a block serves and the elements of a row a lane holds
 # (no GROUP 8 at DIMS 8: its 128 floats of queries and accumulators spill; at DIMS 16 GROUP 1
