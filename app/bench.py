@@ -11,7 +11,8 @@ import numpy as np
 import trio
 
 from app.engine import Engine, EngineConfig, GenerationParams
-from app.flags import attach_proposer, extra_kv_layers, fetch_model, prefill_beside_decode, speculative_config
+from app.flags import attach_proposer, extra_kv_layers, fetch_model, kv_cache_type, prefill_beside_decode, \
+    speculative_config
 from model.backend import resolve
 from model.kv_cache import DEFAULT_BLOCK_SIZE
 from model.runner import ModelRunner
@@ -54,7 +55,7 @@ def run_bench(args) -> int:
     for name in ("num_prompts", "input_len", "output_len", "max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    backend = resolve(args.backend, args.dtype)
+    backend = resolve(args.backend, args.dtype, kv_cache_type(args))
     model_dir = fetch_model(args)
     tokenizer = Tokenizer(args.tokenizer or model_dir)
     model = backend.load(model_dir, args.max_model_len)
@@ -78,7 +79,7 @@ def run_bench(args) -> int:
     async def bench():
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)
-            await run_requests(engine, warmup, 4)  # code paths and thread pools warm
+            await run_requests(engine, warmup, min(4, args.output_len))  # code paths and thread pools warm
             result = await run_requests(engine, prompts, args.output_len)
             nursery.cancel_scope.cancel()
         return result
@@ -88,7 +89,9 @@ def run_bench(args) -> int:
         print(f"error: {generated} tokens generated, finish reasons {sorted(set(reasons))}", file=sys.stderr)
         return 1
     total = args.num_prompts * args.input_len + generated
-    print(f"model {model_dir.name}, {backend.name} ({backend.dtype}); {args.num_prompts} prompts x {args.input_len}"
+    kv = kv_cache_type(args)
+    print(f"model {model_dir.name}, {backend.name} ({backend.dtype}{'' if kv == 'f16' else f', {kv} K/V'});"
+          f" {args.num_prompts} prompts x {args.input_len}"
           f" tokens in, {args.output_len} out; max-num-seqs {args.max_num_seqs}")
     print(f"Throughput: {args.num_prompts / wall:.2f} requests/s, {total / wall:.2f} total tokens/s,"
           f" {generated / wall:.2f} output tokens/s")

@@ -161,15 +161,6 @@ def engine_arguments(parser) -> None:
            ' "prompt_lookup_max": 4, "prompt_lookup_min": 2} for prompt lookup, {"method": "draft_model",'
            ' "model": PATH, "num_speculative_tokens": 4} for a draft model (the CPU backends), or {"method": "mtp",'
            ' "num_speculative_tokens": 1} for the model\'s own multi-token-prediction layer (Qwen3.5) (default: off)')
-    a("--draft-model", "-md", "--model-draft", dest="draft_model", default=None, metavar="MODEL",
-      help="a smaller model with the same tokenizer whose guesses the model verifies (as --speculative-config's"
-           " draft_model; a path or Hub id)")
-
-
-def serve_arguments(parser) -> None:
-    model_arguments(parser, positional=True)
-    engine_arguments(parser)
-    a = parser.add_argument
     a("--cache-type-k", "-ctk", default="f16", metavar="TYPE",
       help="the K cache's type, as llama-server takes it: f16 (the --dtype's float: float16 on the CPU) or q8_0"
            " (the CPU backend beside q8_0 or q4_k weights: 8 bits and a scale per token and head, about 1.9 times"
@@ -180,6 +171,15 @@ def serve_arguments(parser) -> None:
       help="vLLM's K/V type: auto, the --dtype's float; or fp8 (fp8_e4m3), --backend cuda's: e4m3 values and a"
            " float32 scale per token and head, about 1.9 times the tokens of bfloat16 K/V in the same memory (on"
            " the CPU, --cache-type-k q8_0 --cache-type-v q8_0 quantizes K/V) (default: auto)")
+    a("--draft-model", "-md", "--model-draft", dest="draft_model", default=None, metavar="MODEL",
+      help="a smaller model with the same tokenizer whose guesses the model verifies (as --speculative-config's"
+           " draft_model; a path or Hub id)")
+
+
+def serve_arguments(parser) -> None:
+    model_arguments(parser, positional=True)
+    engine_arguments(parser)
+    a = parser.add_argument
     a("--enable-lora", action="store_true",
       help="serve LoRA adapters, as vLLM does: those of --lora-modules, and with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"
            " in the environment, those POSTed to /v1/load_lora_adapter")

@@ -203,6 +203,15 @@ def test_bench_reports_throughput(tiny_dir):
     assert "6 prompts x 8 tokens in, 5 out; max-num-seqs 4" in done.stdout
 
 
+def test_bench_takes_the_kv_cache_flags(tiny_dir):
+    done = spool("bench", str(tiny_dir), "--backend", "cpu", "--dtype", "q8_0", "-ctk", "q8_0", "-ctv", "q8_0",
+                 "--num-prompts", "2", "--input-len", "8", "--output-len", "3")
+    assert done.returncode == 0, done.stderr
+    assert "cpu (q8_0, q8_0 K/V)" in done.stdout
+    done = spool("bench", str(tiny_dir), "--backend", "numpy", "--kv-cache-dtype", "fp8")
+    assert done.returncode != 0 and "is --backend cuda's" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
 @pytest.mark.parametrize("argv,words", [(["serve", "--port", "http"], "argument --port: invalid int value"),
                                         (["serve", "--max-seqs"], "expected one argument"),
                                         (["serve", "--no-such-flag"], "unrecognized arguments"),
