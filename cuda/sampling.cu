@@ -15,7 +15,8 @@
 // integers (masses in fixed point, 2^-40 a unit), so no float atomics: the same row gives the
 // same threshold every run. Each warp first groups its lanes by bin (__match_any_sync) and adds
 // a group's counts in 32 bits (__popc; masses as two 20-bit halves by __reduce_add_sync), so a
-// warp makes one shared atomic per distinct bin instead of one per token: most of a row's tokens
+// warp makes one shared atomic per distinct bin instead of one per token (and a warp none of
+// whose tokens is in the pass, found by __ballot_sync, skips the grouping): most of a row's tokens
 // fall in a few bins, where 32 lanes' atomics on one address serialise. Integer sums, so the
 // same totals in any order: results are those of one atomic per token.
 // Block size: a power of two, multiple of 32, at most 1024.
@@ -63,6 +64,7 @@ __device__ float threshold(const float* row, int vocab, float top, float inv_t, 
                     unsigned bits = __float_as_uint(w);
                     if (w >= floor && (bits & high) == prefix) bin = (bits >> shift) & (SAMPLE_BINS - 1);
                 }
+                if (!__ballot_sync(0xffffffffu, bin < SAMPLE_BINS)) continue;  // past the first pass, most warps
                 unsigned peers = __match_any_sync(0xffffffffu, bin);
                 bool leader = lane == __ffs(peers) - 1;
                 if (count) {

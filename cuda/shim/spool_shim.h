@@ -237,7 +237,8 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32
 template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned delta, int = 32) {
     return spool_shim::shuffle(v, int(spool_shim::linear_id() % 32 + delta));
 }
-// __match_any_sync: the lanes of the warp holding the same value as this one; __reduce_add_sync:
+// __match_any_sync: the lanes of the warp holding the same value as this one; __ballot_sync: those
+// whose predicate holds; __reduce_add_sync:
 // the sum over the lanes of mask (each lane names its own group, as CUDA allows when the groups
 // are disjoint). Every lane of the warp must call them, as with the shuffles above.
 template <typename T> inline unsigned __match_any_sync(unsigned, T v) {
@@ -264,6 +265,17 @@ inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
         if (mask >> l & 1u) sum += unsigned(b.lanes[w * 32 + l]);
     spool_shim::sync_warp();
     return sum;
+}
+inline unsigned __ballot_sync(unsigned, int predicate) {
+    spool_shim::Block& b = spool_shim::block();
+    int id = spool_shim::linear_id(), w = id / 32;
+    b.lanes[id] = predicate != 0;
+    spool_shim::sync_warp();
+    unsigned mask = 0;
+    int lanes_in_warp = std::min(32, int(b.fibers.size()) - w * 32);
+    for (int l = 0; l < lanes_in_warp; ++l) mask |= unsigned(b.lanes[w * 32 + l] != 0) << l;
+    spool_shim::sync_warp();
+    return mask;
 }
 inline int __reduce_add_sync(unsigned mask, int v) { return int(__reduce_add_sync(mask, unsigned(v))); }
 inline int __popc(unsigned v) { return std::popcount(v); }
