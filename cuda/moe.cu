@@ -1,7 +1,8 @@
 // A mixture of experts in five launches, sized by the step's token count only (so a CUDA graph
 // captures them): the router's logits as one GEMM, each token's top k experts with the routed
-// rows then sorted by expert on the device, multiply each expert's rows by its weights as tiles of one grouped GEMM (every expert
-// in one launch, never a launch or a pass per token), and sum each token's k outputs.
+// rows then sorted by expert on the device, each expert's rows multiplied by its weights as
+// tiles of one grouped GEMM (every expert in one launch, never a launch or a pass per token),
+// and each token's k outputs summed.
 //
 // The experts' weights are stacked along their rows (expert e's n rows from e x n, as
 // model/weights.py's Experts keeps them). Every row's arithmetic is its own, in a fixed order,
