@@ -369,6 +369,32 @@ async def send_sse(client, args, item: Item, result: RequestResult, tokenizer: T
     await timer.finish(usage, tokenizer)
 
 
+async def send_whole(client, args, item: Item, result: RequestResult, tokenizer: Tokenizer) -> None:
+    """--no-stream: the reply whole at its end, so the client reads nothing per token; its TTFT
+    is the whole latency, and TPOT and ITL are not measured."""
+    import httpx
+
+    path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+    timer = Timer(result)
+    try:
+        resp = await client.post(args.base_url + path, json=request_body(args, item, stream=False))
+    except httpx.TimeoutException:
+        result.error = "timeout"
+        return
+    except httpx.ConnectError:
+        result.error = "connect"
+        return
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        result.error = "disconnected"
+        return
+    if resp.status_code != 200:
+        result.error = f"http_{resp.status_code}"
+        return
+    reply = resp.json()
+    timer.chunks = [c.get("text") or (c.get("message") or {}).get("content") or "" for c in reply.get("choices") or []]
+    await timer.finish(reply.get("usage"), tokenizer)
+
+
 async def send_ws(args, item: Item, result: RequestResult, tokenizer: Tokenizer) -> None:
     """Spool's /v1/ws: one generate frame, deltas, then done (or error)."""
     import trio_websocket
@@ -450,6 +476,8 @@ async def run(args) -> dict:
             try:
                 if args.protocol == "ws":
                     await send_ws(args, item, result, tokenizer)
+                elif args.no_stream:
+                    await send_whole(client, args, item, result, tokenizer)
                 else:
                     await send_sse(client, args, item, result, tokenizer)
             finally:
@@ -583,6 +611,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--temperature", type=float, default=0.0, help="(default: 0, greedy)")
     a("--protocol", choices=("sse", "ws"), default="sse", help="ws: Spool's /v1/ws (default: sse)")
     a("--keep-alive", action="store_true", help="reuse HTTP connections (default: one per request)")
+    a("--no-stream", action="store_true",
+      help="ask for whole replies: the client reads nothing per token (TTFT is then the whole latency; no TPOT)")
     a("--extra-body", default=None, metavar="JSON",
       help="fields merged into every request, as '{\"response_format\": {\"type\": \"json_object\"}}'")
     a("--tokenizer", default=None, help="a local tokenizer directory, for servers without /tokenize")
@@ -605,6 +635,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.no_stream and args.protocol == "ws":
+        p.error("--no-stream is for SSE's endpoints; the WebSocket always streams")
     if not args.request_rate > 0 or not 0 <= args.range_ratio < 1:
         p.error("--request-rate must be positive and --range-ratio in [0, 1)")
     try:
