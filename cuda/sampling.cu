@@ -71,10 +71,14 @@ __device__ float threshold(const float* row, int vocab, float top, float inv_t, 
                     if (leader && bin < SAMPLE_BINS) atomicAdd(&s_count[bin], unsigned(__popc(peers)));
                 } else {
                     unsigned long long mass = bin < SAMPLE_BINS ? (unsigned long long)(w * MASS_UNIT) : 0ull;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
                     unsigned high_part = __reduce_add_sync(peers, unsigned(mass >> 20));  // at most 2^20 each
                     unsigned low_part = __reduce_add_sync(peers, unsigned(mass & 0xfffffu));
                     if (leader && bin < SAMPLE_BINS)
                         atomicAdd(&s_mass[bin], ((unsigned long long)high_part << 20) + low_part);
+#else  // no __reduce_add_sync before sm_80: each lane's own add (integers: the same sums)
+                    if (bin < SAMPLE_BINS) atomicAdd(&s_mass[bin], mass);
+#endif
                 }
             }
         }

@@ -53,3 +53,10 @@ def test_kernel_file_compiles_without_spills_under_its_register_ceiling(file, ar
     over = [(name, int(n)) for name, n in used if int(n) > REGISTERS[kernel_of(name, file)]]
     assert not over, f"over the ceiling in cuda/registers.toml: {over}"
 
+
+
+@pytest.mark.parametrize("file", ["sampling.cu", "moe.cu"])
+def test_the_warp_intrinsic_kernels_compile_for_turing(file, tmp_path):
+    """sm_75 (a T4) has __match_any_sync but not __reduce_add_sync: the sampler's histograms
+    take each lane's own atomic there (the same integer sums)."""
+    ptxas_report(file, "sm_75", tmp_path)
