@@ -140,7 +140,7 @@ def read_gguf_adapter(name: str, path: Path, config: ModelConfig) -> Adapter:
     if kind is None or kind.contents() != "adapter" or reader.fields["adapter.type"].contents() != "lora":
         raise ModelError(f"{path} is a GGUF but not a LoRA adapter (general.type should be 'adapter')")
     alpha_field = reader.fields.get("adapter.lora.alpha")
-    names = {suffix: hf for suffix, hf in layer_names(config.family).items()}
+    names = layer_names(config.family)
     tensors = {t.name: t for t in reader.tensors}
     adapter = Adapter(name, str(path), 0, [{} for _ in range(config.num_layers)])
     for tname, t in tensors.items():
@@ -196,7 +196,8 @@ class AdapterSlots:
 
     def __init__(self, config: ModelConfig, ops, slots: int, max_rank: int):
         self.config, self.ops, self.slots, self.max_rank = config, ops, slots, max_rank
-        self.stacks: list[dict[str, tuple]] = [{} for _ in range(config.num_layers)]  # module -> (a, b)
+        # per layer, module -> (a, b, the fused weight it adds into, its first column there)
+        self.stacks: list[dict[str, tuple]] = [{} for _ in range(config.num_layers)]
 
     def load(self, adapter: Adapter, slot: int) -> None:
         """The adapter into slot, every module's rows of it written (zeros where it adapts none)."""
@@ -204,10 +205,10 @@ class AdapterSlots:
             raise ModelError(f"LoRA adapter {adapter.name!r} has rank {adapter.rank}, above --max-lora-rank"
                              f" {self.max_rank}")
         for i, modules in enumerate(adapter.layers):
-            for module, (a, b) in modules.items():
+            for module in modules:
                 self.stack(i, module)
         for i, stacks in enumerate(self.stacks):
-            for module, (a_stack, b_stack) in stacks.items():
+            for module, (a_stack, b_stack, _, _) in stacks.items():
                 a, b = adapter.layers[i].get(module, (np.zeros((0, a_stack.shape[2]), np.float32), None))
                 padded_a = np.zeros(a_stack.shape[1:], np.float32)
                 padded_a[:a.shape[0]] = a
@@ -220,14 +221,14 @@ class AdapterSlots:
     def stack(self, i: int, module: str) -> tuple:
         """Layer i's stacks for module, made (zeros: no adapter adapts it) when first asked for."""
         if module not in self.stacks[i]:
-            _, _, out, width = module_span(self.config, i, module)
+            weight, first, out, width = module_span(self.config, i, module)
             self.stacks[i][module] = (self.ops.zeros((self.slots, self.max_rank, width), np.float32),
-                                      self.ops.zeros((self.slots, out, self.max_rank), np.float32))
+                                      self.ops.zeros((self.slots, out, self.max_rank), np.float32), weight, first)
         return self.stacks[i][module]
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for stacks in self.stacks for a, b in stacks.values())
+        return sum(a.nbytes + b.nbytes for stacks in self.stacks for a, b, _, _ in stacks.values())
 
     def step(self, uses, counts) -> "StepAdapters | None":
         """A step's per-token slots and scales: uses[r] (an AdapterUse or None) for counts[r]
@@ -249,9 +250,7 @@ class StepAdapters:
 
     def add(self, y, x, i: int, weight: str):
         """y (the fused weight's output for x) with every adapted module of it added."""
-        c = self.slots.config
-        for module, (a, b) in self.slots.stacks[i].items():
-            name, first, _, _ = module_span(c, i, module)
-            if name == weight:
+        for a, b, adds_to, first in self.slots.stacks[i].values():
+            if adds_to == weight:
                 y = self.slots.ops.lora(y, x, a, b, self.token_slots, self.token_scales, first)
         return y
