@@ -51,7 +51,8 @@ def test_the_engine_benchmark_takes_the_cuda_path(tmp_path, monkeypatch, capsys)
     import bench_engine
     import model.ops
 
-    standin = types.SimpleNamespace(available=lambda: True, create=lambda dtype: CudaOps(np, CpuLauncher(), dtype))
+    standin = types.SimpleNamespace(available=lambda: True,
+                                    create=lambda dtype, kv="f16": CudaOps(np, CpuLauncher(), dtype, kv=kv))
     monkeypatch.setitem(sys.modules, "model.ops.cupy_ops", standin)
     monkeypatch.setattr(model.ops, "cupy_ops", standin, raising=False)
     monkeypatch.setattr(bench_engine, "DeviceClock", StandInClock)

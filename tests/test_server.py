@@ -129,6 +129,8 @@ BAD = [
     ("max_tokens beyond the context", "/v1/chat/completions", {"messages": QUESTION, "max_tokens": 100000}, 400),
     ("prompt longer than the context", "/v1/completions", {"prompt": "hello " * 3000}, 400),
     ("out-of-vocabulary logit_bias", "/v1/chat/completions", {"messages": QUESTION, "logit_bias": {"999999": 5}}, 400),
+    ("a grammar and allowed_token_ids that leave no token", "/v1/completions",
+     {"prompt": "x", "regex": "!x", "allowed_token_ids": [1, 2], "max_tokens": 2}, 400),
     ("unknown model", "/v1/chat/completions", {"model": "gpt-9", "messages": QUESTION}, 404),
     ("10 MB body", "/v1/completions", {"prompt": "x" * 10_000_000}, 413),
     ("unknown route", "/v1/nothing", {}, 404),

@@ -16,3 +16,8 @@ class Overloaded(EngineError):
 
 class Draining(EngineError):
     """The engine is shutting down and admits nothing new (HTTP 503)."""
+
+
+class RequestFault(str):
+    """A request's end in error that the request caused, not the engine (HTTP 400): its own
+    constraints left no token to sample. A str, so it rides every frame a message does."""

@@ -9,6 +9,7 @@ engine to hand to the planner; the final frame goes out in close(), once the req
 
 from dataclasses import dataclass, replace
 
+from app.engine.errors import RequestFault
 from app.engine.grammar import Grammars
 from app.engine.request import Frame, OutputState, Request
 from app.engine.stats import Stats
@@ -142,6 +143,11 @@ class OutputProcessor:
             return Ending("error", error=sampled.error)
         token = sampled.token_id
         if token == NO_TOKEN:
+            s = p.sampling
+            if p.grammar is not None or s.allowed_token_ids is not None or s.bad_words or s.logit_bias:
+                return Ending("error", error=RequestFault(
+                    "no token is left to sample: the request's grammar, allowed_token_ids, bad_words and"
+                    " logit_bias together exclude every token"))
             return Ending("error", error="the model gave no token: its logits held no finite value")
         if state.matcher is not None and not state.matcher.consume_token(token):
             return Ending("error", error=f"the grammar refused token {token}: {state.matcher.get_error()}")

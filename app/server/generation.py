@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import trio
 
 from app.engine import Draining, EngineError, Frame, GenerationParams, Overloaded
+from app.engine.errors import RequestFault
 from app.server import access_log
 from app.server.errors import APIError
 from app.server.schemas import UsageInfo
@@ -239,9 +240,11 @@ class Generation:
         return APIError(504, f"the request took longer than --request-timeout ({self.timeout:g} s)", code="timeout")
 
     def failure(self) -> "APIError | None":
-        """The first choice that ended in an engine error, as a 500."""
+        """The first choice that ended in an error: a 500, or a 400 where the request caused it."""
         errors = [c.error for c in self.choices.values() if c.finish_reason == "error"]
-        return APIError(500, errors[0], code="generation_error") if errors else None
+        if not errors:
+            return None
+        return APIError(400 if isinstance(errors[0], RequestFault) else 500, errors[0], code="generation_error")
 
     def ordered(self) -> list[Choice]:
         return sorted(self.choices.values(), key=lambda c: c.index)

@@ -12,6 +12,7 @@ from model.ops.numpy_dry import apply_dry
 from model.ops.protocol import SampleBatch, SampleResult
 from model.sampling import SamplingParams, allowed_tokens
 
+NO_TOKEN = -1  # runner.NO_TOKEN: outside the vocabulary, so the row's request fails alone
 # Candidates kept for top-k / top-p before falling back to a full sort of the vocabulary.
 SAMPLING_CANDIDATES = 256
 
@@ -37,7 +38,9 @@ def sample_rows(logits: np.ndarray, batch: SampleBatch) -> SampleResult:
                 apply_penalties(row, p, batch.prompts[r], batch.outputs[r])
                 apply_dry(row, p, batch.prompts[r], batch.outputs[r])
             restrict(row, p, batch.outputs[r])
-        if p.samplers is not None and p.mirostat != 2:
+        if not np.isfinite(row).any():  # the row's constraints (or its logits) leave nothing
+            token_ids[r] = NO_TOKEN
+        elif p.samplers is not None and p.mirostat != 2:
             token_ids[r] = chain_draw(row, p, batch.prompts[r], batch.outputs[r], batch.uniform(r), batch.coin(r))
         elif p.greedy:
             token_ids[r] = int(np.argmax(row))
