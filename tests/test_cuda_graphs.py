@@ -184,16 +184,23 @@ def test_a_decode_layer_launches_at_most_ten_kernels(tiny_dir):
     blocks = Blocks(runner)
     rows = [Row(rid, [5], 9, blocks.table(rid, 10), sample=True) for rid in "abc"]
     layers = runner.model.w.layers
-    counts = []
-    for kept in (layers, layers[:1]):
+    counts = launches_with_layers(runner, launcher, rows, (layers, layers[:1]))
+    per_layer = (len(counts[0]) - len(counts[1])) / (len(layers) - 1)
+    assert per_layer <= 10, (per_layer, counts[1])
+
+
+def launches_with_layers(runner, launcher, rows, cuts) -> list[list[str]]:
+    """The launches of a graph's decode forward pass over rows, with the model cut to each list
+    of layers in turn (its layers put back after)."""
+    layers, counts = runner.model.w.layers, []
+    for kept in cuts:
         runner.model.w.layers = kept
         launcher.launches.clear()
         runner.graphs.fill(rows)
         runner.graphs.forward(runner.graphs.padded_size(len(rows)))
         counts.append(list(launcher.launches))
     runner.model.w.layers = layers
-    per_layer = (len(counts[0]) - len(counts[1])) / (len(layers) - 1)
-    assert per_layer <= 10, (per_layer, counts[1])
+    return counts
 
 
 def test_a_moe_decode_layer_launches_six_for_its_experts_where_an_mlp_takes_three(tmp_path):
@@ -217,14 +224,7 @@ def test_a_moe_decode_layer_launches_six_for_its_experts_where_an_mlp_takes_thre
     rows = [Row(rid, [5], 9, blocks.table(rid, 10), sample=True) for rid in "abc"]
     layers = runner.model.w.layers
     assert layers[0].experts is not None and layers[1].experts is None
-    counts = []
-    for kept in (layers[:1], layers[1:2]):
-        runner.model.w.layers = kept
-        launcher.launches.clear()
-        runner.graphs.fill(rows)
-        runner.graphs.forward(runner.graphs.padded_size(len(rows)))
-        counts.append(list(launcher.launches))
-    runner.model.w.layers = layers
+    counts = launches_with_layers(runner, launcher, rows, (layers[:1], layers[1:2]))
     routed = [name.split("<")[0] for name in counts[0] if name.startswith("moe_")]
     assert routed == ["moe_router", "moe_topk", "moe_gemm", "moe_gemm", "moe_combine"], counts[0]
     assert len(counts[0]) - len(counts[1]) == 6 - 3, (counts[0], counts[1])

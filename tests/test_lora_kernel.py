@@ -9,29 +9,18 @@ ulp of the reference's; a token's row is the same bits alone and in any batch.""
 import numpy as np
 import pytest
 
-from cuda_harness import CpuLauncher, DeviceLauncher, as_float, gpu_available, storage
+from cuda_harness import as_float, storage
 from model.ops import numba_lora
 from model.ops.cuda_ops import CudaOps
 from model.ops.kernels import name_expression
 from model.ops.numba_kernels import PARALLEL_WORK
 from model.ops.numpy_ops import NumpyOps
+from test_kernels import launcher  # noqa: F401 (the fixture: the CPU harness, and CuPy on a GPU)
 
 NUMPY = NumpyOps()
 DTYPES = ["float32", "float16", "bfloat16"]
 ULP = {"float32": 1e-5, "float16": 2 ** -10, "bfloat16": 2 ** -7}
 ADAPTERS = 4  # slots in the stacks
-
-launchers: dict = {}
-
-
-@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
-def launcher(request):
-    if request.param == "gpu" and not gpu_available():
-        pytest.skip("no GPU: CuPy is not installed or sees no device")
-    if request.param not in launchers:
-        launchers[request.param] = CpuLauncher() if request.param == "cpu" else DeviceLauncher()
-    return launchers[request.param]
-
 
 def stacks(rng, rank, width, out):
     """Every slot's A (slots, rank, in) and B (slots, out, rank), fp32, scaled so that a token's
