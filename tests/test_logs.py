@@ -111,7 +111,8 @@ def test_refused_requests_get_their_line(server, headers, body, status):
 async def test_a_websocket_generation_gets_its_line_and_the_socket_one_at_close(server):
     since = len(server.output())
     async with open_websocket_url(f"ws://127.0.0.1:{server.port}/v1/ws", extra_headers=list(AUTH.items())) as ws:
-        await ws.send_message(json.dumps({"type": "generate", "id": "g", "prompt": "Hello", "max_tokens": 3}))
+        await ws.send_message(json.dumps({"type": "generate", "id": "g", "prompt": "Hello", "max_tokens": 3,
+                                          "ignore_eos": True}))
         while (frame := json.loads(await ws.get_message()))["type"] != "done":
             pass
         await ws.send_message(json.dumps({"type": "cancel", "id": "nothing-runs"}))
