@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.errors import ModelError, one_line
+from model.ops import cuda_quant
 from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
 from model.ops.kernels import TENSOR_CORE_TYPES, decode_variant, name_expression
@@ -116,9 +117,10 @@ class CudaOps:
         return self.xp.zeros(shape, dtype=dtype)
 
     def weight(self, x):
-        """A host weight on the device in the storage type (rounded there, on a GPU); a GGUF's
-        blocks dequantized to float32 on the host first, one tensor at a time."""
-        return to_storage(self.xp.asarray(float32(x), dtype=np.float32), self.dtype, self.xp)
+        """A host weight on the device in the storage type (rounded there, on a GPU); a GGUF's blocks
+        kept packed where cuda_quant decodes their type, else dequantized to float32 on the host first."""
+        return cuda_quant.packed(self, x) or to_storage(self.xp.asarray(float32(x), dtype=np.float32), self.dtype,
+                                                        self.xp)
 
     def loaded(self) -> None:
         pass
@@ -126,7 +128,7 @@ class CudaOps:
     def linear(self, x, w, bias=None):
         """x @ w.T (+ bias) in the storage type, accumulated in fp32: cuBLAS on a GPU."""
         out = self.xp.empty((x.shape[0], w.shape[0]), dtype=self.storage_dtype)
-        self.launcher.linear(self.contiguous(x), w, bias, out)
+        cuda_quant.linear(self, self.contiguous(x), w, bias, out)
         return out
 
     def lora(self, y, x, a, b, slots, scales, first: int):
@@ -143,7 +145,7 @@ class CudaOps:
     def logits(self, h, w, softcap: float = 0.0):
         """h @ w.T in fp32, for the sampler; soft-capped (Gemma 2) where softcap is not 0."""
         out = self.xp.empty((h.shape[0], w.shape[0]), dtype=np.float32)
-        self.launcher.linear(self.contiguous(h), w, None, out)
+        cuda_quant.linear(self, self.contiguous(h), w, None, out)
         if softcap:
             out /= np.float32(softcap)
             self.xp.tanh(out, out=out)
@@ -154,6 +156,8 @@ class CudaOps:
         return self.xp.ascontiguousarray(x)
 
     def embedding(self, table, token_ids, scale: float = 1.0):
+        if cuda_quant.is_packed(table):
+            return cuda_quant.embedding(self, table, token_ids, scale)
         vocab, hidden = table.shape
         out = self.xp.empty((token_ids.shape[0], hidden), dtype=self.storage_dtype)
         self.kernel("embedding.cu", "embedding")((token_ids.shape[0],), (THREADS,), (
@@ -270,12 +274,12 @@ class CudaOps:
                 np.int32(rows.shape[1]), np.int32(count)))
             return out
 
-        gate_up = grouped(x, experts.gate_up, experts.gate_up_bias, True)
+        gate_up = grouped(x, cuda_quant.dense(self, experts.gate_up), experts.gate_up_bias, True)
         if experts.swiglu_clamp is not None:
             act = self._gated(gate_up, "clamped_swiglu", *(np.float32(v) for v in experts.swiglu_clamp))
         else:
             act = self.gelu_and_mul(gate_up) if gelu else self.silu_and_mul(gate_up)
-        down = grouped(act, experts.down, experts.down_bias, False)
+        down = grouped(act, cuda_quant.dense(self, experts.down), experts.down_bias, False)
         out = xp.empty((tokens, hidden), dtype=self.storage_dtype)
         self.kernel("moe.cu", "moe_combine")((tokens,), (THREADS,), (
             out, down, weights, position, np.int32(hidden), np.int32(k)))

@@ -28,6 +28,7 @@ KERNELS = {
     "moe.cu": ("moe_router", "moe_topk", "moe_gemm", "moe_combine", "moe_shared_add"),
     "delta_net.cu": ("delta_conv", "delta_rule", "sigmoid_mul"),
     "lora.cu": ("lora_shrink", "lora_expand"),
+    "dequant_gemv.cu": ("dequant_gemv", "dequant_rows"),
 }
 # fp32 logits whatever the model's storage type; moe_topk routes on the router's fp32 logits
 UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_topk"}
@@ -38,6 +39,11 @@ UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_topk"}
 # prefill_attention's (DIMS,): the output elements a lane accumulates, 4 up to a head_dim of 128.
 VARIANTS = {"decode_attention": ((1, 4), (2, 4), (4, 4), (8, 4), (1, 8), (2, 8), (4, 8), (1, 16)),
             "prefill_attention": ((4,), (8,), (16,))}
+# the GGUF types kept packed on the device (model/ops/cuda_quant.py), each a struct of dequant_gemv.cu;
+# dequant_gemv's last argument: 1 where it writes fp32 (logits), 0 for the storage type
+PACKED_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
+VARIANTS["dequant_gemv"] = tuple((kind.upper(), fp32) for kind in PACKED_TYPES for fp32 in (0, 1))
+VARIANTS["dequant_rows"] = tuple((kind.upper(),) for kind in PACKED_TYPES)
 TENSOR_CORE_TYPES = ("float16", "bfloat16")  # what WMMA multiplies
 DTYPES = {"prefill_attention_tc": TENSOR_CORE_TYPES}  # kernels not instantiated for every storage type
 # K/V cache types other than the storage type (--kv-cache-dtype) -> their C++ element type, a last

@@ -1,0 +1,111 @@
+"""GGUF weights kept packed on the device (cuda/dequant_gemv.cu, model/ops/cuda_quant.py), through
+the CPU harness, against gguf-py's NumPy dequantizer (model/quant/quantized.dequantize).
+
+The blocks are random bytes with sane float16 scales, so every code, every 6-bit scale and
+minimum and every high bit pattern occurs. Tolerances, relative to the largest output: the
+kernel's fp32 sums against float64 differ by float32 rounding (measured under 2e-7); the 16-bit
+outputs by their own rounding (bf16 measured 2e-3 to 3.3e-3, fp16 2e-4 to 3e-4)."""
+
+import gguf
+import numpy as np
+import pytest
+
+from cuda_harness import CpuLauncher, as_float, poisoned, storage
+from model.ops import cuda_quant
+from model.ops.cuda_ops import CudaOps
+from model.ops.kernels import PACKED_TYPES
+from model.ops.numpy_ops import NumpyOps
+from model.quant.quantized import Fused, QuantizedTensor, dequantize
+
+DTYPES = ("float32", "bfloat16", "float16")
+TOLERANCE = {"float32": 1e-6, "bfloat16": 8e-3, "float16": 1e-3}
+# each type's float16 fields (byte offset in its block): scales, and minimums where it has them
+HALVES = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+
+
+def random_blocks(kind: str, rows: int, columns: int, seed: int = 0) -> QuantizedTensor:
+    rng = np.random.default_rng(seed)
+    values, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind.upper()]]
+    blocks = rng.integers(0, 256, (rows, columns // values, size), dtype=np.uint8)
+    for at in HALVES[kind]:
+        halves = rng.uniform(-0.02, 0.02, (rows, columns // values, 1)).astype(np.float16)
+        blocks[:, :, at:at + 2] = halves.view(np.uint8)
+    return QuantizedTensor(kind, blocks.reshape(rows, -1), (rows, columns))
+
+
+def odd_width(kind: str) -> int:
+    """9 blocks of 32 (a step and a part-filled one), or 3 super-blocks."""
+    return 768 if kind.endswith("_k") else 288
+
+
+def close(got, want, dtype: str) -> None:
+    scale = np.abs(want).max()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE[dtype] * scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_the_gemv_is_the_dequantized_product_and_a_row_is_the_same_in_any_batch(kind, dtype):
+    """Rows 1 to 9 (a second block of rows at 9), 6 weight rows (a part-filled block of 4),
+    written at column 2 of a 9-wide output whose other columns stay NaN; with a bias."""
+    ops = CudaOps(np, CpuLauncher(), dtype)
+    k = odd_width(kind)
+    qt = random_blocks(kind, 6, k)
+    w = cuda_quant.packed(ops, qt)
+    rng = np.random.default_rng(1)
+    x = storage(rng.standard_normal((9, k)), dtype)
+    bias = storage(rng.standard_normal(6), dtype)
+    want = as_float(x, dtype).astype(np.float64) @ dequantize(qt).T.astype(np.float64) + as_float(bias, dtype)
+    outs = {}
+    for rows in range(1, 10):
+        out = poisoned((rows, 9), dtype)
+        cuda_quant.gemv(ops, out, x[:rows], w, bias, 2)
+        got = outs[rows] = as_float(out, dtype)
+        assert np.isnan(got[:, :2]).all() and np.isnan(got[:, 8:]).all()
+        close(got[:, 2:8], want[:rows], dtype)
+    for rows in range(1, 9):  # each row's bits, alone or among others
+        np.testing.assert_array_equal(outs[rows], outs[9][:rows])
+    np.testing.assert_array_equal(outs[8][:, 2:8], as_float(ops.linear(x[:8], w, bias), dtype))  # ops' GEMV
+
+
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_fp32_logits_from_16_bit_activations(kind):
+    ops = CudaOps(np, CpuLauncher(), "bfloat16")
+    qt = random_blocks(kind, 5, odd_width(kind), seed=2)
+    x = storage(np.random.default_rng(3).standard_normal((3, qt.shape[1])), "bfloat16")
+    got = ops.logits(x, cuda_quant.packed(ops, qt))
+    assert got.dtype == np.float32
+    close(got, as_float(x, "bfloat16").astype(np.float64) @ dequantize(qt).T.astype(np.float64), "float32")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", PACKED_TYPES)
+def test_dequantized_rows_are_the_reference_rounded_once(kind, dtype):
+    """Bit for bit the reference's values in the storage type: a range of rows, and an embedding
+    gather whose ids outside the table give zeros, times Gemma's scale."""
+    ops = CudaOps(np, CpuLauncher(), dtype)
+    qt = random_blocks(kind, 7, odd_width(kind), seed=4)
+    w, ref = cuda_quant.packed(ops, qt), dequantize(qt)
+    np.testing.assert_array_equal(cuda_quant.dequantize_rows(ops, w, 2, 4), storage(ref[2:6], dtype))
+    ids = np.array([6, -1, 0, 7, 3], dtype=np.int32)
+    got = cuda_quant.embedding(ops, w, ids, scale=2.5)
+    want = np.where((ids >= 0)[:, None] & (ids < 7)[:, None], ref[np.clip(ids, 0, 6)] * np.float32(2.5), 0)
+    np.testing.assert_array_equal(got, storage(want, dtype))
+
+
+@pytest.mark.parametrize("rows", [3, 11])
+def test_a_fused_weight_of_mixed_kinds_in_tiles_matches_numpy(rows, monkeypatch):
+    """A Q4_K_M file's q/k (Q4_K) beside its v (Q6_K) and a type kept as bf16 (Q5_0), with a bias:
+    3 rows through the GEMV, 11 through dequantized tiles (three rows a tile here) and the GEMM."""
+    monkeypatch.setattr(cuda_quant, "TILE_VALUES", 3 * 256)
+    parts = [random_blocks("q4_k", 8, 256, 5), random_blocks("q6_k", 4, 256, 6), random_blocks("q5_0", 5, 256, 7)]
+    ops = CudaOps(np, CpuLauncher(), "float32")
+    w = ops.weight(Fused(tuple(parts)))
+    assert [type(p).__name__ for p in w.parts] == ["PackedWeight", "PackedWeight", "ndarray"]
+    assert w.nbytes == parts[0].nbytes + parts[1].nbytes + 5 * 256 * 4
+    rng = np.random.default_rng(8)
+    x, bias = rng.standard_normal((rows, 256)).astype(np.float32), rng.standard_normal(17).astype(np.float32)
+    numpy_ops = NumpyOps()
+    want = numpy_ops.linear(x, numpy_ops.weight(Fused(tuple(parts))), bias)
+    close(ops.linear(x, w, bias), want, "float32")
