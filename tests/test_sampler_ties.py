@@ -50,8 +50,8 @@ def tied_row(rng, vocab: int, levels: int) -> np.ndarray:
     return row
 
 
-@pytest.mark.parametrize("vocab", [152064, 262208])
-@pytest.mark.parametrize("filters", [(40, 1.0, 0.0), (0, 0.6, 0.0), (5000, 0.9, 0.01)])
+@pytest.mark.parametrize("vocab,filters", [(152064, (40, 1.0, 0.0)), (152064, (0, 0.6, 0.0)),
+                                           (262208, (5000, 0.9, 0.01))])
 def test_huge_vocabularies_of_ties_draw_what_the_reference_draws(launcher, vocab, filters):
     top_k, top_p, min_p = filters
     rng = np.random.default_rng(vocab + top_k)
@@ -70,7 +70,7 @@ def test_huge_vocabularies_of_ties_draw_what_the_reference_draws(launcher, vocab
         assert token == want or near, (u, token, want)
 
 
-@pytest.mark.parametrize("vocab", [152064, 262208])
+@pytest.mark.parametrize("vocab", [262208])
 def test_a_row_of_one_logit_repeated_keeps_every_token(launcher, vocab):
     """Every token tied: top-k and top-p keep the whole row, and the draw walks it in id order."""
     logits = np.zeros((3, vocab), dtype=np.float32)
