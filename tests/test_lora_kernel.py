@@ -73,10 +73,14 @@ def check(got, y, want, slots, first, out, dtype):
     assert not bad.any(), f"{bad.sum()} of {bad.size} differ; worst {np.abs(got_f - want_f).max()}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens", [1, 3, 17, 64])
-@pytest.mark.parametrize("rank", [1, 8, 16, 64])
-@pytest.mark.parametrize("width,out,first", [(72, 200, 40), (64, 256, 0), (200, 72, 136), (256, 64, 64)])
+TOKENS, RANKS = [1, 3, 17, 64], [1, 8, 16, 64]
+SHAPES = [(72, 200, 40), (64, 256, 0), (200, 72, 136), (256, 64, 64)]  # width, out, first
+# every dtype with every shape, each time another token count and rank: 12 of the 64 pairs, every
+# token count and rank with every dtype
+CASES = [(dtype, TOKENS[k], RANKS[(k + d) % 4], *SHAPES[k]) for d, dtype in enumerate(DTYPES) for k in range(4)]
+
+
+@pytest.mark.parametrize("dtype,tokens,rank,width,out,first", CASES)
 def test_cuda_ops_lora_matches_numpy(launcher, dtype, tokens, rank, width, out, first):
     ops = CudaOps(np, launcher, dtype)
     y, x, a, b, slots, scales = case(tokens * 1000 + rank * 10 + width, tokens, rank, width, out, first, dtype)
