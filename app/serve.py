@@ -153,9 +153,11 @@ def load(args, state: ServerState) -> Engine:
     extra_layers = extra_kv_layers(speculative)
     block_bytes = KVCache.bytes_per_block_of(backend.ops, config, DEFAULT_BLOCK_SIZE, extra_layers)
     state_bytes = args.max_num_seqs * KVCache.bytes_per_state_slot(config)  # a hybrid's, one per request
+    graphs = backend.name == "cuda" and not args.enforce_eager and not config.delta_net
     if backend.name == "cuda" and args.kv_cache_gib is None:
         num_blocks = gpu_kv_blocks(model, args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens,
-                                   state.max_model_len, extra_layers=extra_layers) - -(-state_bytes // block_bytes)
+                                   state.max_model_len, extra_layers=extra_layers,
+                                   graphs=graphs) - -(-state_bytes // block_bytes)
     else:  # a hybrid's state comes out of a given --kv-cache-gib, and beside the default 1 GiB of K/V
         kv_cache_gib = args.kv_cache_gib or 1.0 + state_bytes / GIB
         num_blocks = int((kv_cache_gib * GIB - state_bytes) // block_bytes)
@@ -177,7 +179,7 @@ def load(args, state: ServerState) -> Engine:
             raise ValueError(f"cannot pin --swap-space {args.swap_space:g} GiB of host memory ({one_line(e)});"
                              " lower --swap-space") from None
     attach_proposer(runner, speculative, backend, model_dir, state.tokenizer)
-    if backend.name == "cuda" and not args.enforce_eager and not config.delta_net:
+    if graphs:
         capture_graphs(runner, args.max_num_seqs, state.max_model_len)
     elif backend.name == "cuda" and config.delta_net:
         log.info("hybrid model: decoding eagerly (its state slots are not in the decode graphs yet)")

@@ -10,6 +10,10 @@ that holds its rows. The copy (the fields, and the block tables of the graph's r
 turns with two host arrays and wait for a turn's last copy before filling it again: with the
 overlapped loop, the next step is filled while the device may not yet have run this one's copy.
 Padding rows write no K/V (slot -1), attend to one token, and their logits are never read.
+Every graph writes its logits into a prefix of one fp32 buffer of max_seqs rows (a graph's
+output is a view of it; replays take turns, each step's sampling queued before the next replay):
+at 256 rows of a 128k vocabulary, a buffer per graph held about 2.2 GB, this one 131 MB, and
+model/memory.py counts it before the KV cache takes its share.
 
 What differs from an eager step: the decode attention's grid holds the model's whole split count
 (cuda_ops.decode_splits) rather than what the step's longest context needs; a row splits by its
@@ -24,6 +28,11 @@ import numpy as np
 from model.ops.cuda_ops import AttentionMeta
 
 MAX_PADDING = 8  # above this, sizes go up in steps of 8 rather than doubling
+
+
+def logits_bytes(max_seqs: int, vocab: int) -> int:
+    """The decode graphs' one logits buffer: fp32, a row per sequence."""
+    return max_seqs * vocab * 4
 
 
 def graph_sizes(max_seqs: int) -> list[int]:
@@ -54,6 +63,7 @@ class DecodeGraphs:
         self.fields = {name: self.device[i * rows:(i + 1) * rows] for i, name in enumerate(self.FIELDS)}
         self.block_tables = self.device[len(self.FIELDS) * rows:].reshape(rows, self.width)
         self.logit_index = self.ops.asarray(np.arange(rows), np.int64)
+        self.logits = self.ops.zeros((rows, model.w.lm_head.shape[0]), np.float32)  # every graph's, outside their pool
         self.replays = 0
         self.fill([])
         self.upload()
@@ -66,7 +76,7 @@ class DecodeGraphs:
                              context_lens=f["context_lens"][:size], block_tables=self.block_tables[:size],
                              max_context=self.max_model_len)
         return self.model.forward(f["token_ids"][:size], f["positions"][:size], f["slots"][:size], meta, self.cache,
-                                  self.logit_index[:size])
+                                  self.logit_index[:size], logits_out=self.logits[:size])
 
     def can_replay(self, plan) -> bool:
         """Every row decodes one token and samples, and a graph holds them all."""

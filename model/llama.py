@@ -56,12 +56,13 @@ class Llama:
         return sum(a.nbytes for a in arrays if a is not None)
 
     def forward(self, token_ids, positions, slots, attn_meta, cache, logit_index, pooled_index=None,
-                state_rows=None, adapters=None):
+                state_rows=None, adapters=None, logits_out=None):
         """Hidden states for all tokens of a step, K/V written to the cache (and a hybrid model's
         delta-net state to the slots of state_rows, kv_cache.StateRows), and logits (fp32)
         for the tokens at logit_index only; with pooled_index, (those logits, the final
         normalised hidden states of the tokens at pooled_index: embedding rows'). adapters:
-        the step's LoRA adapters (model/lora.StepAdapters), None where no row has one.
+        the step's LoRA adapters (model/lora.StepAdapters), None where no row has one; logits_out:
+        where the logits go (the decode graphs' shared buffer), a new array when None.
 
         The residual stream x is only ever touched through ops (add_rms_norm adds each block's
         output, delta, and normalises in one pass), so the arrays may hold any storage type."""
@@ -89,7 +90,7 @@ class Llama:
             if layer.scalar is not None:
                 x, delta = self.layer_end(x, delta, layer, None if per_layer is None else per_layer[:, i]), None
         _, h = ops.add_rms_norm(x[logit_index], None if delta is None else delta[logit_index], w.norm, eps)
-        logits = ops.logits(h, w.lm_head, c.final_softcap)
+        logits = ops.logits(h, w.lm_head, c.final_softcap, logits_out)
         if pooled_index is None:
             return logits
         return logits, ops.add_rms_norm(x[pooled_index], None if delta is None else delta[pooled_index], w.norm,

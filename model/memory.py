@@ -4,11 +4,13 @@ With the weights loaded, one profiling step as large as the scheduler may ever p
 (--max-batched-tokens tokens over --max-seqs rows, every row sampled) runs on a throwaway cache.
 CuPy's memory pool keeps what that step allocated, so the device's used memory afterwards is the
 CUDA context, the weights and the peak of a step's activations together. Whatever is left under
-the fraction of the device's total goes to the KV pool.
+the fraction of the device's total goes to the KV pool, less what is held beside every step: the
+decode graphs' one logits buffer (model/cuda_graphs.py), allocated after the KV cache.
 """
 
 from dataclasses import dataclass
 
+from model.cuda_graphs import logits_bytes
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from model.runner import ModelRunner, Row, StepPlan
 
@@ -21,14 +23,15 @@ class MemoryPlan:
     used: int  # context, weights and a step's peak activations
     budget: int  # total x utilization
     block_bytes: int
+    held: int = 0  # allocated after the KV cache and kept: the decode graphs' logits buffer
 
     @property
     def num_blocks(self) -> int:
-        return max(0, (self.budget - self.used) // self.block_bytes)
+        return max(0, (self.budget - self.used - self.held) // self.block_bytes)
 
     def describe(self) -> str:
-        return (f"{self.used / GIB:.2f} GiB for the weights and a step's activations, {self.budget / GIB:.2f} GiB"
-                f" allowed of {self.total / GIB:.2f} GiB")
+        return (f"{self.used / GIB:.2f} GiB for the weights and a step's activations, {self.held / GIB:.2f} GiB for"
+                f" the decode graphs' logits, {self.budget / GIB:.2f} GiB allowed of {self.total / GIB:.2f} GiB")
 
 
 def profile_plan(max_seqs: int, max_batched_tokens: int, max_model_len: int, block_size: int) -> StepPlan:
@@ -44,10 +47,10 @@ def profile_plan(max_seqs: int, max_batched_tokens: int, max_model_len: int, blo
 
 
 def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: int, max_model_len: int,
-                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0) -> MemoryPlan:
+                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0, graphs: bool = False) -> MemoryPlan:
     """Run the profiling step, then measure while the memory pool still holds what the step
     allocated. The throwaway cache's blocks are not counted as used: the pool hands its memory
-    back to the device before the KV cache is allocated."""
+    back to the device before the KV cache is allocated. graphs: decode graphs will be captured."""
     launcher, config = model.ops.launcher, model.config
     plan = profile_plan(max_seqs, max_batched_tokens, max_model_len, block_size)
     num_blocks = sum(len(r.block_table) for r in plan.rows)
@@ -61,18 +64,18 @@ def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: 
     launcher.release_cached()  # the throwaway cache's memory goes back, for the real one to take
     block_bytes = KVCache.bytes_per_block_of(model.ops, config, block_size, extra_layers)
     used = total - free - num_blocks * KVCache.bytes_per_block_of(model.ops, config, block_size)
-    return MemoryPlan(total=total, used=used, budget=int(total * utilization),
-                      block_bytes=block_bytes)
+    return MemoryPlan(total=total, used=used, budget=int(total * utilization), block_bytes=block_bytes,
+                      held=logits_bytes(max_seqs, model.w.lm_head.shape[0]) if graphs else 0)
 
 
 def gpu_kv_blocks(model, utilization: float, max_seqs: int, max_batched_tokens: int, max_model_len: int,
-                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0) -> int:
+                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0, graphs: bool = False) -> int:
     """The KV pool's size in blocks (each with extra_layers' K/V beyond the model's), or a
     ValueError of one line that says which flag to change."""
     lower = f"lower --max-batched-tokens ({max_batched_tokens}) and --max-seqs ({max_seqs})"
     try:
         memory = plan_kv_cache(model, utilization, max_seqs, max_batched_tokens, max_model_len, block_size,
-                               extra_layers)
+                               extra_layers, graphs)
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         raise ValueError(f"out of GPU memory in the profiling step ({e}); {lower}") from None
     if memory.num_blocks < 2:

@@ -65,7 +65,7 @@ class Launched:
     """A step whose work is queued on the device; collect() waits for its sampled ids."""
 
     rows: list[Row]  # the sampling rows, in the order of ids
-    ids: object  # ops.download of the sampled ids
+    ids: object  # ops.download of the sampled ids (with the logprobs after them: SampleResult.fetch)
     sampled: SampleResult | None
     embedded: list = field(default_factory=list)  # a Sampled with its embedding for each embedding row
     scored: dict = field(default_factory=dict)  # request id -> its chunk's prompt logprobs (Sampled.prompt_logprobs)
@@ -247,8 +247,8 @@ class ModelRunner:
             [r.params for r in sampling], [r.prompt_ids for r in sampling], histories,
             self.rng, keys=[r.request_id for r in sampling], masks=masks))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
-        return Launched(sampling, self.ops.download(sampled.token_ids), sampled, embedded, scored, failed,
-                        self.rewinds, followed)
+        fetched = sampled.token_ids if sampled.fetch is None else sampled.fetch.device  # the ids, and logprobs
+        return Launched(sampling, self.ops.download(fetched), sampled, embedded, scored, failed, self.rewinds, followed)
 
     @staticmethod
     def masks(row: Row, failed: dict) -> list:
@@ -302,6 +302,8 @@ class ModelRunner:
         scored = dict(launched.scored)
         out = launched.embedded
         ids = launched.ids.result() if launched.rows else []
+        if launched.rows and launched.sampled.fetch is not None:
+            ids = launched.sampled.fetch.arrived(ids)
         if launched.followed is not None:  # the MTP layer's K/V, and its guesses for the next step
             self.draft.follow(*launched.followed, [NO_TOKEN if r.request_id in launched.failed else i
                                                    for r, i in zip(launched.rows, ids)])

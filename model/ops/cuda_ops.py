@@ -142,9 +142,9 @@ class CudaOps:
                 y, shrunk, b, slots, np.int32(out), np.int32(rank), np.int32(y.shape[1]), np.int32(first)))
         return y
 
-    def logits(self, h, w, softcap: float = 0.0):
-        """h @ w.T in fp32, for the sampler; soft-capped (Gemma 2) where softcap is not 0."""
-        out = self.xp.empty((h.shape[0], w.shape[0]), dtype=np.float32)
+    def logits(self, h, w, softcap: float = 0.0, out=None):
+        """h @ w.T in fp32, for the sampler, into out where given; soft-capped (Gemma 2) where softcap is not 0."""
+        out = self.xp.empty((h.shape[0], w.shape[0]), dtype=np.float32) if out is None else out
         cuda_quant.linear(self, self.contiguous(h), w, None, out)
         if softcap:
             out /= np.float32(softcap)

@@ -8,7 +8,8 @@ releases the slot when the request ends. The slot also records how many output t
 counted: a row whose history no longer matches (a step that failed after sampling) is refilled.
 
 What crosses to the device per step is small host data (each row's parameters, uniforms and
-bias entries); what comes back is the sampled ids, and logprobs only when a row asks.
+bias entries); what comes back is the sampled ids, and logprobs only when a row asks, in the same
+download (model/ops/packed_logprobs.py).
 
 A row that asks for a sampler the kernels do not do (SamplingParams.extended: typical-p,
 dynamic temperature, XTC, DRY, mirostat 2, allowed_token_ids, bad_words, a penalty window) is drawn on the host
@@ -19,11 +20,12 @@ replaces the kernel's; its logprobs (of the raw logits) are the kernel's as for 
 import numpy as np
 
 from model.ops.numpy_sampling import sample_rows
+from model.ops.packed_logprobs import PackedLogprobs
 from model.ops.protocol import SampleBatch, SampleResult, Scored
 from model.sampling import allowed_tokens
 
 SAMPLE_THREADS = 1024  # sampling.cu: a power of two, at most 1024
-ROW_THREADS = 256  # penalties.cu and logprobs.cu
+ROW_THREADS = 256  # penalties.cu
 
 
 class DeviceSampler:
@@ -102,7 +104,9 @@ class DeviceSampler:
                 ops.asarray([t for p in params for t in p.logit_bias] or [0], np.int32),
                 ops.asarray([v for p in params for v in p.logit_bias.values()] or [0], np.float32), np.int32(vocab)))
         uniform = [0.0 if r in on_host else batch.uniform(r) for r in range(rows)]  # the host draws its own
-        ids = ops.zeros(rows, np.int32)
+        wanted = [p.logprobs for p in params]
+        packed = None if all(n is None for n in wanted) else PackedLogprobs(ops, rows, wanted)
+        ids = ops.zeros(rows, np.int32) if packed is None else packed.ids  # fetched with the logprobs, if any
         ops.kernel("sampling.cu", "sample")((rows,), (SAMPLE_THREADS,), (
             ids, adjusted, ops.asarray([p.temperature for p in params], np.float32),
             ops.asarray([min(p.top_k, vocab) if p.top_k > 0 else 0 for p in params], np.int32),
@@ -126,40 +130,24 @@ class DeviceSampler:
         if temporary:
             for k in keys:
                 self.release(k)
-        logprobs, top = self._logprobs(logits, ids, [p.logprobs for p in params])
-        return SampleResult(ids, logprobs, top, mus)
+        if packed is None:
+            return SampleResult(ids, [None] * rows, [None] * rows, mus)
+        packed.compute(logits)  # of the raw logits
+        return SampleResult(ids, packed.logprobs, packed.top_logprobs, mus, fetch=packed)
 
     def score(self, logits, token_ids, top: int) -> Scored:
         """NumpyOps.score's contract on device logits: the logprobs kernel, and each rank
-        counted on the device (the raw logits order the tokens as their logprobs do)."""
+        counted on the device (the raw logits order the tokens as their logprobs do) into the
+        ids' part of the packed array, so one download brings all."""
         rows = logits.shape[0]
         ids = self.ops.asarray(np.asarray(token_ids), np.int32)
-        logprobs, tops = self._logprobs(logits, ids, [top] * rows)
+        packed = PackedLogprobs(self.ops, rows, [top] * rows)
+        packed.compute(logits, ids)
         chosen = logits[self.xp.arange(rows), ids]
-        ranks = self.ops.to_host(1 + (logits > chosen[:, None]).sum(axis=1))
-        return Scored(logprobs, [int(r) for r in ranks], tops)
+        packed.ids[...] = 1 + (logits > chosen[:, None]).sum(axis=1)
+        ranks = packed.arrived(self.ops.to_host(packed.device))
+        return Scored(list(packed.logprobs), [int(r) for r in ranks], list(packed.top_logprobs))
 
     def _table(self, table, dtype):
         """The counts (or seen) table, or a one-element stand-in when no slot exists yet."""
         return table if table is not None else self.ops.zeros(1, dtype)
-
-    def _logprobs(self, logits, ids, wanted: list[int | None]):
-        """Each row's logprob of ids[row] and its top wanted[row] (None: the row asks nothing)."""
-        rows, vocab = logits.shape
-        logprobs: list = [None] * rows
-        top: list = [None] * rows
-        if all(n is None for n in wanted):
-            return logprobs, top
-        ops = self.ops
-        max_n = max(1, max(n or 0 for n in wanted))
-        chosen = ops.zeros(rows, np.float32)
-        top_ids, top_values = ops.zeros((rows, max_n), np.int32), ops.zeros((rows, max_n), np.float32)
-        top_n = ops.asarray([n or 0 for n in wanted], np.int32)
-        ops.kernel("logprobs.cu", "logprobs")((rows,), (ROW_THREADS,), (
-            chosen, top_ids, top_values, logits, ids, top_n, np.int32(vocab), np.int32(max_n)))
-        chosen, top_ids, top_values = ops.to_host(chosen), ops.to_host(top_ids), ops.to_host(top_values)
-        for r, n in enumerate(wanted):
-            if n is not None:
-                logprobs[r] = float(chosen[r])
-                top[r] = [(int(top_ids[r, k]), float(top_values[r, k])) for k in range(n)]
-        return logprobs, top

@@ -17,7 +17,7 @@ from model.errors import ModelError
 from model.ops import delta_rule, numba_attention, numba_delta_rule, numba_lora, numba_rowwise, numba_sampler
 from model.ops.moe import ExpertPlan, router_logits
 from model.ops.numba_kernels import QUANTIZED_KV
-from model.ops.numpy_ops import NumpyOps, soft_capped
+from model.ops.numpy_ops import NumpyOps, into, soft_capped
 from model.ops.protocol import SampleBatch, SampleResult
 from model.quant import blocks, pack
 from model.quant.gemv import grouped_gemv
@@ -126,13 +126,13 @@ class NumbaOps(NumpyOps):
         return grouped_gemv(np.ascontiguousarray(rows, dtype=np.float32), w, plan.experts, plan.starts,
                             plan.active, self.ACTIVATIONS[self.activations])
 
-    def logits(self, h: np.ndarray, w, softcap: float = 0.0) -> np.ndarray:
+    def logits(self, h: np.ndarray, w, softcap: float = 0.0, out=None) -> np.ndarray:
         """The LM head, C-ordered: at 8 rows and up h @ w.T is as fast as NumpyOps' (w @ h.T).T."""
         if isinstance(w, Strips):
-            out = matmul(h, w, self.ACTIVATIONS[self.activations])
+            logits = matmul(h, w, self.ACTIVATIONS[self.activations])
         else:
-            out = h @ w.T if h.shape[0] >= 8 else np.ascontiguousarray(self.linear(h, w))
-        return soft_capped(out, softcap)
+            logits = h @ w.T if h.shape[0] >= 8 else np.ascontiguousarray(self.linear(h, w))
+        return into(out, soft_capped(logits, softcap))
 
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int) -> numba_attention.AttentionPlan:
         return numba_attention.AttentionPlan(list(query_lens), list(context_lens), block_tables, block_size)

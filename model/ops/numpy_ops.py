@@ -47,6 +47,14 @@ class AttentionChunk:
         return self.windowed[window]
 
 
+def into(out: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+    """x, copied into out where one is given (Ops.logits' out)."""
+    if out is None:
+        return x
+    out[...] = x
+    return out
+
+
 def soft_capped(x: np.ndarray, cap: float) -> np.ndarray:
     """cap * tanh(x / cap) in place, or x itself for cap 0."""
     if cap:
@@ -146,9 +154,9 @@ class NumpyOps:
             y[rows, first:first + out] += shrunk @ b[s].T
         return y
 
-    def logits(self, h: np.ndarray, w: np.ndarray, softcap: float = 0.0) -> np.ndarray:
+    def logits(self, h: np.ndarray, w: np.ndarray, softcap: float = 0.0, out=None) -> np.ndarray:
         """The LM head in float32; with a softcap (Gemma 2), cap * tanh(logits / cap)."""
-        return soft_capped(self.linear(h, w), softcap)
+        return into(out, soft_capped(self.linear(h, w), softcap))
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         variance = np.mean(np.square(x), axis=-1, keepdims=True)

@@ -77,6 +77,10 @@ class SampleResult:
     logprobs: list[float | None]  # of the raw distribution (before mask, penalties, temperature); None: not asked
     top_logprobs: list[list[tuple[int, float]] | None]  # (token id, logprob), most likely first
     mirostat_mu: list[float | None] | None = None  # a mirostat row's mu after its draw, for the engine to keep
+    # CUDA, where a row asks for logprobs: the PackedLogprobs (model/ops/packed_logprobs.py) whose one device
+    # array holds the ids, then the logprobs: download fetch.device instead of token_ids, and hand the copy to
+    # fetch.arrived(), which gives the ids; logprobs and top_logprobs are read from it
+    fetch: Any = None
 
 
 @dataclass
@@ -129,7 +133,8 @@ class Ops(Protocol):
     def linear(self, x, w, bias=None): ...  # x @ w.T (+ bias)
     def lora(self, y, x, a, b, slots, scales, first: int): ...  # LoRA's per-token products added into
     # y's columns from first (model/lora.py): a (slots, rank, in), b (slots, out, rank); slots[t] -1: none
-    def logits(self, h, w, softcap: float = 0.0): ...  # the LM head, in fp32; cap * tanh(l / cap) where set
+    def logits(self, h, w, softcap: float = 0.0, out=None): ...  # the LM head, in fp32; cap * tanh(l / cap)
+    # where set; into out (rows, vocab) where given (the decode graphs' one buffer, model/cuda_graphs.py)
     def rms_norm(self, x, weight, eps: float): ...
     def add_rms_norm(self, x, delta, weight, eps: float) -> tuple: ...  # x += delta in place; (x, rms_norm(x))
     def rope(self, x, cos, sin): ...
