@@ -5,10 +5,11 @@
 // dequant_gemv: out[r, first + n] = sum_k x[r, k] * w[n, k] (+ bias[n]) for a few activation
 // rows (decode steps), in fp32, rounded once to OUT (the storage type, or fp32 for logits). A
 // warp a weight row, a block 4 of them times 8 activation rows (grid.x over the weight's rows, so
-// a 262k vocabulary fits; grid.y over the activations' eights). A warp takes a row 256 values a step: a K-quant's super-block, or 8 blocks of 32; each lane its
-// fixed share of them (runs of 2 to 8 values, read with one aligned load per activation row),
-// so a row's sum runs in one order set by k alone (each lane's steps in order, then the warp's
-// xor tree): the same bits whatever the other rows of the batch.
+// a 262k vocabulary fits; grid.y over the activations' eights). A warp takes a row 256 values a
+// step: a K-quant's super-block, or 8 blocks of 32; each lane its fixed share of them (runs of 2
+// to 8 values, read with one aligned load per activation row), so a row's sum runs in one order
+// set by k alone (each lane's steps in order, then the warp's xor tree): the same bits whatever
+// the other rows of the batch.
 //
 // dequant_rows: whole rows in the storage type: an embedding's gather (ids; an id outside the
 // table gives zeros, as embedding.cu) or a tile of the weight for a GEMM (first + i), a block a

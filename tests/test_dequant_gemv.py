@@ -6,16 +6,24 @@ minimum and every high bit pattern occurs. Tolerances, relative to the largest o
 kernel's fp32 sums against float64 differ by float32 rounding (measured under 2e-7); the 16-bit
 outputs by their own rounding (bf16 measured 2e-3 to 3.3e-3, fp16 2e-4 to 3e-4)."""
 
+import sys
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher, as_float, poisoned, storage
+from model.memory import model_weight_bytes, planned_weight_bytes
 from model.ops import cuda_quant
 from model.ops.cuda_ops import CudaOps
 from model.ops.kernels import PACKED_TYPES
 from model.ops.numpy_ops import NumpyOps
+from model.quant import kquants
 from model.quant.quantized import Fused, QuantizedTensor, dequantize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import make_model  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "float16")
 TOLERANCE = {"float32": 1e-6, "bfloat16": 8e-3, "float16": 1e-3}
@@ -109,3 +117,61 @@ def test_a_fused_weight_of_mixed_kinds_in_tiles_matches_numpy(rows, monkeypatch)
     numpy_ops = NumpyOps()
     want = numpy_ops.linear(x, numpy_ops.weight(Fused(tuple(parts))), bias)
     close(ops.linear(x, w, bias), want, "float32")
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_dir(tmp_path_factory):
+    """A one-layer llama whose matrices are multiples of 256 wide, quantized as llama-quantize's
+    Q4_K_M picks for a first layer: Q6_K v, down and output, Q4_K the rest (the embedding too)."""
+    import tiny_gguf
+    from model.gguf.convert import convert_gguf
+
+    path = tmp_path_factory.mktemp("q4_k_m")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in dict(HIDDEN=256, FFN=512, LAYERS=1, HEADS=4, KV_HEADS=2).items():
+            patch.setattr(tiny_gguf, name, value)
+        # gguf-py quantizes to no K-quant; Spool's quantizer writes llama.cpp's bytes
+        patch.setattr(gguf.quants, "quantize", kquants.quantize)
+        kinds = {name: gguf.GGMLQuantizationType.Q6_K if name.endswith(("v_proj.weight", "down_proj.weight"))
+                 or name == "lm_head.weight" else gguf.GGMLQuantizationType.Q4_K
+                 for name in tiny_gguf.hf_weights(tied=False, vocab=400)}
+        src, _, _ = tiny_gguf.tiny_gguf(path / "m.gguf", tied=False, quant=kinds)
+    return convert_gguf(src, path / "model")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_q4_k_m_model_through_the_kernels_matches_numpy_on_the_same_blocks(q4_k_m_dir, dtype):
+    """Prefill (more than 8 rows: dequantized tiles and the GEMM) and decode steps (the GEMV),
+    against the NumPy backend on the same blocks dequantized; tolerances as test_cuda_forward's
+    (measured 8e-7 to 1.1e-6 in float32, 0.9e-2 to 1.2e-2 in bfloat16)."""
+    from model.runner import ModelRunner, Row, StepPlan
+    from test_cuda_forward import TOLERANCE
+    from test_model import Blocks, rel_err
+
+    runners = [ModelRunner.from_dir(q4_k_m_dir, num_blocks=16),
+               ModelRunner.from_dir(q4_k_m_dir, num_blocks=16, ops=CudaOps(np, CpuLauncher(), dtype))]
+    w = runners[1].model.w
+    assert isinstance(w.embed, cuda_quant.PackedWeight) and w.lm_head.kind == "q6_k"
+    assert [p.kind for p in w.layers[0].wqkv.parts] == ["q4_k", "q6_k"]  # q and k stacked, v apart
+    assert runners[1].model.weight_bytes < 0.4 * runners[0].model.weight_bytes / 2  # against bf16's
+    assert runners[1].model.weight_bytes == model_weight_bytes(q4_k_m_dir, dtype)  # as planned before loading
+    blocks = Blocks(runners[0])
+    rng = np.random.default_rng(0)
+    prompts = {rid: rng.integers(3, 390, n).tolist() for rid, n in (("a", 7), ("b", 5))}
+    steps = [[(rid, prompt, 0) for rid, prompt in prompts.items()],
+             [("a", [7], 7), ("b", [8], 5)], [("a", [9], 8), ("b", [10], 6)]]
+    for rows in steps:
+        plan = StepPlan([Row(rid, ids, start, blocks.table(rid, start + len(ids)), sample=True)
+                         for rid, ids, start in rows])
+        want, got = (r.ops.to_host(r.logits(plan)) for r in runners)
+        assert rel_err(got, want) < TOLERANCE[dtype], rel_err(got, want)
+
+
+def test_an_8b_q4_k_m_plans_under_6_gb_of_weights_on_the_gpu():
+    """Llama-3.1-8B's tensors as llama-quantize's Q4_K_M types them (tools/make_model.py), no file:
+    4.91 GB packed (the real file is 4.92 GB), 16.06 GB had they been dequantized to bf16."""
+    shape = make_model.SHAPES["llama3.1-8b"]
+    tensors = [(make_model.tensor_type(t, "q4_k_m", shape).name, t.shape) for t in make_model.tensors(shape)]
+    assert {kind for kind, _ in tensors} == {"Q4_K", "Q6_K", "F32"}
+    assert planned_weight_bytes(tensors, "bfloat16") < 6e9
+    assert planned_weight_bytes([("bf16", s) for _, s in tensors], "bfloat16") > 16e9
