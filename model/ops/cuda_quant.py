@@ -16,10 +16,12 @@ byte grow with the rows while the scratch route costs about 8 times the packed b
 take over from there.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from model.ops.dtypes import ARRAY_DTYPES
 from model.ops.kernels import PACKED_TYPES
 from model.quant.quantized import Fused, QuantizedTensor
 
@@ -126,3 +128,15 @@ def dense(ops, w):
     parts = w.parts if isinstance(w, Fused) else (w,)
     return ops.xp.concatenate([dequantize_rows(ops, p, 0, p.shape[0]) if isinstance(p, PackedWeight) else p
                                for p in parts])
+
+
+def device_bytes(kind: str, shape, dtype: str) -> int:
+    """What CudaOps keeps of a tensor of a GGUF type (lower case, or a float type's name) on the
+    device: a packed type's blocks, anything else's values in the storage type."""
+    values = math.prod(shape)
+    if kind not in PACKED_TYPES:
+        return values * np.dtype(ARRAY_DTYPES[dtype]).itemsize
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind.upper()]]
+    return values // block * size
