@@ -105,9 +105,10 @@ class Llama:
         eps, tokens, source = c.rms_norm_eps, h.shape[0], c.kv_source(i)
         Q, KV, D, kv_heads = c.q_size_of(i), c.kv_size_of(i), c.head_dim_of(i), c.kv_heads_of(i)
         qkv = self.project(h, layer.wqkv, layer.bqkv, adapters, i, "wqkv")
-        if layer.q_norm is None:
-            q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads)
-        else:  # q/k norms: each head normalised before the rotation
+        if source == i and not c.attention_gate and layer.v_norm is None:  # q/k norms too, in one kernel
+            q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads, layer.q_norm,
+                                   layer.k_norm, eps)
+        else:  # q/k norms beside a gate's rows, v's norm or another layer's K/V: op by op
             k_at = Q * (2 if c.attention_gate else 1)  # a gate's rows between q and k
             q = qkv[:, :Q]
             if c.qk_norm_whole:  # or the whole projection

@@ -12,6 +12,9 @@ every activation to 11 and 8 significant bits, and the NumPy oracle does not: me
 
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 4e-2}
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -39,12 +42,29 @@ def cuda_ops(backend: str, dtype: str = "float32") -> CudaOps:
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_tiny_model_forward_through_the_kernels_matches_numpy(tiny_dir, backend, dtype):
-    runners = [ModelRunner.from_dir(tiny_dir, num_blocks=64),
-               ModelRunner.from_dir(tiny_dir, num_blocks=64, ops=cuda_ops(backend, dtype))]
+    assert_forward_matches_numpy(tiny_dir, cuda_ops(backend, dtype), TOLERANCE[dtype])
+
+
+def test_a_qk_norm_models_forward_through_the_kernels_matches_numpy(tmp_path):
+    """Qwen3's tiny model, its q/k norms fused into the rotary K/V write, against NumPy's, as the
+    tiny Llama above, in float32 (the tightest bound; the fused kernel's 16-bit rounding is
+    test_kernels' rms_norm then rotary, bit for bit)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from family_models import make_family
+
+    runner = assert_forward_matches_numpy(make_family("qwen3-yarn", tmp_path)[0], cuda_ops("cpu"), TOLERANCE["float32"])
+    assert runner.model.w.layers[0].q_norm is not None
+
+
+def assert_forward_matches_numpy(path, ops, tolerance: float):
+    """Prefill (whole prompts and a chunk on a cached prefix) and decode steps of the model at
+    path through ops, each step's logits against the NumPy backend's; the runner on ops."""
+    runners = [ModelRunner.from_dir(path, num_blocks=64), ModelRunner.from_dir(path, num_blocks=64, ops=ops)]
     blocks = Blocks(runners[0])
     rng = np.random.default_rng(0)
-    prompts = {"a": rng.integers(3, 390, 37).tolist(), "b": rng.integers(3, 390, 20).tolist(),
-               "c": rng.integers(3, 390, 50).tolist()}
+    top = min(390, runners[0].model.config.vocab_size)
+    prompts = {"a": rng.integers(3, top, 37).tolist(), "b": rng.integers(3, top, 20).tolist(),
+               "c": rng.integers(3, top, 50).tolist()}
     steps = [  # (request, tokens, start position): the rows of each step
         [("a", prompts["a"], 0), ("b", prompts["b"], 0), ("c", prompts["c"][:24], 0)],
         [("a", [7], 37), ("b", [8], 20), ("c", prompts["c"][24:], 24)],  # decode rows and a chunk
@@ -55,7 +75,8 @@ def test_tiny_model_forward_through_the_kernels_matches_numpy(tiny_dir, backend,
                          for rid, ids, start in rows])
         want, got = (r.ops.to_host(r.logits(plan)) for r in runners)
         assert got.dtype == np.float32 and got.shape == want.shape
-        assert rel_err(got, want) < TOLERANCE[dtype], rel_err(got, want)
+        assert rel_err(got, want) < tolerance, rel_err(got, want)
+    return runners[1]
 
 
 PENALIZED = [  # (sampling, min_tokens): every path of the device sampler, greedy so both backends agree

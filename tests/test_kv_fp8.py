@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from app.flags import kv_cache_type
-from cuda_harness import CpuLauncher, as_float, storage
+from cuda_harness import CpuLauncher, Poisoned, as_float, storage
 from model.backend import check_kv_cache
 from model.config import ModelConfig
 from model.kv_cache import KVCache
@@ -78,24 +78,6 @@ def dequantized(cache) -> np.ndarray:
     dim = cache.shape[-1] - 4
     with np.errstate(invalid="ignore"):  # an infinite scale (a row that held an infinity)
         return E4M3[cache[..., :dim]] * np.ascontiguousarray(cache[..., dim:]).view(np.float32)
-
-
-class Poisoned:
-    """NumPy for CudaOps, but its empty arrays come full of 0xff bytes (NaN in every float type),
-    so an output element a kernel never writes fails the comparison."""
-
-    def __getattr__(self, name):
-        return getattr(np, name)
-
-    @staticmethod
-    def empty(shape, dtype=np.float32):
-        out = np.empty(shape, dtype)
-        out.view(np.uint8).fill(0xff)
-        return out
-
-    @staticmethod
-    def asnumpy(x):
-        return np.asarray(x)
 
 
 def fp8_ops(dtype: str, on=LAUNCHER) -> CudaOps:
@@ -224,20 +206,24 @@ def test_the_write_matches_the_quantizer_bit_for_bit_through_the_slots(launcher)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 64), (6, 3, 96), (4, 2, 32)])
-def test_rope_and_cache_quantizes_what_the_float_cache_holds(launcher, dtype, heads, kv_heads, dim):
-    """The fused rotation's fp8 write is the float one's cache quantized, its q the same bits."""
+@pytest.mark.parametrize("heads,kv_heads,dim,norm", [(8, 2, 64, None), (6, 3, 96, None), (4, 2, 32, None),
+                                                     (4, 1, 256, "head"), (6, 3, 128, "whole")])
+def test_rope_and_cache_quantizes_what_the_float_cache_holds(launcher, dtype, heads, kv_heads, dim, norm):
+    """The fused rotation's fp8 write is the float one's cache quantized, its q the same bits;
+    with q/k norms too (Qwen3's per head, OLMoE's over the whole projection)."""
     rng = np.random.default_rng(dim)
     tokens = 7
     qkv = storage(rng.standard_normal((tokens, (heads + 2 * kv_heads) * dim)) * 3, dtype)
     angles = rng.uniform(0, 6, (tokens, dim // 2))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     slots = np.array([3, 1, -1, 0, 6, 5, 2])
+    widths = {None: (), "head": (dim, dim), "whole": (heads * dim, kv_heads * dim)}[norm]
+    norms = [storage(rng.uniform(0.5, 1.5, n), dtype) for n in widths] + [1e-6] * bool(norm)
     plain = CudaOps(Poisoned(), launcher, dtype)
     float_caches = [np.zeros((kv_heads, 1, 8, dim), plain.storage_dtype) for _ in range(2)]
     fp8 = [np.full((kv_heads, 1, 8, dim + 4), 0x5a, np.uint8) for _ in range(2)]
-    q_plain = plain.rope_and_cache(qkv, cos, sin, *float_caches, slots, heads)
-    q_fp8 = fp8_ops(dtype, launcher).rope_and_cache(qkv, cos, sin, *fp8, slots, heads)
+    q_plain = plain.rope_and_cache(qkv, cos, sin, *float_caches, slots, heads, *norms)
+    q_fp8 = fp8_ops(dtype, launcher).rope_and_cache(qkv, cos, sin, *fp8, slots, heads, *norms)
     assert np.array_equal(q_plain, q_fp8)
     written = [3, 1, 0, 6, 5, 2]
     for f, c in zip(float_caches, fp8):
