@@ -116,14 +116,26 @@ def extra_kv_layers(speculative) -> int:
     return 1 if speculative and speculative.method == "mtp" else 0
 
 
-def attach_proposer(runner, speculative, backend, model_dir, tokenizer) -> None:
-    """The runner's guesses for speculation's rows: a draft model's or the model's MTP layer's
-    (prompt lookup's are the planner's)."""
+def load_draft(speculative, backend, config, tokenizer):
+    """A draft model's weights (--speculative-config method "draft_model"), on the device before
+    the KV cache is sized, so its share comes out of the cache's (model/memory.py); else None."""
+    if not (speculative and speculative.method == "draft_model"):
+        return None
+    from model.default import resolve_model
+    from model.draft import DraftModel
+
+    return DraftModel.load_model(backend, resolve_model(speculative.model), config, tokenizer)
+
+
+def attach_proposer(runner, speculative, backend, model_dir, tokenizer, draft=None) -> None:
+    """The runner's guesses for speculation's rows: a draft model's (draft: its weights from
+    load_draft, or loaded now) or the model's MTP layer's (prompt lookup's are the planner's)."""
     if speculative and speculative.method == "draft_model":
         from model.default import resolve_model
         from model.draft import DraftModel
 
-        runner.draft = DraftModel.load(backend, resolve_model(speculative.model), runner, tokenizer)
+        runner.draft = (DraftModel.over(draft, runner) if draft is not None else
+                        DraftModel.load(backend, resolve_model(speculative.model), runner, tokenizer))
     elif speculative and speculative.method == "mtp":
         from model.mtp import MTP
 

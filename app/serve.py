@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 
 from app.engine import Engine, EngineConfig
-from app.flags import (attach_proposer, extra_kv_layers, fetch_model, kv_cache_type, prefill_beside_decode,
+from app.flags import (attach_proposer, extra_kv_layers, fetch_model, kv_cache_type, load_draft, prefill_beside_decode,
                        speculative_config)
 from app.logs import configure_logging
 from app.server import adapters, limits, reasoning, tools
@@ -34,7 +34,7 @@ from model.backend import check_kv_cache, resolve
 from model.errors import ModelError, one_line
 from model.hub import is_hub_id
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
-from model.memory import GIB, gpu_kv_blocks, model_weight_bytes
+from model.memory import GIB, gpu_kv_blocks, model_weight_bytes, pool_block_bytes
 from model.runner import ModelRunner
 from model.tokenizer import Tokenizer, chat_template_text
 
@@ -153,13 +153,14 @@ def load(args, state: ServerState) -> Engine:
     state.architectures = list(config.architectures)
     speculative = speculative_config(args)
     extra_layers = extra_kv_layers(speculative)
-    block_bytes = KVCache.bytes_per_block_of(backend.ops, config, DEFAULT_BLOCK_SIZE, extra_layers)
+    draft = load_draft(speculative, backend, config, state.tokenizer)  # before the KV cache: its share comes off
+    block_bytes = pool_block_bytes(backend.ops, config, DEFAULT_BLOCK_SIZE, extra_layers, draft)
     state_bytes = args.max_num_seqs * KVCache.bytes_per_state_slot(config)  # a hybrid's, one per request
     graphs = backend.name == "cuda" and not args.enforce_eager and not config.delta_net
     if backend.name == "cuda" and args.kv_cache_gib is None:
         num_blocks = gpu_kv_blocks(model, args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens,
                                    state.max_model_len, extra_layers=extra_layers,
-                                   graphs=graphs) - -(-state_bytes // block_bytes)
+                                   graphs=graphs, draft=draft) - -(-state_bytes // block_bytes)
     else:  # a hybrid's state comes out of a given --kv-cache-gib, and beside the default 1 GiB of K/V
         kv_cache_gib = args.kv_cache_gib or 1.0 + state_bytes / GIB
         num_blocks = int((kv_cache_gib * GIB - state_bytes) // block_bytes)
@@ -180,7 +181,7 @@ def load(args, state: ServerState) -> Engine:
         except Exception as e:  # pinning fails where the host has too little memory to lock
             raise ValueError(f"cannot pin --swap-space {args.swap_space:g} GiB of host memory ({one_line(e)});"
                              " lower --swap-space") from None
-    attach_proposer(runner, speculative, backend, model_dir, state.tokenizer)
+    attach_proposer(runner, speculative, backend, model_dir, state.tokenizer, draft)
     if graphs:
         capture_graphs(runner, args.max_num_seqs, state.max_model_len)
     elif backend.name == "cuda" and config.delta_net:

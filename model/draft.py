@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model.config import ModelConfig
 from model.errors import ModelError
 from model.runner import ModelRunner, Row, StepPlan
 from model.tokenizer import Tokenizer
@@ -30,17 +31,26 @@ class DraftModel:
         self.computed: dict[object, int] = {}  # request id -> positions the draft's cache holds
         self.tables: dict[object, list[int]] = {}  # request id -> the block table those were written in
 
-    @classmethod
-    def load(cls, backend, model_dir: Path, target: ModelRunner, tokenizer: Tokenizer) -> "DraftModel":
-        """The draft on the target's backend, over a cache of the target's blocks; refused in
-        one line when its vocabulary is not the target's (its guesses would be other tokens)."""
+    @staticmethod
+    def load_model(backend, model_dir: Path, target: ModelConfig, tokenizer: Tokenizer):
+        """The draft's weights on the target's backend, loaded before the KV cache is sized so the
+        memory plan measures them (model/memory.py); refused in one line when its vocabulary is
+        not the target's (its guesses would be other tokens)."""
         if Tokenizer(model_dir).hf.get_vocab() != tokenizer.hf.get_vocab():
             raise ModelError(f"the draft model {model_dir} has another tokenizer than the model; a draft must"
                              " share its vocabulary")
-        if target.config.kv_window:
+        if target.kv_window:
             raise ModelError("a draft model needs a model whose layers keep their whole context (this one frees"
                              " the blocks behind its sliding window); use the ngram method")
-        draft = backend.load(model_dir)
+        return backend.load(model_dir)
+
+    @classmethod
+    def load(cls, backend, model_dir: Path, target: ModelRunner, tokenizer: Tokenizer) -> "DraftModel":
+        return cls.over(cls.load_model(backend, model_dir, target.config, tokenizer), target)
+
+    @classmethod
+    def over(cls, draft, target: ModelRunner) -> "DraftModel":
+        """The draft model (a Llama) over a cache of the target's blocks."""
         return cls(ModelRunner(draft.config, draft, target.num_blocks, target.block_size))
 
     def propose(self, rows: list[Row]) -> None:
@@ -62,7 +72,8 @@ class DraftModel:
         step = first
         while step:  # the mirrored writes with each guessing row's first guess, then one guess a pass
             logits = self.runner.logits(StepPlan(step))
-            ids = np.argmax(self.runner.ops.to_host(logits), axis=-1) if guessing else []
+            ops = self.runner.ops  # the argmax on the device: only the ids come back, never the logits
+            ids = ops.to_host(ops.xp.argmax(logits, axis=-1)) if guessing else []
             for r, token in zip([r for r in step if r.sample], ids):
                 guesses[r.request_id].append(int(token))
             step = []

@@ -5,7 +5,9 @@ With the weights loaded, one profiling step as large as the scheduler may ever p
 CuPy's memory pool keeps what that step allocated, so the device's used memory afterwards is the
 CUDA context, the weights and the peak of a step's activations together. Whatever is left under
 the fraction of the device's total goes to the KV pool, less what is held beside every step: the
-decode graphs' one logits buffer (model/cuda_graphs.py), allocated after the KV cache.
+decode graphs' one logits buffer (model/cuda_graphs.py), allocated after the KV cache. A draft
+model (model/draft.py) is loaded before the profile, so its weights are measured with the
+target's, and its K/V of as many blocks shares the pool: a block costs both models' bytes.
 """
 
 from dataclasses import dataclass
@@ -48,11 +50,20 @@ def profile_plan(max_seqs: int, max_batched_tokens: int, max_model_len: int, blo
     return StepPlan(rows)
 
 
+def pool_block_bytes(ops, config, block_size: int, extra_layers: int = 0, draft=None) -> int:
+    """A block of the KV pool: the model's K/V (with extra_layers beyond its own), and a draft
+    model's where one mirrors it (its cache has as many blocks, model/draft.py)."""
+    draft_bytes = 0 if draft is None else KVCache.bytes_per_block_of(ops, draft.config, block_size)
+    return KVCache.bytes_per_block_of(ops, config, block_size, extra_layers) + draft_bytes
+
+
 def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: int, max_model_len: int,
-                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0, graphs: bool = False) -> MemoryPlan:
+                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0, graphs: bool = False,
+                  draft=None) -> MemoryPlan:
     """Run the profiling step, then measure while the memory pool still holds what the step
     allocated. The throwaway cache's blocks are not counted as used: the pool hands its memory
-    back to the device before the KV cache is allocated. graphs: decode graphs will be captured."""
+    back to the device before the KV cache is allocated. graphs: decode graphs will be captured;
+    draft: a draft model already on the device, whose cache takes as many blocks."""
     launcher, config = model.ops.launcher, model.config
     plan = profile_plan(max_seqs, max_batched_tokens, max_model_len, block_size)
     num_blocks = sum(len(r.block_table) for r in plan.rows)
@@ -64,20 +75,21 @@ def plan_kv_cache(model, utilization: float, max_seqs: int, max_batched_tokens: 
     launcher.synchronize()
     free, total = launcher.memory_info()
     launcher.release_cached()  # the throwaway cache's memory goes back, for the real one to take
-    block_bytes = KVCache.bytes_per_block_of(model.ops, config, block_size, extra_layers)
+    block_bytes = pool_block_bytes(model.ops, config, block_size, extra_layers, draft)
     used = total - free - num_blocks * KVCache.bytes_per_block_of(model.ops, config, block_size)
     return MemoryPlan(total=total, used=used, budget=int(total * utilization), block_bytes=block_bytes,
                       held=logits_bytes(max_seqs, model.w.lm_head.shape[0]) if graphs else 0)
 
 
 def gpu_kv_blocks(model, utilization: float, max_seqs: int, max_batched_tokens: int, max_model_len: int,
-                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0, graphs: bool = False) -> int:
+                  block_size: int = DEFAULT_BLOCK_SIZE, extra_layers: int = 0, graphs: bool = False,
+                  draft=None) -> int:
     """The KV pool's size in blocks (each with extra_layers' K/V beyond the model's), or a
     ValueError of one line that says which flag to change."""
     lower = f"lower --max-batched-tokens ({max_batched_tokens}) and --max-seqs ({max_seqs})"
     try:
         memory = plan_kv_cache(model, utilization, max_seqs, max_batched_tokens, max_model_len, block_size,
-                               extra_layers, graphs)
+                               extra_layers, graphs, draft)
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         raise ValueError(f"out of GPU memory in the profiling step ({e}); {lower}") from None
     if memory.num_blocks < 2:

@@ -159,7 +159,7 @@ class MTP:
         at = ops.asarray(last, np.int64) if last.size else None
         logits, out = self.forward(ops.asarray(tokens, np.int64), hidden, ops.asarray(positions, np.int64),
                                    ops.asarray(slots, np.int32), meta, at)
-        return ([] if logits is None else np.argmax(ops.to_host(logits), axis=-1)), out
+        return ([] if logits is None else ops.to_host(ops.xp.argmax(logits, axis=-1))), out  # ids only come back
 
     def forward(self, token_ids, hidden, positions, slots, meta, last):
         """(fp32 logits at last, the layer's normalised output at last); (None, None) with no

@@ -7,11 +7,12 @@ import pytest
 
 from cuda_harness import CpuLauncher
 from model.cuda_graphs import graph_sizes, logits_bytes
+from model.kv_cache import KVCache
 from model.memory import GIB, plan_kv_cache
 from model.ops.cuda_ops import CudaOps
 from model.ops.numpy_ops import NumpyOps
 from model.ops.protocol import SampleBatch
-from model.runner import ModelRunner, Row, StepPlan
+from model.runner import ModelRunner, Row, StepPlan, load_model
 from model.sampling import SamplingParams
 from test_cuda_graphs import BACKENDS, harness_model, runners
 from test_model import Blocks, rel_err
@@ -70,6 +71,25 @@ def test_the_memory_plan_holds_the_graphs_logits_buffer_beside_the_kv_cache(tiny
     assert "for the decode graphs' logits" in graphed.describe()
     assert sum(graph_sizes(256)) * 128256 * 4 == 2_170_604_544  # before: each graph's own
     assert logits_bytes(256, 128256) == 131_334_144
+
+
+def test_a_draft_models_weights_and_cache_come_off_the_kv_cache(tiny_dir):
+    """A draft model is on the device before the profile (app/flags.load_draft), so the device
+    reports its weights as used; and every block of the pool holds the draft's K/V beside the
+    model's, so the blocks are what the budget leaves over both."""
+    total, free = 8 * GIB, 5 * GIB
+    model = harness_model(tiny_dir, (free, total))
+    alone = plan_kv_cache(model, 0.9, max_seqs=8, max_batched_tokens=64, max_model_len=128, block_size=4)
+    draft = load_model(tiny_dir, model.ops)
+    model.ops.launcher.memory = (free - draft.weight_bytes, total)  # what the device says with the draft loaded
+    beside = plan_kv_cache(model, 0.9, max_seqs=8, max_batched_tokens=64, max_model_len=128, block_size=4,
+                           draft=draft)
+    draft_block = KVCache.bytes_per_block_of(model.ops, draft.config, 4)
+    assert beside.used == alone.used + draft.weight_bytes
+    assert beside.block_bytes == alone.block_bytes + draft_block
+    budget = int(total * 0.9)
+    assert beside.num_blocks == (budget - alone.used - draft.weight_bytes) // (alone.block_bytes + draft_block)
+    assert beside.num_blocks * beside.block_bytes + beside.used <= budget < alone.num_blocks * beside.block_bytes
 
 
 class CountedDownloads(CpuLauncher):
