@@ -4,7 +4,8 @@ the CPU harness, against gguf-py's NumPy dequantizer (model/quant/quantized.dequ
 The blocks are random bytes with sane float16 scales, so every code, every 6-bit scale and
 minimum and every high bit pattern occurs. Tolerances, relative to the largest output: the
 kernel's fp32 sums against float64 differ by float32 rounding (measured under 2e-7); the 16-bit
-outputs by their own rounding (bf16 measured 2e-3 to 3.3e-3, fp16 2e-4 to 3e-4)."""
+outputs by their own rounding (bf16 measured 2e-3 to 3.3e-3, fp16 2e-4 to 3e-4). The kernel tests
+run through CuPy too where a GPU is present (tools/device_check.sh)."""
 
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from model.ops.kernels import PACKED_TYPES
 from model.ops.numpy_ops import NumpyOps
 from model.quant import kquants
 from model.quant.quantized import Fused, QuantizedTensor, dequantize
+from test_kernels import ULP, launcher  # noqa: F401 (launcher: the fixture, CPU harness and GPU)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import make_model  # noqa: E402
@@ -54,10 +56,10 @@ def close(got, want, dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", PACKED_TYPES)
-def test_the_gemv_is_the_dequantized_product_and_a_row_is_the_same_in_any_batch(kind, dtype):
+def test_the_gemv_is_the_dequantized_product_and_a_row_is_the_same_in_any_batch(launcher, kind, dtype):
     """Rows 1 to 9 (a second block of rows at 9), 6 weight rows (a part-filled block of 4),
     written at column 2 of a 9-wide output whose other columns stay NaN; with a bias."""
-    ops = CudaOps(np, CpuLauncher(), dtype)
+    ops = CudaOps(np, launcher, dtype)
     k = odd_width(kind)
     qt = random_blocks(kind, 6, k)
     w = cuda_quant.packed(ops, qt)
@@ -78,8 +80,8 @@ def test_the_gemv_is_the_dequantized_product_and_a_row_is_the_same_in_any_batch(
 
 
 @pytest.mark.parametrize("kind", PACKED_TYPES)
-def test_fp32_logits_from_16_bit_activations(kind):
-    ops = CudaOps(np, CpuLauncher(), "bfloat16")
+def test_fp32_logits_from_16_bit_activations(launcher, kind):
+    ops = CudaOps(np, launcher, "bfloat16")
     qt = random_blocks(kind, 5, odd_width(kind), seed=2)
     x = storage(np.random.default_rng(3).standard_normal((3, qt.shape[1])), "bfloat16")
     got = ops.logits(x, cuda_quant.packed(ops, qt))
@@ -89,17 +91,22 @@ def test_fp32_logits_from_16_bit_activations(kind):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", PACKED_TYPES)
-def test_dequantized_rows_are_the_reference_rounded_once(kind, dtype):
-    """Bit for bit the reference's values in the storage type: a range of rows, and an embedding
-    gather whose ids outside the table give zeros, times Gemma's scale."""
-    ops = CudaOps(np, CpuLauncher(), dtype)
+def test_dequantized_rows_are_the_reference_rounded_once(launcher, kind, dtype):
+    """Bit for bit the reference's values in the storage type on the CPU (a GPU's fused multiply-add
+    may move one ulp): a range of rows, and an embedding gather whose ids outside the table give
+    zeros, times Gemma's scale."""
+    ops = CudaOps(np, launcher, dtype)
     qt = random_blocks(kind, 7, odd_width(kind), seed=4)
     w, ref = cuda_quant.packed(ops, qt), dequantize(qt)
-    np.testing.assert_array_equal(cuda_quant.dequantize_rows(ops, w, 2, 4), storage(ref[2:6], dtype))
     ids = np.array([6, -1, 0, 7, 3], dtype=np.int32)
-    got = cuda_quant.embedding(ops, w, ids, scale=2.5)
-    want = np.where((ids >= 0)[:, None] & (ids < 7)[:, None], ref[np.clip(ids, 0, 6)] * np.float32(2.5), 0)
-    np.testing.assert_array_equal(got, storage(want, dtype))
+    pairs = [(cuda_quant.dequantize_rows(ops, w, 2, 4), ref[2:6]),
+             (cuda_quant.embedding(ops, w, ids, scale=2.5),
+              np.where((ids >= 0)[:, None] & (ids < 7)[:, None], ref[np.clip(ids, 0, 6)] * np.float32(2.5), 0))]
+    for got, want in pairs:
+        if isinstance(launcher, CpuLauncher):
+            np.testing.assert_array_equal(got, storage(want, dtype))
+        else:
+            np.testing.assert_allclose(as_float(got, dtype), as_float(storage(want, dtype), dtype), rtol=ULP[dtype])
 
 
 @pytest.mark.parametrize("rows", [3, 11])
@@ -117,6 +124,7 @@ def test_a_fused_weight_of_mixed_kinds_in_tiles_matches_numpy(rows, monkeypatch)
     numpy_ops = NumpyOps()
     want = numpy_ops.linear(x, numpy_ops.weight(Fused(tuple(parts))), bias)
     close(ops.linear(x, w, bias), want, "float32")
+    close(cuda_quant.dense(ops, w), numpy_ops.weight(Fused(tuple(parts))), "float32")  # for the MoE's kernels
 
 
 @pytest.fixture(scope="module")

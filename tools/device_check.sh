@@ -89,7 +89,7 @@ run() {  # a part's name, its output file, then its command: run under the part'
 }
 
 run pytest pytest-gpu.txt python3 -m pytest -m gpu -q -rs -p no:cacheprovider "${deselect[@]}" tests/test_kernels.py \
-    tests/test_cuda_forward.py tests/test_cuda_graphs.py tests/test_cuda_default_model.py
+    tests/test_cuda_forward.py tests/test_cuda_graphs.py tests/test_cuda_default_model.py tests/test_dequant_gemv.py
 run kernels kernels.txt python3 tools/bench_kernels.py --json /tmp/kernels.json
 
 engine() {  # a part's name, then bench_engine's flags

@@ -90,6 +90,7 @@ class Scored:
     logprobs: list[float]
     ranks: list[int]  # 1 + how many tokens the row finds more likely
     top_logprobs: list[list[tuple[int, float]]]  # (token id, logprob), most likely first
+    fetch: Any = None  # CUDA: the PackedLogprobs they are read from, as SampleResult's
 
 
 class Launcher(Protocol):
