@@ -108,16 +108,17 @@ def test_a_graphs_attention_partials_are_sized_by_the_split_count_not_max_model_
     """A decode graph plans attention for max_model_len; its partials (heads x splits x head_dim
     floats per row) must not grow with it: 128k tokens in splits of 512 made 256 splits, about
     1 GB per layer at 256 rows of an 8B model."""
-    from model.ops.cuda_ops import decode_splits
+    from model.ops.decode_attention import decode_splits
 
-    launcher, grids = CpuLauncher(), []
+    launcher, partials = CpuLauncher(), []
     ops = CudaOps(np, launcher)
     function = launcher.function
 
     def recording(file, expression):
         kernel = function(file, expression)
         if expression.startswith("decode_attention<"):
-            return lambda grid, block, args, shared_mem=0: (grids.append(grid), kernel(grid, block, args, shared_mem))
+            return lambda grid, block, args, shared_mem=0: (partials.append(args[0].shape),
+                                                            kernel(grid, block, args, shared_mem))
         return kernel
     launcher.function = recording
     kv_heads, heads, head_dim, block_size = 2, 4, 64, 16
@@ -126,7 +127,7 @@ def test_a_graphs_attention_partials_are_sized_by_the_split_count_not_max_model_
     meta = ops.attention_meta([1] * 3, [5, 40, 17], [[0], [1, 2, 3], [4, 5]], block_size)
     meta.max_context = 1 << 17  # what a graph captured for max_model_len plans with
     out = ops.paged_attention(q, cache_k, cache_k, meta, 0.125)
-    assert grids[-1][2] == decode_splits(CpuLauncher.multiprocessors, kv_heads) <= 64
+    assert partials[-1] == (3, heads, decode_splits(CpuLauncher.multiprocessors, kv_heads)) and partials[-1][2] <= 64
     assert np.isfinite(out).all()
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from cuda_harness import CpuLauncher, DeviceLauncher, Poisoned, as_float, gpu_available, poisoned, storage
-from model.ops.cuda_ops import CudaOps, decode_blocks, prefill_shared_bytes, prefill_variant
+from model.ops.cuda_ops import CudaOps, prefill_shared_bytes, prefill_variant
+from model.ops.decode_attention import decode_blocks, split_blocks
 from model.ops.kernels import TENSOR_CORE_TYPES, name_expression
 from model.ops.numpy_ops import NumpyOps
 from model.ops.numpy_sampling import apply_penalties
@@ -225,21 +226,26 @@ def test_rope_and_cache_with_qk_norms_is_rms_norm_then_rotary(launcher, dtype, h
 
 
 def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=None, window=0,
-                     softcap=0.0, sinks=None):
+                     softcap=0.0, sinks=None, looping=None, partials=None):
     """Both kernels, as the GPU path launches them: partials per split, then the reduce; splits
-    as CudaOps chooses them for these contexts unless given (a graph's: more than they need)."""
+    as CudaOps chooses them for these contexts unless given (a graph's: more than they need),
+    and the blocks a split set as CudaOps does unless `looping` gives them. The partials are
+    appended to `partials` where given."""
     seqs, heads, head_dim = q.shape
     kv_heads, num_blocks, block_size, _ = cache_k.shape
     splits = splits or max(1, -(-int(context_lens.max()) // min_split))
     part_max, part_sum = poisoned((seqs, heads, splits), "float32"), poisoned((seqs, heads, splits), "float32")
     part_acc = poisoned((seqs, heads, splits, head_dim), "float32")
+    if partials is not None:
+        partials.append((part_max, part_sum, part_acc))
     out = poisoned((seqs, heads, head_dim), dtype)
-    instance, blocks = decode_blocks(heads, kv_heads, head_dim)
+    instance, blocks = decode_blocks(heads, kv_heads, head_dim, dtype)
+    looping = looping or split_blocks(seqs, blocks, splits, launcher.multiprocessors)
     kernel(launcher, "decode_attention.cu", "decode_attention", dtype, instance)(
-        (blocks, seqs, splits), (128,),
+        (blocks, seqs, looping), (128,),
         (part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(heads), np.int32(kv_heads),
          np.int32(head_dim), np.int32(block_size), np.int32(tables.shape[1]), np.int32(num_blocks),
-         np.int32(min_split), np.float32(head_dim ** -0.5), np.int32(window), np.float32(softcap)))
+         np.int32(min_split), np.int32(splits), np.float32(head_dim ** -0.5), np.int32(window), np.float32(softcap)))
     kernel(launcher, "decode_attention.cu", "decode_attention_reduce", dtype)(
         (heads, seqs), (64,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim), np.int32(splits),
                                np.uint64(0) if sinks is None else sinks))

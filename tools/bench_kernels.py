@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the CPU harness
 
 from model.ops.dtypes import to_bf16  # noqa: E402
-from model.ops.cuda_ops import (DECODE_MIN_SPLIT, PREFILL_ROWS, PREFILL_TC_ROWS, decode_blocks,  # noqa: E402
-                                decode_splits, prefill_shared_bytes, prefill_variant)
+from model.ops.cuda_ops import PREFILL_ROWS, PREFILL_TC_ROWS, prefill_shared_bytes, prefill_variant  # noqa: E402
+from model.ops.decode_attention import DECODE_MIN_SPLIT, decode_blocks, decode_splits, split_blocks  # noqa: E402
 from model.ops.kernels import name_expression  # noqa: E402
 
 SHAPES = {"heads": 32, "kv_heads": 8, "head_dim": 128, "hidden": 4096, "block_size": 16}
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     context_lens = xp.asarray(np.full(args.seqs, args.context, dtype=np.int32))
     q = bf16_random(xp, (args.seqs, s["heads"], s["head_dim"]), rng)
     attn_out = xp.empty_like(q)
-    instance, blocks = decode_blocks(s["heads"], s["kv_heads"], s["head_dim"])
+    instance, blocks = decode_blocks(s["heads"], s["kv_heads"], s["head_dim"], "bfloat16")
     splits = min(decode_splits(launcher.multiprocessors, blocks), -(-args.context // DECODE_MIN_SPLIT))
     part_max = xp.empty((args.seqs, s["heads"], splits), dtype=np.float32)
     part_sum = xp.empty_like(part_max)
@@ -115,10 +115,11 @@ def main(argv=None) -> int:
     reduce = launcher.function("decode_attention.cu", name_expression("decode_attention_reduce", "bfloat16"))
 
     def attention():
-        decode((blocks, args.seqs, splits), (128,), (
+        decode((blocks, args.seqs, split_blocks(args.seqs, blocks, splits, launcher.multiprocessors)), (128,), (
             part_max, part_sum, part_acc, q, cache_k, cache_v, tables, context_lens, np.int32(s["heads"]),
             np.int32(s["kv_heads"]), np.int32(s["head_dim"]), np.int32(s["block_size"]), np.int32(blocks_each),
-            np.int32(num_blocks), np.int32(DECODE_MIN_SPLIT), np.float32(s["head_dim"] ** -0.5), np.int32(0),
+            np.int32(num_blocks), np.int32(DECODE_MIN_SPLIT), np.int32(splits), np.float32(s["head_dim"] ** -0.5),
+            np.int32(0),
             np.float32(0.0)))
         reduce((s["heads"], args.seqs), (128,), (attn_out, part_max, part_sum, part_acc, np.int32(s["heads"]),
                                                  np.int32(s["head_dim"]), np.int32(splits), np.uint64(0)))

@@ -23,12 +23,12 @@ from model.errors import ModelError, one_line
 from model.ops import cuda_quant
 from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
-from model.ops.kernels import TENSOR_CORE_TYPES, decode_variant, name_expression
+from model.ops.decode_attention import launch_decode_attention
+from model.ops.kernels import TENSOR_CORE_TYPES, name_expression
 from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
 
 THREADS = 128
-DECODE_MIN_SPLIT = 256  # context tokens a decode block takes at least; longer contexts are split and reduced
 PREFILL_ROWS = 16  # (token, head) rows per prefill attention block
 PREFILL_TC_ROWS = 64  # the same on tensor cores: 16 a warp
 PREFILL_KEYS = 32  # keys a prefill block stages at a time, either kernel
@@ -36,23 +36,6 @@ NULL = np.uint64(0)  # a null pointer argument (an optional array left out)
 MOE_TILE_ROWS, MOE_TILE_COLS = 16, 64  # a grouped GEMM block's rows (of one expert) and columns: cuda/moe.cu
 
 log = logging.getLogger("spool.model")
-
-
-def decode_splits(multiprocessors: int, blocks: int) -> int:
-    """The most parts a sequence's context is split into for decode attention, given its blocks a
-    split (decode_blocks): enough blocks for two per multiprocessor at batch 1, so a long context
-    keeps the whole GPU busy. Fixed for a model on a device, so a row's split (and its result)
-    never depends on the batch, and a decode graph's partials are sized by this, not by
-    max_model_len."""
-    return max(1, min(64, -(-2 * multiprocessors // blocks)))
-
-
-def decode_blocks(heads: int, kv_heads: int, head_dim: int, cache: str | None = None) -> tuple[tuple[int, int], int]:
-    """decode_attention's instance for a model, and its blocks a sequence and split: one per KV
-    head and chunk of the KV head's query heads (cuda/decode_attention.cu)."""
-    group = heads // kv_heads
-    instance = decode_variant(group, head_dim, cache)
-    return instance, kv_heads * -(-group // instance[0])
 
 
 def prefill_variant(name: str, head_dim: int) -> tuple | None:
@@ -334,19 +317,7 @@ class CudaOps:
                   np.int32(meta.block_tables.shape[1]), np.int32(num_blocks))
         out = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         if meta.decode:
-            keys = min(meta.max_context, window) if window else meta.max_context
-            instance, blocks = decode_blocks(heads, kv_heads, head_dim, self.cache)
-            splits = min(decode_splits(self.launcher.multiprocessors, blocks), -(-keys // DECODE_MIN_SPLIT))
-            part_max = self.xp.empty((seqs, heads, splits), dtype=np.float32)
-            part_sum = self.xp.empty((seqs, heads, splits), dtype=np.float32)
-            part_acc = self.xp.empty((seqs, heads, splits, head_dim), dtype=np.float32)
-            self.kernel("decode_attention.cu", "decode_attention", instance)(
-                (blocks, seqs, splits), (THREADS,),
-                (part_max, part_sum, part_acc, q, cache_k, cache_v, meta.block_tables, meta.context_lens, *common,
-                 np.int32(DECODE_MIN_SPLIT), np.float32(scale), np.int32(window), np.float32(softcap)))
-            self.kernel("decode_attention.cu", "decode_attention_reduce")(
-                (heads, seqs), (THREADS,), (out, part_max, part_sum, part_acc, np.int32(heads), np.int32(head_dim),
-                                            np.int32(splits), optional(sinks)))
+            launch_decode_attention(self, out, q, cache_k, cache_v, meta, common, scale, window, softcap, optional(sinks))
         else:
             name, rows = self.prefill_kernel(head_dim)
             tiles = -(-max(meta.query_lens) * (heads // kv_heads) // rows)

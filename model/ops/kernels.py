@@ -32,13 +32,9 @@ KERNELS = {
 }
 # fp32 logits whatever the model's storage type; moe_topk routes on the router's fp32 logits
 UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_topk"}
-# Kernels with more template arguments, and their instances: decode attention's (GROUP, DIMS) size
-# its per-thread arrays for the query heads a block serves and the elements of a row a lane holds
-# (no GROUP 8 at DIMS 8: its 128 floats of queries and accumulators spill; at DIMS 16 GROUP 1
-# alone: fp32's GROUP 2 spills).
-# prefill_attention's (DIMS,): the output elements a lane accumulates, 4 up to a head_dim of 128.
-VARIANTS = {"decode_attention": ((1, 4), (2, 4), (4, 4), (8, 4), (1, 8), (2, 8), (4, 8), (1, 16)),
-            "prefill_attention": ((4,), (8,), (16,))}
+# Kernels with more template arguments, and their instances. prefill_attention's (DIMS,): the
+# output elements a lane accumulates, 4 up to a head_dim of 128.
+VARIANTS = {"prefill_attention": ((4,), (8,), (16,))}
 # the GGUF types kept packed on the device (model/ops/cuda_quant.py), each a struct of dequant_gemv.cu;
 # dequant_gemv's last argument: 1 where it writes fp32 (logits), 0 for the storage type
 PACKED_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
@@ -50,9 +46,38 @@ DTYPES = {"prefill_attention_tc": TENSOR_CORE_TYPES}  # kernels not instantiated
 # template argument of the kernels that write or read a cache (common.cuh's KvCache)
 CACHE_TYPES = {"fp8": "spool_fp8_e4m3"}
 CACHE_KERNELS = ("write_kv", "rope_write_kv", "decode_attention", "prefill_attention", "prefill_attention_tc")
-# an fp8 cache's decode instances: its widened keys and values take more registers, and GROUP 4 at
-# DIMS 8 and GROUP 8 at DIMS 4 spilled (nvcc 13.0, 2026-12-07): larger groups go in chunks of 4 and 2
-CACHE_VARIANTS = {"decode_attention": tuple(v for v in VARIANTS["decode_attention"] if v not in ((4, 8), (8, 4)))}
+# decode_attention's (GROUP, DIMS, LANES) instances per cache rows' kind: the query heads a block
+# serves, the elements of a row a lane holds and the lanes a row. A lane's row is one 16-byte load
+# (8 elements of 16 bits, 4 of fp32; an fp8 row's 4 codes) up to a head_dim of 32 loads, more
+# loads past it; a head_dim smaller than a shape's leaves lanes idle. GROUP as large as registers
+# allow without a spill (cuda/registers.toml); a larger group goes in chunks of it.
+DECODE_INSTANCES = {
+    "16-bit": tuple((g, 8, lanes) for lanes in (8, 16, 32) for g in (1, 2, 4)) + ((1, 16, 32),),
+    "float32": tuple((g, 4, lanes) for lanes in (16, 32) for g in (1, 2, 4, 8)) + ((1, 8, 32), (2, 8, 32), (1, 16, 32)),
+    "fp8": tuple((g, 4, lanes) for lanes in (16, 32) for g in (1, 2, 4)) + ((1, 8, 32), (2, 8, 32), (1, 16, 32)),
+}
+
+
+def decode_rows(dtype: str, cache: str | None = None) -> str:
+    """The kind of cache rows decode_attention reads: fp8 (a CACHE_TYPES key), fp32 or 16-bit."""
+    return cache or ("float32" if dtype == "float32" else "16-bit")
+
+
+def decode_run(dtype: str, cache: str | None = None) -> int:
+    """A lane's elements a load of the decode kernel's cache rows: 16 bytes of the storage type, 4
+    codes of an fp8 row (its rows are 4-byte aligned: head_dim codes, then a float32 scale)."""
+    return 8 if decode_rows(dtype, cache) == "16-bit" else 4
+
+
+def decode_variants(dtype: str, cache: str | None = None) -> tuple:
+    return DECODE_INSTANCES[decode_rows(dtype, cache)]
+
+
+def variants(kernel: str, dtype: str, cache: str | None = None) -> tuple:
+    """A kernel's template instances beyond its types (None: none)."""
+    if kernel == "decode_attention":
+        return decode_variants(dtype, cache)
+    return VARIANTS.get(kernel, (None,))
 
 
 def name_expression(kernel: str, dtype: str, variant: tuple | None = None, cache: str | None = None) -> str:
@@ -63,23 +88,26 @@ def name_expression(kernel: str, dtype: str, variant: tuple | None = None, cache
     return f"{kernel}<{', '.join([STORAGE_TYPES[dtype], *map(str, variant or ()), *extra])}>"
 
 
-def decode_variant(group: int, head_dim: int, cache: str | None = None) -> tuple[int, int]:
-    """decode_attention's (GROUP, DIMS) for a model: the fewest elements a lane that cover head_dim
-    in a warp, and the smallest GROUP of those that takes the whole group, else the largest (the
+def decode_variant(group: int, head_dim: int, dtype: str, cache: str | None = None) -> tuple[int, int, int]:
+    """decode_attention's (GROUP, DIMS, LANES) for a model: the first shape whose lanes cover
+    head_dim, and the smallest GROUP of it that takes the whole group, else the largest (the
     group then goes in chunks of it, a block each); cache: a CACHE_TYPES key, or None."""
-    fits = [v for v in (CACHE_VARIANTS if cache else VARIANTS)["decode_attention"] if 32 * v[1] >= head_dim]
+    run = decode_run(dtype, cache)
+    if head_dim % run:
+        raise ValueError(f"decode_attention reads {run} elements a load: a head_dim of {head_dim} is not a multiple")
+    fits = [v for v in decode_variants(dtype, cache) if v[1] * v[2] >= head_dim]
     if not fits:
-        raise ValueError(f"decode_attention serves a head_dim of at most {32 * VARIANTS['decode_attention'][-1][1]},"
-                         f" not {head_dim}")
-    fits = [v for v in fits if v[1] == fits[0][1]]
+        most = max(dims * lanes for _, dims, lanes in decode_variants(dtype, cache))
+        raise ValueError(f"decode_attention serves a head_dim of at most {most}, not {head_dim}")
+    fits = [v for v in fits if v[1:] == fits[0][1:]]
     return next((v for v in fits if v[0] >= group), fits[-1])
 
 
 def name_expressions(file: str) -> list[str]:
     plain = [name_expression(k, d, v) for k in KERNELS[file] for d in DTYPES.get(k, STORAGE_TYPES)
-             for v in VARIANTS.get(k, (None,))]
+             for v in variants(k, d)]
     cached = [name_expression(k, d, v, c) for k in KERNELS[file] if k in CACHE_KERNELS for c in CACHE_TYPES
-              for d in DTYPES.get(k, STORAGE_TYPES) for v in CACHE_VARIANTS.get(k, VARIANTS.get(k, (None,)))]
+              for d in DTYPES.get(k, STORAGE_TYPES) for v in variants(k, d, c)]
     return list(dict.fromkeys(plain + cached))
 
 
