@@ -77,6 +77,7 @@ def test_the_gemv_is_the_dequantized_product_and_a_row_is_the_same_in_any_batch(
     for rows in range(1, 9):  # each row's bits, alone or among others
         np.testing.assert_array_equal(outs[rows], outs[9][:rows])
     np.testing.assert_array_equal(outs[8][:, 2:8], as_float(ops.linear(x[:8], w, bias), dtype))  # ops' GEMV
+    assert ops.linear(x[:0], w, bias).shape == (0, 6)  # no rows: no launch (a grid of none fails on a GPU)
 
 
 @pytest.mark.parametrize("kind", PACKED_TYPES)
@@ -110,7 +111,7 @@ def test_dequantized_rows_are_the_reference_rounded_once(launcher, kind, dtype):
 
 
 @pytest.mark.parametrize("rows", [3, 11])
-def test_a_fused_weight_of_mixed_kinds_in_tiles_matches_numpy(rows, monkeypatch):
+def test_a_fused_weight_of_mixed_kinds_in_tiles_matches_numpy(rows, monkeypatch, caplog):
     """A Q4_K_M file's q/k (Q4_K) beside its v (Q6_K) and a type kept as bf16 (Q5_0), with a bias:
     3 rows through the GEMV, 11 through dequantized tiles (three rows a tile here) and the GEMM."""
     monkeypatch.setattr(cuda_quant, "TILE_VALUES", 3 * 256)
@@ -119,6 +120,9 @@ def test_a_fused_weight_of_mixed_kinds_in_tiles_matches_numpy(rows, monkeypatch)
     w = ops.weight(Fused(tuple(parts)))
     assert [type(p).__name__ for p in w.parts] == ["PackedWeight", "PackedWeight", "ndarray"]
     assert w.nbytes == parts[0].nbytes + parts[1].nbytes + 5 * 256 * 4
+    with caplog.at_level("INFO", logger="spool.model"):
+        ops.loaded()
+    assert "GGUF types q5_0 have no packed kernels on the GPU; dequantized to float32" in caplog.text
     rng = np.random.default_rng(8)
     x, bias = rng.standard_normal((rows, 256)).astype(np.float32), rng.standard_normal(17).astype(np.float32)
     numpy_ops = NumpyOps()

@@ -81,6 +81,7 @@ class CudaOps:
         self.storage_dtype = ARRAY_DTYPES[dtype]
         self.sampler = DeviceSampler(self)
         self.tensor_cores = True  # until the tensor-core kernel fails to compile (prefill_kernel)
+        self.unpacked: set[str] = set()  # GGUF types dequantized while loading (cuda_quant.loaded says which)
 
     def kernel(self, file: str, name: str, variant: int | None = None):
         return self.launcher.function(file, name_expression(name, self.dtype, variant, self.cache))
@@ -106,7 +107,7 @@ class CudaOps:
                                                         self.xp)
 
     def loaded(self) -> None:
-        pass
+        cuda_quant.loaded(self)
 
     def linear(self, x, w, bias=None):
         """x @ w.T (+ bias) in the storage type, accumulated in fp32: cuBLAS on a GPU."""

@@ -16,6 +16,7 @@ byte grow with the rows while the scratch route costs about 8 times the packed b
 take over from there.
 """
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -31,8 +32,10 @@ TILE_VALUES = 1 << 26  # weight values a scratch tile holds (128 MB of bf16): an
 THREADS = 128
 NULL = np.uint64(0)  # a null pointer argument, as cuda_ops passes one
 
+log = logging.getLogger("spool.model")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)
 class PackedWeight:
     """A GGUF tensor's block rows on the device, in Hugging Face's row order."""
 
@@ -50,9 +53,19 @@ def packed(ops, w):
     a PACKED_TYPES kind, or a Fused with such a part (its other parts in the storage type)."""
     if isinstance(w, QuantizedTensor) and w.kind in PACKED_TYPES:
         return PackedWeight(w.kind, ops.xp.asarray(np.ascontiguousarray(w.blocks)), w.shape)
+    if isinstance(w, QuantizedTensor):
+        ops.unpacked.add(w.kind)
     if isinstance(w, Fused) and any(isinstance(p, QuantizedTensor) and p.kind in PACKED_TYPES for p in w.parts):
         return Fused(tuple(ops.weight(p) for p in w.parts))
     return None
+
+
+def loaded(ops) -> None:
+    """One line for the whole model naming the GGUF types that were dequantized, not kept packed."""
+    if ops.unpacked:
+        log.info(f"GGUF types {', '.join(sorted(ops.unpacked))} have no packed kernels on the GPU; dequantized to"
+                 f" {ops.dtype}")
+        ops.unpacked.clear()
 
 
 def is_packed(w) -> bool:
@@ -86,6 +99,8 @@ def linear(ops, x, w, bias, out) -> None:
 def gemv(ops, out, x, w: PackedWeight, bias, first: int) -> None:
     """dequant_gemv into columns first .. first + rows of w of out."""
     (rows, k), n = x.shape, w.shape[0]
+    if not rows:  # a grid of no blocks is an invalid launch on a GPU
+        return
     fp32 = int(out.dtype != ops.storage_dtype)  # logits of 16-bit weights
     ops.kernel("dequant_gemv.cu", "dequant_gemv", (w.kind.upper(), fp32))(
         (-(-n // GEMV_WARPS), -(-rows // GEMV_BLOCK_ROWS)), (THREADS,),
