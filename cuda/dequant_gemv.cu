@@ -20,8 +20,8 @@
 #include "common.cuh"
 
 constexpr int STEP = 256;  // values of a row a warp takes at a time
-constexpr int GEMV_ROWS = 8;  // activation rows a dequant_gemv block takes
-constexpr int GEMV_WARPS = 4;  // weight rows a dequant_gemv block takes, a warp each
+constexpr int BLOCK_ROWS = 8;  // activation rows a dequant_gemv block takes
+constexpr int BLOCK_WARPS = 4;  // weight rows a dequant_gemv block takes, a warp each
 
 __device__ __forceinline__ unsigned load_u16(const unsigned char* p) {
     return *reinterpret_cast<const unsigned short*>(p);
@@ -173,20 +173,20 @@ __global__ __launch_bounds__(128) void dequant_gemv(typename Output<T, FP32_OUT>
                                                     const T* __restrict__ x, const unsigned char* __restrict__ w,
                                                     const T* __restrict__ bias, int rows, int n, int k,
                                                     int out_width, int first) {
-    int lane = threadIdx.x & 31, wrow = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    int r0 = blockIdx.y * GEMV_ROWS, count = min(GEMV_ROWS, rows - r0);
+    int lane = threadIdx.x & 31, wrow = blockIdx.x * BLOCK_WARPS + (threadIdx.x >> 5);
+    int r0 = blockIdx.y * BLOCK_ROWS, count = min(BLOCK_ROWS, rows - r0);
     if (wrow >= n) return;  // the whole warp: no shuffle below is left half-done
     int blocks = k / Q::VALUES;
     const unsigned char* row = w + size_t(wrow) * blocks * Q::BYTES;
     const T* xs = x + size_t(r0) * k;
-    float acc[GEMV_ROWS];
+    float acc[BLOCK_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
+    for (int r = 0; r < BLOCK_ROWS; ++r) acc[r] = 0.0f;
     for (int step = 0; step * STEP < k; ++step) {
         Share<Q::G, Q::W> s;
         if (!Q::share(row, blocks, step, lane, s)) continue;
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r) {
+        for (int r = 0; r < BLOCK_ROWS; ++r) {
             if (r >= count) break;
             const T* at = xs + size_t(r) * k + step * STEP;
             float sum = 0.0f;
@@ -207,7 +207,7 @@ __global__ __launch_bounds__(128) void dequant_gemv(typename Output<T, FP32_OUT>
         }
     }
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) {
+    for (int r = 0; r < BLOCK_ROWS; ++r) {
         if (r >= count) break;  // count is the block's: every lane of the warp leaves together
         float total = warp_sum(acc[r]);
         if (lane == 0) {

@@ -6,7 +6,7 @@ Q5_K, Q6_K) goes to the device as its file's block rows, untouched; any other ty
 dequantized to the storage type on the host, as before. Up to GEMV_ROWS activation rows (decode
 steps) multiply the blocks in dequant_gemv, which decodes each block's scales as it reads it and
 sums each output in one fixed order, so a row's bits do not depend on the others in the batch.
-More rows (prefill) take the simplest correct route: the weight dequantized a tile of rows at a
+More rows (prefill, decode batches past 8) take the simplest correct route: the weight dequantized a tile of rows at a
 time into a scratch buffer of the storage type, then the launcher's GEMM (cuBLAS on a GPU) as
 for a bf16 weight. Those rows' bits are the GEMM's, as for unpacked weights.
 
@@ -27,7 +27,7 @@ from model.ops.kernels import PACKED_TYPES
 from model.quant.quantized import Fused, QuantizedTensor
 
 GEMV_ROWS = 8  # activation rows dequant_gemv takes; more go through the scratch tiles and the GEMM
-GEMV_BLOCK_ROWS, GEMV_WARPS = 8, 4  # a dequant_gemv block's activation rows and weight rows (a warp each)
+BLOCK_ROWS, BLOCK_WARPS = 8, 4  # a dequant_gemv block's activation rows and weight rows: the .cu's
 TILE_VALUES = 1 << 26  # weight values a scratch tile holds (128 MB of bf16): an 8B's projections in one or two
 THREADS = 128
 NULL = np.uint64(0)  # a null pointer argument, as cuda_ops passes one
@@ -103,7 +103,7 @@ def gemv(ops, out, x, w: PackedWeight, bias, first: int) -> None:
         return
     fp32 = int(out.dtype != ops.storage_dtype)  # logits of 16-bit weights
     ops.kernel("dequant_gemv.cu", "dequant_gemv", (w.kind.upper(), fp32))(
-        (-(-n // GEMV_WARPS), -(-rows // GEMV_BLOCK_ROWS)), (THREADS,),
+        (-(-n // BLOCK_WARPS), -(-rows // BLOCK_ROWS)), (THREADS,),
         (out, x, w.blocks, NULL if bias is None else bias, np.int32(rows), np.int32(n), np.int32(k),
          np.int32(out.shape[1]), np.int32(first)))
 
@@ -137,7 +137,8 @@ def embedding(ops, table: PackedWeight, token_ids, scale: float = 1.0):
 
 def dense(ops, w):
     """w whole in the storage type, for kernels that read only that (the MoE's grouped GEMM): a
-    packed weight dequantized into scratch for the call."""
+    packed weight dequantized into scratch for the call (every expert of a layer: correct, not fast;
+    a grouped GEMV over the packed experts is still to come)."""
     if not is_packed(w):
         return w
     parts = w.parts if isinstance(w, Fused) else (w,)
