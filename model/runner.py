@@ -18,6 +18,7 @@ from model import rewind
 from model.llama import Llama
 from model.lora import Adapter, AdapterSlots
 from model.ops.numpy_ops import NumpyOps
+from model.ops.packed_logprobs import Fetch
 from model.ops.protocol import Ops, SampleBatch, SampleResult
 from model.sampling import SamplingParams
 from model.weights import load_weights
@@ -65,10 +66,10 @@ class Launched:
     """A step whose work is queued on the device; collect() waits for its sampled ids."""
 
     rows: list[Row]  # the sampling rows, in the order of ids
-    ids: object  # ops.download of the sampled ids (with the logprobs after them: SampleResult.fetch)
+    fetch: Fetch  # the one download of the sampled ids (the logprobs after them) and the prompt logprobs
     sampled: SampleResult | None
     embedded: list = field(default_factory=list)  # a Sampled with its embedding for each embedding row
-    scored: dict = field(default_factory=dict)  # request id -> its chunk's prompt logprobs (Sampled.prompt_logprobs)
+    scored: dict = field(default_factory=dict)  # request id -> (the prompt tokens its chunk scores, their Scored)
     failed: dict = field(default_factory=dict)  # request id -> why its row could not be sampled (its mask failed)
     rewinds: list = field(default_factory=list)  # a hybrid's rows with guesses (model/rewind.py)
     followed: tuple | None = None  # (the plan's rows, every token's final hidden state) for an MTP proposer
@@ -238,8 +239,9 @@ class ModelRunner:
         embedded = self.embeddings(embeds, hidden[:len(embeds)]) if embeds else []
         followed = (plan.rows, hidden[len(embeds):]) if self.draft is not None and self.draft.wants_hidden else None
         scored = self.score_prompts(plan.rows, logits[len(sampling):])
+        scores = [s.fetch.device for _, s in scored.values() if s.fetch is not None]  # prompt logprobs on the device
         if not sampling:
-            return Launched([], None, None, embedded, scored, followed=followed)
+            return Launched([], Fetch(self.ops, scores), None, embedded, scored, followed=followed)
         histories = [h for r in rows for h in (r.histories() if r.num_draft else [self.history(r)])]
         failed: dict = {}
         masks = [m for r in rows for m in self.masks(r, failed)]
@@ -247,8 +249,9 @@ class ModelRunner:
             [r.params for r in sampling], [r.prompt_ids for r in sampling], histories,
             self.rng, keys=[r.request_id for r in sampling], masks=masks))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
-        fetched = sampled.token_ids if sampled.fetch is None else sampled.fetch.device  # the ids, and logprobs
-        return Launched(sampling, self.ops.download(fetched), sampled, embedded, scored, failed, self.rewinds, followed)
+        ids = sampled.token_ids if sampled.fetch is None else sampled.fetch.device  # the ids, and logprobs
+        return Launched(sampling, Fetch(self.ops, [ids, *scores]), sampled, embedded, scored, failed, self.rewinds,
+                        followed)
 
     @staticmethod
     def masks(row: Row, failed: dict) -> list:
@@ -266,16 +269,15 @@ class ModelRunner:
             return [None] * (row.num_draft + 1)
 
     def score_prompts(self, rows: list[Row], logits) -> dict:
-        """Each prompt_logprobs row's predicted prompt tokens, scored under the logits of the
-        positions before them (one logits row per such position, in forward's order)."""
+        """Each prompt_logprobs row's predicted prompt tokens and their Scored under the logits
+        of the positions before them (one logits row per such position, in forward's order)."""
         scored, at = {}, 0
         for row in rows:
             targets = predicted(row)
             if not len(targets):
                 continue
-            s = self.ops.score(logits[at:at + len(targets)], targets, row.prompt_logprobs)
-            scored[row.request_id] = [(int(t), lp, rank, top) for t, lp, rank, top
-                                      in zip(targets, s.logprobs, s.ranks, s.top_logprobs)]
+            scored[row.request_id] = targets, self.ops.score(logits[at:at + len(targets)], targets,
+                                                             row.prompt_logprobs)
             at += len(targets)
         return scored
 
@@ -299,11 +301,15 @@ class ModelRunner:
     def collect(self, launched: Launched) -> list[Sampled]:
         """Wait for a launched step's sampled ids; an id outside the vocabulary comes back as
         NO_TOKEN, which fails that row's request alone (app/engine/outputs.py)."""
-        scored = dict(launched.scored)
-        out = launched.embedded
-        ids = launched.ids.result() if launched.rows else []
+        out, fetched = launched.embedded, launched.fetch.parts()
+        ids = fetched.pop(0) if launched.rows else []
         if launched.rows and launched.sampled.fetch is not None:
             ids = launched.sampled.fetch.arrived(ids)
+        for (_, s), host in zip([v for v in launched.scored.values() if v[1].fetch is not None], fetched):
+            s.fetch.arrived(host)
+        scored = {rid: [(int(t), lp, rank, top) for t, lp, rank, top in zip(targets, s.logprobs, s.ranks,
+                                                                               s.top_logprobs)]
+                  for rid, (targets, s) in launched.scored.items()}
         if launched.followed is not None:  # the MTP layer's K/V, and its guesses for the next step
             self.draft.follow(*launched.followed, [NO_TOKEN if r.request_id in launched.failed else i
                                                    for r, i in zip(launched.rows, ids)])

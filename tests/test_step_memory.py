@@ -120,7 +120,8 @@ class CountedDownloads(CpuLauncher):
 def test_a_step_with_logprobs_downloads_its_ids_and_top_entries_once(tiny_dir):
     """A replayed decode step of three rows, two asking for logprobs (5 and 2): one download of
     the ids and 2 + 2 x 5 words a row, never the logits; the logprobs are NumPy's on the eager
-    step's logits. Prompt logprobs take one download too (four before)."""
+    step's logits. A prefill row's prompt logprobs come in the same download (four copies of
+    their own before, each a wait)."""
     launcher = CountedDownloads()
     ops = CudaOps(np, launcher)
     ops.xp = launcher.arrays()
@@ -153,12 +154,18 @@ def test_a_step_with_logprobs_downloads_its_ids_and_top_entries_once(tiny_dir):
         assert [t for t, _ in sampled.top_logprobs] == [t for t, _ in top]
         np.testing.assert_allclose([v for _, v in sampled.top_logprobs], [v for _, v in top], atol=1e-5)
 
+    prompt = [3, 14, 15, 92, 65, 35]  # a prefill chunk whose 5 predicted prompt tokens are scored, top 3
+    plan = StepPlan([Row("d", prompt, 0, blocks.table("d", 6), sample=True, params=params[2], prompt_ids=prompt,
+                         prompt_logprobs=3)])
     launcher.downloaded.clear()
-    targets = [4, 200, 17]
-    scored = ops.score(logits, targets, 3)
-    assert launcher.downloaded == [3 * (2 + 2 * 3) * 4]
-    reference = NumpyOps().score(logits, targets, 3)
-    assert scored.ranks == reference.ranks
-    np.testing.assert_allclose(scored.logprobs, reference.logprobs, atol=1e-5)
-    assert [[t for t, _ in top] for top in scored.top_logprobs] == [[t for t, _ in top]
-                                                                     for top in reference.top_logprobs]
+    got = graphed.step(plan)[0]
+    assert launcher.downloaded == [(1 * (2 + 2 * 2) + 5 * (2 + 2 * 3)) * 4]  # the ids' array and the scores', joined
+    logits = eager.ops.to_host(eager.forward(plan)[0])  # the sampled row's, then the 5 scored positions'
+    reference = NumpyOps().score(logits[1:], prompt[1:], 3)
+    assert [t for t, _, _, _ in got.prompt_logprobs] == prompt[1:]
+    assert [rank for _, _, rank, _ in got.prompt_logprobs] == reference.ranks
+    np.testing.assert_allclose([lp for _, lp, _, _ in got.prompt_logprobs], reference.logprobs, atol=1e-5)
+    assert [[t for t, _ in top] for *_, top in got.prompt_logprobs] == [[t for t, _ in top]
+                                                                       for top in reference.top_logprobs]
+    assert got.logprob == pytest.approx(NumpyOps().sample(logits[:1], SampleBatch(
+        [params[2]], [prompt], [[]], np.random.default_rng(0))).logprobs[0], abs=1e-5)

@@ -138,15 +138,14 @@ class DeviceSampler:
     def score(self, logits, token_ids, top: int) -> Scored:
         """NumpyOps.score's contract on device logits: the logprobs kernel, and each rank
         counted on the device (the raw logits order the tokens as their logprobs do) into the
-        ids' part of the packed array, so one download brings all."""
+        ids' part of the packed array: the step's one download brings them (runner.collect)."""
         rows = logits.shape[0]
         ids = self.ops.asarray(np.asarray(token_ids), np.int32)
         packed = PackedLogprobs(self.ops, rows, [top] * rows)
         packed.compute(logits, ids)
         chosen = logits[self.xp.arange(rows), ids]
         packed.ids[...] = 1 + (logits > chosen[:, None]).sum(axis=1)
-        ranks = packed.arrived(self.ops.to_host(packed.device))
-        return Scored(list(packed.logprobs), [int(r) for r in ranks], list(packed.top_logprobs))
+        return Scored(packed.logprobs, packed.ranks, packed.top_logprobs, fetch=packed)
 
     def _table(self, table, dtype):
         """The counts (or seen) table, or a one-element stand-in when no slot exists yet."""

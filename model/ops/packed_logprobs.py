@@ -3,10 +3,10 @@ already makes (issue 51): never the logits, and no wait of their own.
 
 One int32 device array holds, in order: the sampled ids (rows), each row's logprob of its id
 (rows, float32 bits), its top ids (rows x n) and their logprobs (rows x n, float32 bits), with n
-the most any row asks. cuda/logprobs.cu writes the last three parts, the sampler the first. The
-runner downloads the whole array where it would download the ids and hands the host copy back
-(arrived); the logprobs are read from it. A caller that reads them first (a test calling
-ops.sample) gets a download of its own then.
+the most any row asks. cuda/logprobs.cu writes the last three parts, the sampler the first (or,
+for prompt logprobs, the ranks). The runner downloads the step's arrays together (Fetch), where
+it would download the ids, and hands each host copy back (arrived); the logprobs are read from
+it. A caller that reads them first (a test calling ops.sample) gets a download of its own then.
 """
 
 from typing import Sequence
@@ -23,8 +23,8 @@ class PackedLogprobs:
         self.n = max(1, max(n or 0 for n in self.wanted))
         self.device = ops.zeros(rows * (2 + 2 * self.n), np.int32)
         self.host = None
-        self.read: tuple[list, list] | None = None  # (logprobs, top logprobs), once read
-        self.logprobs, self.top_logprobs = Unpacked(self, 0), Unpacked(self, 1)
+        self.read: tuple[list, list, list] | None = None  # (logprobs, top logprobs, ids), once read
+        self.logprobs, self.top_logprobs, self.ranks = Unpacked(self, 0), Unpacked(self, 1), Unpacked(self, 2)
 
     def parts(self, array):
         """array's views: (ids, chosen logprobs, top ids (rows, n), top logprobs (rows, n))."""
@@ -50,19 +50,19 @@ class PackedLogprobs:
         self.host = host
         return host[:self.rows]
 
-    def unpack(self) -> tuple[list, list]:
+    def unpack(self) -> tuple[list, list, list]:
         if self.read is None:
             host = self.host if self.host is not None else self.ops.to_host(self.device)
-            _, chosen, top_ids, top_values = self.parts(host)
+            ids, chosen, top_ids, top_values = self.parts(host)
             self.read = ([None if n is None else float(chosen[r]) for r, n in enumerate(self.wanted)],
                          [None if n is None else [(int(top_ids[r, k]), float(top_values[r, k])) for k in range(n)]
-                          for r, n in enumerate(self.wanted)])
+                          for r, n in enumerate(self.wanted)], [int(i) for i in ids])
         return self.read
 
 
 class Unpacked(Sequence):
-    """SampleResult.logprobs (part 0) or .top_logprobs (part 1), read from the host copy when first
-    indexed."""
+    """SampleResult.logprobs (part 0) or .top_logprobs (part 1), or Scored's (and its ranks, the
+    ids' part: 2), read from the host copy when first indexed."""
 
     def __init__(self, packed: PackedLogprobs, part: int):
         self.packed, self.part = packed, part
@@ -72,3 +72,18 @@ class Unpacked(Sequence):
 
     def __getitem__(self, i):
         return self.packed.unpack()[self.part][i]
+
+
+class Fetch:
+    """Device arrays brought to the host by one download (joined on the device where there are
+    several), handed back as their host parts in order."""
+
+    def __init__(self, ops, arrays: list):
+        self.sizes = [int(a.size) for a in arrays]
+        joined = arrays[0] if len(arrays) == 1 else ops.xp.concatenate(arrays) if arrays else None
+        self.download = None if joined is None else ops.download(joined)
+
+    def parts(self) -> list[np.ndarray]:
+        if self.download is None:
+            return []
+        return np.split(self.download.result(), np.cumsum(self.sizes)[:-1])
