@@ -146,6 +146,6 @@ def check_model(backend: Backend, config: ModelConfig) -> None:
                          f" {named}; use --backend numpy")
     if backend.name != "cuda":
         return
-    if dims[-1] > CUDA_MAX_HEAD_DIM or any(d % 4 for d in dims):
-        raise ValueError(f"the CUDA kernels take a head_dim that is a multiple of 4, at most {CUDA_MAX_HEAD_DIM};"
+    if dims[-1] > CUDA_MAX_HEAD_DIM or any(d % 8 for d in dims):  # decode attention: 16 bytes a load
+        raise ValueError(f"the CUDA kernels take a head_dim that is a multiple of 8, at most {CUDA_MAX_HEAD_DIM};"
                          f" this model's is {named}; use --backend cpu")

@@ -15,9 +15,11 @@ output is a view of it; replays take turns, each step's sampling queued before t
 at 256 rows of a 128k vocabulary, a buffer per graph held about 2.2 GB, this one 131 MB, and
 model/memory.py counts it before the KV cache takes its share.
 
-What differs from an eager step: the decode attention's grid holds the model's whole split count
-(cuda_ops.decode_splits) rather than what the step's longest context needs; a row splits by its
-own length either way, so its logits are the same bits. Sampling runs
+What differs from an eager step: the decode attention's partials hold the model's whole split
+count (ops/decode_attention.decode_splits) rather than what the step's longest context needs, and
+its blocks a split set follow the padded batch size; a row splits by its own length either way,
+and a part's partial does not depend on the block that computes it, so its logits are the same
+bits. Sampling runs
 eagerly, after the replay, on the graph's logits. Prefill and mixed steps run eagerly. A graph is
 valid while the weights and the KV cache arrays stay where they were at capture, which they do
 for the runner's lifetime.

@@ -142,7 +142,7 @@ class CpuLauncher:
     name_expression) for the kernels, linear(x, w, bias, out) for the GEMMs, a stand-in for CUDA
     graphs, and memory_info() reporting `memory` ((free, total) bytes, set by a test)."""
 
-    multiprocessors = 4  # a small GPU's, so that long contexts split (model/ops/cuda_ops.decode_splits)
+    multiprocessors = 4  # a small GPU's, so that long contexts split (model/ops/decode_attention.decode_splits)
 
     def __init__(self, memory: tuple[int, int] | None = None):
         self.modules: dict[str, CpuModule] = {}

@@ -193,7 +193,7 @@ def test_serve_refuses_an_fp8_checkpoint_before_compiling_kernels(model_copy, tm
     assert len(lines) == 1 and "holds FP8 weights" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("head_dim", [640, 66])  # past Gemma 4's full layers' 512; not in fours
+@pytest.mark.parametrize("head_dim", [640, 68])  # past Gemma 4's full layers' 512; not in eights
 def test_the_cuda_backend_refuses_a_model_its_kernels_cannot_run(tiny_dir, head_dim):
     from dataclasses import replace
 
