@@ -116,20 +116,26 @@ def extra_kv_layers(speculative) -> int:
     return 1 if speculative and speculative.method == "mtp" else 0
 
 
-def load_draft(speculative, backend, config, tokenizer):
-    """A draft model's weights (--speculative-config method "draft_model"), on the device before
-    the KV cache is sized, so its share comes out of the cache's (model/memory.py); else None."""
-    if not (speculative and speculative.method == "draft_model"):
-        return None
-    from model.default import resolve_model
-    from model.draft import DraftModel
+def load_draft(speculative, backend, model, model_dir, tokenizer):
+    """A proposer's weights, on the device before the KV cache is sized so the memory plan
+    measures them (model/memory.py): a draft model's (--speculative-config method
+    "draft_model"; its K/V then shares each block of the pool) or the model's MTP layer's (its
+    K/V is extra_kv_layers'); None for the others."""
+    if speculative and speculative.method == "draft_model":
+        from model.default import resolve_model
+        from model.draft import DraftModel
 
-    return DraftModel.load_model(backend, resolve_model(speculative.model), config, tokenizer)
+        return DraftModel.load_model(backend, resolve_model(speculative.model), model.config, tokenizer)
+    if speculative and speculative.method == "mtp":
+        from model.mtp import MTP
+
+        return MTP.load_weights(model_dir, model)
+    return None
 
 
 def attach_proposer(runner, speculative, backend, model_dir, tokenizer, draft=None) -> None:
-    """The runner's guesses for speculation's rows: a draft model's (draft: its weights from
-    load_draft, or loaded now) or the model's MTP layer's (prompt lookup's are the planner's)."""
+    """The runner's guesses for speculation's rows: a draft model's or the model's MTP layer's
+    (prompt lookup's are the planner's); draft: their weights from load_draft, or loaded now."""
     if speculative and speculative.method == "draft_model":
         from model.default import resolve_model
         from model.draft import DraftModel
@@ -139,7 +145,7 @@ def attach_proposer(runner, speculative, backend, model_dir, tokenizer, draft=No
     elif speculative and speculative.method == "mtp":
         from model.mtp import MTP
 
-        runner.draft = MTP.load(model_dir, runner, speculative.num_speculative_tokens)
+        runner.draft = MTP.load(model_dir, runner, speculative.num_speculative_tokens, draft)
 
 
 def engine_arguments(parser) -> None:

@@ -153,14 +153,15 @@ def load(args, state: ServerState) -> Engine:
     state.architectures = list(config.architectures)
     speculative = speculative_config(args)
     extra_layers = extra_kv_layers(speculative)
-    draft = load_draft(speculative, backend, config, state.tokenizer)  # before the KV cache: its share comes off
-    block_bytes = pool_block_bytes(backend.ops, config, DEFAULT_BLOCK_SIZE, extra_layers, draft)
+    draft = load_draft(speculative, backend, model, model_dir, state.tokenizer)  # before the KV cache is sized
+    mirrored = draft if speculative and speculative.method == "draft_model" else None  # a draft model's own K/V
+    block_bytes = pool_block_bytes(backend.ops, config, DEFAULT_BLOCK_SIZE, extra_layers, mirrored)
     state_bytes = args.max_num_seqs * KVCache.bytes_per_state_slot(config)  # a hybrid's, one per request
     graphs = backend.name == "cuda" and not args.enforce_eager and not config.delta_net
     if backend.name == "cuda" and args.kv_cache_gib is None:
         num_blocks = gpu_kv_blocks(model, args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens,
                                    state.max_model_len, extra_layers=extra_layers,
-                                   graphs=graphs, draft=draft) - -(-state_bytes // block_bytes)
+                                   graphs=graphs, draft=mirrored) - -(-state_bytes // block_bytes)
     else:  # a hybrid's state comes out of a given --kv-cache-gib, and beside the default 1 GiB of K/V
         kv_cache_gib = args.kv_cache_gib or 1.0 + state_bytes / GIB
         num_blocks = int((kv_cache_gib * GIB - state_bytes) // block_bytes)

@@ -77,12 +77,19 @@ class MTP:
 
     @classmethod
     @on_compute_thread  # packing the weights runs parallel kernels: on the thread the steps run on
-    def load(cls, model_dir: Path, runner, count: int) -> "MTP":
-        """runner's cache must hold the layer's K/V (ModelRunner's extra_layers=1)."""
+    def load(cls, model_dir: Path, runner, count: int, weights: MTPWeights | None = None) -> "MTP":
+        """runner's cache must hold the layer's K/V (ModelRunner's extra_layers=1); weights:
+        load_weights', where they were loaded before the KV cache was sized, else loaded now."""
         if len(runner.cache.k) <= runner.config.num_layers:
             raise ValueError("the model runner's cache has no room for the MTP layer's K/V (extra_layers=1)")
-        ops = runner.ops
-        return cls(runner, load_mtp_weights(Path(model_dir), runner.config, ops.weight, ops.asarray), count)
+        return cls(runner, weights or cls.load_weights(model_dir, runner.model), count)
+
+    @staticmethod
+    @on_compute_thread
+    def load_weights(model_dir: Path, model) -> MTPWeights:
+        """The layer's weights on the model's device: loaded before the KV cache is sized, the
+        memory plan measures them with the model's (model/memory.py)."""
+        return load_mtp_weights(Path(model_dir), model.config, model.ops.weight, model.ops.asarray)
 
     def propose(self, rows: list[Row]) -> None:
         """Before the model's step: each row the planner lets guess takes the guesses made for
