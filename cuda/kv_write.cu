@@ -2,14 +2,16 @@
 // caches laid out (kv_heads, blocks * block_size, head_dim) as model/kv_cache.py documents. A
 // negative slot is padding and is skipped. One block per token.
 //
-// rope_write_kv: the same write from fused QKV rows (tokens, (heads + 2 kv_heads) head_dim),
-// with q and k rotated on the way (rotate-half, cos/sin (tokens, head_dim / 2) fp32, as
+// rope_write_kv: the same write from fused QKV rows (tokens, width): q (heads x head_dim) first,
+// k and v (kv_heads x head_dim each) last, anything between (a gated attention's gate) left
+// alone; q and k rotated on the way (rotate-half, cos/sin (tokens, head_dim / 2) fp32, as
 // rotary.cu): the rotated q goes to q_out (tokens, heads, head_dim). One launch for what was two
 // rotations, three copies and a write. With q/k norms (q_norm and k_norm, null for none) q and k
 // are RMS-normalised first, over each head or (norm_whole, OLMoE's) over the whole projection,
-// each normalised value rounded to T as rms_norm writes it, and its sum of squares taken in
-// rms_norm's order at 128 threads: launched with 128 threads, the same bits as rms_norm, then
-// rotary (two norms, two rotations, five copies and a write were eleven launches). A warp a head.
+// and v over each head where v_norm is given (Gemma 4's): each normalised value rounded to T as
+// rms_norm writes it, its sum of squares taken in rms_norm's order at 128 threads, so launched
+// with 128 threads the bits are those of rms_norm, then rotary (the norms, rotations, copies and
+// write were eleven launches and more). A warp a head.
 //
 // With an fp8 cache (C = spool_fp8_e4m3, common.cuh) the caches are bytes, (kv_heads, blocks *
 // block_size, head_dim + 4): K and V alike token-major, each token's and head's row its head_dim
@@ -96,7 +98,7 @@ __device__ __forceinline__ float normed(const T* row, const T* weight, int i, fl
 template <typename T, typename F>
 __device__ __forceinline__ void rotate_head(const T* x, const T* w, float scale, const float* c, const float* s,
                                             int half, int lane, F store) {
-#pragma unroll 2  // a head of 128 in one pass; unrolled by 4, 72 registers (nvcc 13.0)
+#pragma unroll 2  // a head of 128 in one pass
     for (int i = lane; i < half; i += 32) {
         float x1 = normed(x, w, i, scale), x2 = normed(x, w, i + half, scale);
         store(i, from_float<T>(x1 * c[i] - x2 * s[i]));
@@ -105,14 +107,15 @@ __device__ __forceinline__ void rotate_head(const T* x, const T* w, float scale,
 }
 
 template <typename T, typename C = T>
-__global__ void rope_write_kv(T* __restrict__ q_out, C* __restrict__ cache_k, C* __restrict__ cache_v,
-                              const T* __restrict__ qkv, const float* __restrict__ cos, const float* __restrict__ sin,
-                              const T* __restrict__ q_norm, const T* __restrict__ k_norm, const int* __restrict__ slots,
-                              int heads, int kv_heads, int head_dim, long long cache_slots, int norm_whole, float eps) {
+__global__ void __launch_bounds__(128, 8) rope_write_kv(  // 8 blocks an SM: at most 64 registers
+    T* __restrict__ q_out, C* __restrict__ cache_k, C* __restrict__ cache_v, const T* __restrict__ qkv,
+    const float* __restrict__ cos, const float* __restrict__ sin, const T* __restrict__ q_norm,
+    const T* __restrict__ k_norm, const T* __restrict__ v_norm, const int* __restrict__ slots, int heads, int kv_heads,
+    int head_dim, int width, long long cache_slots, int norm_whole, float eps) {
     int half = head_dim / 2, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     size_t t = blockIdx.x;
-    const T* q = qkv + t * (heads + 2 * kv_heads) * head_dim;
-    const T* k = q + size_t(heads) * head_dim;
+    const T* q = qkv + t * width;
+    const T* k = q + width - size_t(2 * kv_heads) * head_dim;
     const T* v = k + size_t(kv_heads) * head_dim;
     const float* c = cos + t * half;
     const float* s = sin + t * half;
@@ -122,18 +125,19 @@ __global__ void rope_write_kv(T* __restrict__ q_out, C* __restrict__ cache_k, C*
         q_scale = whole_scale(q, heads * head_dim, eps);
         k_scale = whole_scale(k, kv_heads * head_dim, eps);
     }
+    auto head_scale = [&](const T* x) { return rsqrtf(head_squares(x, head_dim, lane) / float(head_dim) + eps); };
     auto weight = [&](const T* norm, int h) { return norm && norm_whole ? norm + size_t(h) * head_dim : norm; };
     for (int h = warp; h < heads; h += warps) {  // warp-uniform
         const T* x = q + size_t(h) * head_dim;
-        float scale = per_head ? rsqrtf(head_squares(x, head_dim, lane) / float(head_dim) + eps) : q_scale;
+        float scale = per_head ? head_scale(x) : q_scale;
         T* out = q_out + (t * heads + h) * head_dim;
         rotate_head(x, weight(q_norm, h), scale, c, s, half, lane, [&](int d, T value) { out[d] = value; });
     }
     long long slot = slots[t];
     if (slot < 0) return;  // padding: its q is computed, nothing is cached
     for (int h = warp; h < kv_heads; h += warps) {  // warp-uniform
-        const T* x = k + size_t(h) * head_dim;
-        float scale = per_head ? rsqrtf(head_squares(x, head_dim, lane) / float(head_dim) + eps) : k_scale;
+        const T *x = k + size_t(h) * head_dim, *y = v + size_t(h) * head_dim;
+        float scale = per_head ? head_scale(x) : k_scale, v_scale = v_norm ? head_scale(y) : 1.0f;
         if constexpr (KvCache<C>::scaled) {
             const T* w = weight(k_norm, h);
             size_t at = (size_t(h) * cache_slots + slot) * KvCache<C>::width(head_dim);
@@ -142,16 +146,13 @@ __global__ void rope_write_kv(T* __restrict__ q_out, C* __restrict__ cache_k, C*
                 float x1 = normed(x, w, i, scale), x2 = normed(x, w, i + half, scale);
                 return to_float(from_float<T>(d < half ? x1 * c[i] - x2 * s[i] : x2 * c[i] + x1 * s[i]));
             });
-            write_fp8_row(cache_v + at, head_dim, lane, [&](int d) { return to_float(v[size_t(h) * head_dim + d]); });
+            write_fp8_row(cache_v + at, head_dim, lane, [&](int d) { return normed(y, v_norm, d, v_scale); });
         } else {
             C* dst = cache_k + (size_t(h) * cache_slots + slot) * head_dim;
             rotate_head(x, weight(k_norm, h), scale, c, s, half, lane, [&](int d, T value) { dst[d] = value; });
-        }
-    }
-    if constexpr (!KvCache<C>::scaled) {
-        for (int j = threadIdx.x; j < kv_heads * head_dim; j += blockDim.x) {
-            int h = j / head_dim, d = j % head_dim;
-            cache_v[(size_t(h) * cache_slots + slot) * head_dim + d] = v[j];
+            dst = cache_v + (size_t(h) * cache_slots + slot) * head_dim;
+#pragma unroll 2
+            for (int d = lane; d < head_dim; d += 32) dst[d] = v_norm ? from_float<T>(normed(y, v_norm, d, v_scale)) : y[d];
         }
     }
 }

@@ -103,29 +103,16 @@ class Llama:
         post-attention norm); adapters: the step's LoRA (model/lora.StepAdapters) or None."""
         ops, c = self.ops, self.config
         eps, tokens, source = c.rms_norm_eps, h.shape[0], c.kv_source(i)
-        Q, KV, D, kv_heads = c.q_size_of(i), c.kv_size_of(i), c.head_dim_of(i), c.kv_heads_of(i)
+        Q, D = c.q_size_of(i), c.head_dim_of(i)
         qkv = self.project(h, layer.wqkv, layer.bqkv, adapters, i, "wqkv")
-        if source == i and not c.attention_gate and layer.v_norm is None:  # q/k norms too, in one kernel
-            q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads, layer.q_norm,
-                                   layer.k_norm, eps)
-        else:  # q/k norms beside a gate's rows, v's norm or another layer's K/V: op by op
-            k_at = Q * (2 if c.attention_gate else 1)  # a gate's rows between q and k
-            q = qkv[:, :Q]
-            if c.qk_norm_whole:  # or the whole projection
-                q = ops.rms_norm(q, layer.q_norm, eps)
-            q = q.reshape(tokens, c.num_heads, D)
-            if not c.qk_norm_whole:
+        if source == i:  # the norms, rotations and K/V write in one kernel
+            q = ops.rope_and_cache(qkv, cos, sin, cache.k[i], cache.v[i], slots, c.num_heads, q_norm=layer.q_norm,
+                                   k_norm=layer.k_norm, v_norm=layer.v_norm, eps=eps)
+        else:  # q alone: this layer reads an earlier layer's K/V (Gemma 4's last layers)
+            q = qkv[:, :Q].reshape(tokens, c.num_heads, D)
+            if layer.q_norm is not None:
                 q = ops.rms_norm(q, layer.q_norm, eps)
             q = ops.rope(q, cos, sin)
-            if source == i:
-                k = qkv[:, k_at:k_at + KV]
-                k = ops.rms_norm(k, layer.k_norm, eps) if c.qk_norm_whole else k
-                k = k.reshape(tokens, kv_heads, D)
-                k = k if c.qk_norm_whole else ops.rms_norm(k, layer.k_norm, eps)
-                v = qkv[:, k_at + KV:].reshape(tokens, kv_heads, D)
-                if layer.v_norm is not None:
-                    v = ops.rms_norm(v, layer.v_norm, eps)
-                ops.write_kv(cache.k[i], cache.v[i], slots, ops.rope(k, cos, sin), v)
         if temperature is not None:
             q = ops.scale_tokens(q, temperature)
         attn = ops.paged_attention(q, cache.k[source], cache.v[source], attn_meta, self.scale, window,

@@ -172,8 +172,9 @@ def test_rope_and_cache_from_fused_qkv_rows(launcher, dtype, heads, kv_heads, he
     want_q = NUMPY.rope_and_cache(as_float(qkv, dtype)[live], cos[live], sin[live], want_k, want_v, slots[live], heads)
     q = poisoned((tokens, heads, head_dim), dtype)
     kernel(launcher, "kv_write.cu", "rope_write_kv", dtype)((tokens,), (64,), (
-        q, caches[0], caches[1], qkv, cos, sin, np.uint64(0), np.uint64(0), slots, np.int32(heads),  # no q/k norms
-        np.int32(kv_heads), np.int32(head_dim), np.int64(blocks * block_size), np.int32(0), np.float32(0)))
+        q, caches[0], caches[1], qkv, cos, sin, *(np.uint64(0),) * 3, slots, np.int32(heads),  # no norms
+        np.int32(kv_heads), np.int32(head_dim), np.int32(qkv.shape[1]), np.int64(blocks * block_size), np.int32(0),
+        np.float32(0)))
     assert_close(q[live], want_q, dtype)
     want_pad = NUMPY.rope(as_float(qkv, dtype)[2:3, :heads * head_dim].reshape(1, heads, head_dim), cos[2:3], sin[2:3])
     assert_close(q[2:3], want_pad, dtype)
@@ -183,47 +184,50 @@ def test_rope_and_cache_from_fused_qkv_rows(launcher, dtype, heads, kv_heads, he
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim,norm", [
-    (8, 2, 64, "head"), (6, 3, 128, "whole"), (4, 1, 256, "head"),
+    (8, 2, 64, "head+gate"), (6, 3, 128, "whole"), (4, 1, 256, "head+v"),
     (2, 2, 90, "head"), (3, 1, 90, "whole")])  # 90: rows summed an element at a time, not in fours
 def test_rope_and_cache_with_qk_norms_is_rms_norm_then_rotary(launcher, dtype, heads, kv_heads, head_dim, norm):
-    """rope_write_kv with q/k norms (Qwen3's per head, OLMoE's over the whole projection): the
-    same bits as rms_norm, rotary and write_kv launched one by one, and NumpyOps' norms then
-    rotation to the storage type's rounding; a quarter of each head not rotated (cos 1, sin 0:
-    a partial rotation's table), a padding row's q computed and nothing of it cached."""
+    """rope_write_kv with q/k norms (Qwen3's per head, OLMoE's over the whole projection; a
+    gate's rows between q and k as Qwen3.5's, v normalised as Gemma 4's): the same bits as
+    rms_norm, rotary and write_kv launched one by one, and NumpyOps' norms then rotation to the
+    storage type's rounding; a quarter of each head not rotated (cos 1, sin 0: a partial
+    rotation's table), a padding row's q computed and nothing of it cached."""
     rng = np.random.default_rng(head_dim + heads)
     tokens, blocks, block_size = 4, 2, 8
-    qkv = storage(rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim)) * 2, dtype)
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    gate = q_size if "gate" in norm else 0
+    qkv = storage(rng.standard_normal((tokens, q_size + gate + 2 * kv_size)) * 2, dtype)
     angles = rng.uniform(0, 6.3, (tokens, head_dim // 2))
     angles[:, 3 * head_dim // 8:] = 0
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    widths = (head_dim, head_dim) if norm == "head" else (heads * head_dim, kv_heads * head_dim)
-    q_norm, k_norm = (storage(rng.uniform(0.5, 1.5, n), dtype) for n in widths)
+    widths = (q_size, kv_size) if norm == "whole" else (head_dim, head_dim) + (head_dim,) * ("v" in norm)
+    norms = dict(zip(("q_norm", "k_norm", "v_norm"), (storage(rng.uniform(0.5, 1.5, n), dtype) for n in widths)))
     slots = np.array([9, 3, -1, 14], dtype=np.int32)
     ops = CudaOps(Poisoned(), launcher, dtype)
     fused, unfused = ([poisoned((kv_heads, blocks, block_size, head_dim), dtype) for _ in range(2)] for _ in range(2))
-    q = ops.rope_and_cache(qkv, cos, sin, *fused, slots, heads, q_norm, k_norm, 1e-6)
+    q = ops.rope_and_cache(qkv, cos, sin, *fused, slots, heads, **norms, eps=1e-6)
 
-    q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    shape = lambda x, n: x.reshape(tokens, n, head_dim)  # noqa: E731
-    flat = lambda x, w: x.reshape(-1, w.shape[0])  # noqa: E731
-    want_q = ops.rope(shape(ops.rms_norm(flat(qkv[:, :q_size], q_norm), q_norm, 1e-6), heads), cos, sin)
-    k = ops.rope(shape(ops.rms_norm(flat(qkv[:, q_size:q_size + kv_size], k_norm), k_norm, 1e-6), kv_heads), cos, sin)
-    ops.write_kv(*unfused, slots, k, shape(qkv[:, q_size + kv_size:], kv_heads))
+    def op_by_op(x, heads, weight):
+        x = x if weight is None else ops.rms_norm(x.reshape(-1, weight.shape[0]), weight, 1e-6)
+        return x.reshape(tokens, heads, head_dim)
+    want_q = ops.rope(op_by_op(qkv[:, :q_size], heads, norms["q_norm"]), cos, sin)
+    k = ops.rope(op_by_op(qkv[:, -2 * kv_size:-kv_size], kv_heads, norms["k_norm"]), cos, sin)
+    ops.write_kv(*unfused, slots, k, op_by_op(qkv[:, -kv_size:], kv_heads, norms.get("v_norm")))
     assert not np.isnan(as_float(q, dtype)).any()
     assert np.array_equal(q, want_q) and all(np.array_equal(a, b, equal_nan=True) for a, b in zip(fused, unfused))
 
     live = slots >= 0
     want_k, want_v = (np.full((kv_heads, blocks, block_size, head_dim), np.nan, np.float32) for _ in range(2))
     reference = NUMPY.rope_and_cache(as_float(qkv, dtype)[live], cos[live], sin[live], want_k, want_v, slots[live],
-                                     heads, as_float(q_norm, dtype), as_float(k_norm, dtype), 1e-6)
+                                     heads, **{name: as_float(w, dtype) for name, w in norms.items()}, eps=1e-6)
     # the normalised q and k are rounded before the rotation, as rms_norm's output is: an error
     # of the normalised values' size (about 1), not of each rotated value's
     assert_close(q[live], reference, dtype, floor=1.0)
     kept = ~np.isnan(want_k)
     assert kept.sum() == live.sum() * kv_size
-    assert_close(fused[0][kept], want_k[kept], dtype, floor=1.0)
-    assert np.isnan(as_float(fused[0], dtype)[~kept]).all()
-
+    for got, want in zip(fused, (want_k, want_v)):
+        assert_close(got[kept], want[kept], dtype, floor=1.0)
+        assert np.isnan(as_float(got, dtype)[~kept]).all()
 
 def decode_attention(launcher, q, cache_k, cache_v, tables, context_lens, dtype, min_split, splits=None, window=0,
                      softcap=0.0, sinks=None, looping=None, partials=None):

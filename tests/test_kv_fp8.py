@@ -210,20 +210,20 @@ def test_the_write_matches_the_quantizer_bit_for_bit_through_the_slots(launcher)
                                                      (4, 1, 256, "head"), (6, 3, 128, "whole")])
 def test_rope_and_cache_quantizes_what_the_float_cache_holds(launcher, dtype, heads, kv_heads, dim, norm):
     """The fused rotation's fp8 write is the float one's cache quantized, its q the same bits;
-    with q/k norms too (Qwen3's per head, OLMoE's over the whole projection)."""
+    with norms too (q, k and v per head as Gemma 4's, q and k over the whole projection as OLMoE's)."""
     rng = np.random.default_rng(dim)
     tokens = 7
     qkv = storage(rng.standard_normal((tokens, (heads + 2 * kv_heads) * dim)) * 3, dtype)
     angles = rng.uniform(0, 6, (tokens, dim // 2))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     slots = np.array([3, 1, -1, 0, 6, 5, 2])
-    widths = {None: (), "head": (dim, dim), "whole": (heads * dim, kv_heads * dim)}[norm]
-    norms = [storage(rng.uniform(0.5, 1.5, n), dtype) for n in widths] + [1e-6] * bool(norm)
+    widths = {None: (), "head": (dim, dim, dim), "whole": (heads * dim, kv_heads * dim)}[norm]
+    norms = dict(zip(("q_norm", "k_norm", "v_norm"), (storage(rng.uniform(0.5, 1.5, n), dtype) for n in widths)))
     plain = CudaOps(Poisoned(), launcher, dtype)
     float_caches = [np.zeros((kv_heads, 1, 8, dim), plain.storage_dtype) for _ in range(2)]
     fp8 = [np.full((kv_heads, 1, 8, dim + 4), 0x5a, np.uint8) for _ in range(2)]
-    q_plain = plain.rope_and_cache(qkv, cos, sin, *float_caches, slots, heads, *norms)
-    q_fp8 = fp8_ops(dtype, launcher).rope_and_cache(qkv, cos, sin, *fp8, slots, heads, *norms)
+    q_plain = plain.rope_and_cache(qkv, cos, sin, *float_caches, slots, heads, **norms, eps=1e-6)
+    q_fp8 = fp8_ops(dtype, launcher).rope_and_cache(qkv, cos, sin, *fp8, slots, heads, **norms, eps=1e-6)
     assert np.array_equal(q_plain, q_fp8)
     written = [3, 1, 0, 6, 5, 2]
     for f, c in zip(float_caches, fp8):

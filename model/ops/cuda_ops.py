@@ -25,7 +25,7 @@ from model.ops.cuda_sampler import DeviceSampler
 from model.ops.dtypes import ARRAY_DTYPES, to_storage
 from model.ops.decode_attention import launch_decode_attention
 from model.ops.kernels import TENSOR_CORE_TYPES, name_expression
-from model.ops.protocol import Download, Launcher, SampleBatch, SampleResult, Scored
+from model.ops.protocol import SCALE_BYTES, Download, Launcher, SampleBatch, SampleResult, Scored
 from model.quant.quantized import float32
 
 THREADS = 128
@@ -282,19 +282,19 @@ class CudaOps:
                                     np.int32(head_dim), np.int64(cache_slots)))
 
     def rope_and_cache(self, qkv, cos, sin, cache_k, cache_v, slots, heads: int, q_norm=None, k_norm=None,
-                       eps: float = 0.0):
+                       v_norm=None, eps: float = 0.0):
         """NumpyOps.rope_and_cache in one kernel of THREADS threads (its norms are rms_norm's bits
         at that width): two rotations, three copies and the K/V write were six launches a layer,
         eleven with q/k norms."""
-        kv_heads, blocks, block_size, _ = cache_k.shape  # an fp8 cache's rows hold their scales too
-        tokens, head_dim = qkv.shape[0], qkv.shape[1] // (heads + 2 * kv_heads)
+        kv_heads, blocks, block_size, width = cache_k.shape
+        tokens, head_dim = qkv.shape[0], width - (SCALE_BYTES if self.kv_fp8 else 0)  # fp8 rows end in a scale
         q = self.xp.empty((tokens, heads, head_dim), dtype=self.storage_dtype)
         self.kernel("kv_write.cu", "rope_write_kv")((tokens,), (THREADS,), (
             q, cache_k, cache_v, self.contiguous(qkv), self.xp.ascontiguousarray(cos, dtype=np.float32),
-            self.xp.ascontiguousarray(sin, dtype=np.float32), optional(q_norm), optional(k_norm),
+            self.xp.ascontiguousarray(sin, dtype=np.float32), optional(q_norm), optional(k_norm), optional(v_norm),
             self.xp.ascontiguousarray(slots, dtype=np.int32), np.int32(heads), np.int32(kv_heads), np.int32(head_dim),
-            np.int64(blocks * block_size), np.int32(q_norm is not None and q_norm.shape[0] != head_dim),
-            np.float32(eps)))
+            np.int32(qkv.shape[1]), np.int64(blocks * block_size),
+            np.int32(q_norm is not None and q_norm.shape[0] != head_dim), np.float32(eps)))
         return q
 
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int) -> AttentionMeta:

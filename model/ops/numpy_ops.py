@@ -214,21 +214,23 @@ class NumpyOps:
         cache_v.reshape(heads, -1, dim)[:, slots] = v.transpose(1, 0, 2)
 
     def rope_and_cache(self, qkv, cos, sin, cache_k, cache_v, slots, heads: int, q_norm=None, k_norm=None,
-                       eps: float = 0.0):
-        """From fused QKV rows (tokens, (heads + 2 kv_heads) head_dim): q and k rotated, k and v
-        stored at slots (write_kv), the rotated q returned as (tokens, heads, head_dim). What the
-        forward pass does between the QKV projection and attention, as one op so that a device
-        can do it in one kernel (model/ops/cuda_ops.py). With q/k norms, q and k are
-        RMS-normalised before the rotation over each stretch as long as their weights: a head,
-        or the whole projection (OLMoE's)."""
+                       v_norm=None, eps: float = 0.0):
+        """From fused QKV rows (tokens, width): q (heads x head_dim) first, k and v (kv_heads x
+        head_dim each) last, a gate's rows between left alone. q and k rotated, k and v stored at
+        slots (write_kv), the rotated q returned as (tokens, heads, head_dim). What the forward
+        pass does between the QKV projection and attention, as one op so that a device can do
+        it in one kernel (model/ops/cuda_ops.py). With q/k norms, q and k are RMS-normalised
+        before the rotation over each stretch as long as their weights: a head, or the whole
+        projection (OLMoE's); v over each head with v_norm (Gemma 4's)."""
         kv_heads, head_dim = cache_k.shape[0], cache_k.shape[-1] - (SCALE_BYTES if self.kv_q8_0 else 0)
         tokens, q_size, kv_size = qkv.shape[0], heads * head_dim, kv_heads * head_dim
-        q, k = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size]
+        q, k, v = qkv[:, :q_size], qkv[:, -2 * kv_size:-kv_size], qkv[:, -kv_size:]
         if q_norm is not None:
             q = self.rms_norm(q.reshape(-1, q_norm.shape[0]), q_norm, eps)
             k = self.rms_norm(k.reshape(-1, k_norm.shape[0]), k_norm, eps)
-        q, k = q.reshape(tokens, heads, head_dim), k.reshape(tokens, kv_heads, head_dim)
-        v = qkv[:, q_size + kv_size:].reshape(tokens, kv_heads, head_dim)
+        if v_norm is not None:
+            v = self.rms_norm(v.reshape(-1, head_dim), v_norm, eps)
+        q, k, v = (x.reshape(tokens, -1, head_dim) for x in (q, k, v))
         self.write_kv(cache_k, cache_v, slots, self.rope(k, cos, sin), v)
         return self.rope(q, cos, sin)
 

@@ -150,8 +150,9 @@ class Ops(Protocol):
     # MLP; router_x: what the router reads where it is not x (Gemma 4's)
     def write_kv(self, cache_k, cache_v, slots, k, v) -> None: ...
     def rope_and_cache(self, qkv, cos, sin, cache_k, cache_v, slots, heads: int, q_norm=None, k_norm=None,
-                       eps: float = 0.0) -> Any: ...  # rotated q; q and k RMS-normalised first where
-    # q_norm and k_norm are given, over each head (weights of head_dim) or the whole projection (OLMoE's)
+                       v_norm=None, eps: float = 0.0) -> Any: ...  # rotated q; q and k RMS-normalised first
+    # where q_norm and k_norm are given, over each head (weights of head_dim) or the whole projection
+    # (OLMoE's), v over each head where v_norm is; qkv's rows q, (a gate,) k, v
     def attention_meta(self, query_lens, context_lens, block_tables, block_size: int): ...  # once per step
     def paged_attention(self, q, cache_k, cache_v, meta, scale: float, window: int = 0,
                         softcap: float = 0.0, sinks=None): ...  # window: the last positions seen (0: all);
