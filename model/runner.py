@@ -239,7 +239,7 @@ class ModelRunner:
         embedded = self.embeddings(embeds, hidden[:len(embeds)]) if embeds else []
         followed = (plan.rows, hidden[len(embeds):]) if self.draft is not None and self.draft.wants_hidden else None
         scored = self.score_prompts(plan.rows, logits[len(sampling):])
-        scores = [s.fetch.device for _, s in scored.values() if s.fetch is not None]  # prompt logprobs on the device
+        scores = [s.packed.device for _, s in scored.values() if s.packed is not None]  # prompt logprobs on the device
         if not sampling:
             return Launched([], Fetch(self.ops, scores), None, embedded, scored, followed=followed)
         histories = [h for r in rows for h in (r.histories() if r.num_draft else [self.history(r)])]
@@ -249,7 +249,7 @@ class ModelRunner:
             [r.params for r in sampling], [r.prompt_ids for r in sampling], histories,
             self.rng, keys=[r.request_id for r in sampling], masks=masks))
         self.last_sampled = (sampled.token_ids, {r.request_id: i for i, r in enumerate(sampling)})
-        ids = sampled.token_ids if sampled.fetch is None else sampled.fetch.device  # the ids, and logprobs
+        ids = sampled.token_ids if sampled.packed is None else sampled.packed.device  # the ids, and logprobs
         return Launched(sampling, Fetch(self.ops, [ids, *scores]), sampled, embedded, scored, failed, self.rewinds,
                         followed)
 
@@ -303,10 +303,10 @@ class ModelRunner:
         NO_TOKEN, which fails that row's request alone (app/engine/outputs.py)."""
         out, fetched = launched.embedded, launched.fetch.parts()
         ids = fetched.pop(0) if launched.rows else []
-        if launched.rows and launched.sampled.fetch is not None:
-            ids = launched.sampled.fetch.arrived(ids)
-        for (_, s), host in zip([v for v in launched.scored.values() if v[1].fetch is not None], fetched):
-            s.fetch.arrived(host)
+        if launched.rows and launched.sampled.packed is not None:
+            ids = launched.sampled.packed.arrived(ids)
+        for (_, s), host in zip([v for v in launched.scored.values() if v[1].packed is not None], fetched):
+            s.packed.arrived(host)
         scored = {rid: [(int(t), lp, rank, top) for t, lp, rank, top in zip(targets, s.logprobs, s.ranks,
                                                                                s.top_logprobs)]
                   for rid, (targets, s) in launched.scored.items()}

@@ -133,7 +133,7 @@ class DeviceSampler:
         if packed is None:
             return SampleResult(ids, [None] * rows, [None] * rows, mus)
         packed.compute(logits)  # of the raw logits
-        return SampleResult(ids, packed.logprobs, packed.top_logprobs, mus, fetch=packed)
+        return SampleResult(ids, packed.logprobs, packed.top_logprobs, mus, packed=packed)
 
     def score(self, logits, token_ids, top: int) -> Scored:
         """NumpyOps.score's contract on device logits: the logprobs kernel, and each rank
@@ -145,7 +145,7 @@ class DeviceSampler:
         packed.compute(logits, ids)
         chosen = logits[self.xp.arange(rows), ids]
         packed.ids[...] = 1 + (logits > chosen[:, None]).sum(axis=1)
-        return Scored(packed.logprobs, packed.ranks, packed.top_logprobs, fetch=packed)
+        return Scored(packed.logprobs, packed.ranks, packed.top_logprobs, packed=packed)
 
     def _table(self, table, dtype):
         """The counts (or seen) table, or a one-element stand-in when no slot exists yet."""

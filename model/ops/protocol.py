@@ -78,9 +78,9 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]] | None]  # (token id, logprob), most likely first
     mirostat_mu: list[float | None] | None = None  # a mirostat row's mu after its draw, for the engine to keep
     # CUDA, where a row asks for logprobs: the PackedLogprobs (model/ops/packed_logprobs.py) whose one device
-    # array holds the ids, then the logprobs: download fetch.device instead of token_ids, and hand the copy to
-    # fetch.arrived(), which gives the ids; logprobs and top_logprobs are read from it
-    fetch: Any = None
+    # array holds the ids, then the logprobs: download packed.device instead of token_ids, and hand the copy to
+    # packed.arrived(), which gives the ids; logprobs and top_logprobs are read from it
+    packed: Any = None
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Scored:
     logprobs: list[float]
     ranks: list[int]  # 1 + how many tokens the row finds more likely
     top_logprobs: list[list[tuple[int, float]]]  # (token id, logprob), most likely first
-    fetch: Any = None  # CUDA: the PackedLogprobs they are read from, as SampleResult's
+    packed: Any = None  # CUDA: the PackedLogprobs they are read from, as SampleResult's
 
 
 class Launcher(Protocol):
