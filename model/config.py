@@ -14,10 +14,11 @@ from pathlib import Path
 from model.errors import ModelError
 from model.families import FAMILIES, Family
 from model.families.family import DeltaNet
+from model.quant.awq_gptq import checkpoint_format
 from model.rope import KINDS, scaling_kind
 
 # config.json's quantization_config.quant_method -> the name people know the format by; any
-# quantization_config is refused (Spool reads float weights and quantizes them itself)
+# quantization_config but 4-bit AWQ and GPTQ (model/quant/awq_gptq.py) is refused
 QUANT_METHODS = {"awq": "AWQ", "gptq": "GPTQ", "fp8": "FP8", "fbgemm_fp8": "FP8", "aqlm": "AQLM",
                  "hqq": "HQQ", "eetq": "EETQ", "mxfp4": "MXFP4"}
 
@@ -168,7 +169,7 @@ class ModelConfig:
             raise ModelError(f"{path} is not a JSON object; re-download or re-convert the model")
         config = cls.from_dict(raw)
         quantization = raw.get("quantization_config")
-        if quantization is not None:
+        if quantization is not None and checkpoint_format(quantization, model_dir) is None:
             method = quantization.get("quant_method") if isinstance(quantization, dict) else None
             raise ModelError(
                 f"{model_dir} holds {QUANT_METHODS.get(method, method or 'quantized')} weights"

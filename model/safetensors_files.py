@@ -20,7 +20,7 @@ import numpy as np
 from model.errors import ModelError
 from model.quant.quantized import FloatRows
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "I32": np.int32}
 # safetensors dtypes that hold quantized weights (FP8, or integers packing GPTQ, AWQ,
 # bitsandbytes or compressed-tensors codes): refused by name, not as corruption
 _QUANTIZED_DTYPES = {"F8_E4M3": "FP8", "F8_E5M2": "FP8", "I8": "8-bit integer",
@@ -42,8 +42,9 @@ class _Entry:
     end: int
 
 
-def _read_header(path: Path) -> dict[str, _Entry]:
-    """Every tensor's place in one file, checked against the file's size."""
+def _read_header(path: Path, packed_ints: bool = False) -> dict[str, _Entry]:
+    """Every tensor's place in one file, checked against the file's size; int32 tensors only where
+    packed_ints (an AWQ or GPTQ checkpoint's: model/quant/awq_gptq.py)."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -67,7 +68,7 @@ def _read_header(path: Path) -> dict[str, _Entry]:
             continue
         try:
             dtype = info["dtype"]
-            if dtype in _QUANTIZED_DTYPES:
+            if dtype in _QUANTIZED_DTYPES and not (packed_ints and dtype == "I32"):
                 raise ModelError(
                     f"{path} holds {_QUANTIZED_DTYPES[dtype]} weights (tensor {name!r} is {dtype}),"
                     " which Spool cannot load; use the original F16/BF16 checkpoint or a GGUF file"
@@ -105,7 +106,7 @@ class ModelTensors:
     """The tensors of a model directory's safetensors files (one or sharded), memory-mapped;
     read_into converts one tensor at a time. Use as a context manager: the maps close on exit."""
 
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, packed_ints: bool = False):
         files = sorted(Path(model_dir).glob("*.safetensors"))
         if not files:
             raise ModelError(
@@ -114,7 +115,7 @@ class ModelTensors:
             )
         self.entries: dict[str, _Entry] = {}
         for path in files:
-            self.entries.update(_read_header(path))
+            self.entries.update(_read_header(path, packed_ints))
         self.entries = _causal_lm_names(self.entries)
         self.maps: dict[Path, mmap.mmap] = {}
 

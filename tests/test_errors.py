@@ -73,7 +73,7 @@ def test_garbage_safetensors(model_copy):
 ])
 def test_quantized_checkpoint_is_refused_by_name(model_copy, method, shown):
     cfg = json.loads((model_copy / "config.json").read_text())
-    cfg["quantization_config"] = {"bits": 4} | ({} if method is None else {"quant_method": method})
+    cfg["quantization_config"] = {"bits": 8} | ({} if method is None else {"quant_method": method})
     (model_copy / "config.json").write_text(json.dumps(cfg))
     message = load_error(model_copy)
     assert f"holds {shown} weights" in message and "cannot load" in message and "GGUF" in message
@@ -159,10 +159,10 @@ def test_cli_refuses_a_backend_or_dtype_it_cannot_run(tiny_dir):
 
 def test_cli_refuses_a_quantized_checkpoint_in_one_line(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 8}  # 4-bit AWQ loads (model/quant/awq_gptq.py)
     (model_copy / "config.json").write_text(json.dumps(cfg))
     line = cli_error("serve", "--model", str(model_copy), "--port", free_port())
-    assert "holds AWQ weights" in line and "cannot load" in line
+    assert "holds AWQ weights of 8 bits" in line and "cannot load" in line
 
 
 # serve's CLI in a fresh process, numba's cache empty; prints whether the CPU kernels were imported

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from model.quant import kblocks, pack
+from model.quant import awq_gptq, kblocks, pack
 from model.quant.quantized import FloatRows, QuantizedTensor, dequantize
 from model.quant.strips import BLOCK, STRIP, IQ4_NLStrips, MXFP4Strips, Q4_1Strips, Q8_0Strips, Strips
 
@@ -49,6 +49,16 @@ _Q4_0_BYTES = 2 + BLOCK // 2  # float16 scale, 32 nibbles: value k low in byte k
 _Q4_1_BYTES = 4 + BLOCK // 2  # float16 scale and minimum, the same nibbles
 _MXFP4_BYTES = 1 + BLOCK // 2  # E8M0 exponent, 32 E2M1 codes as Q4_0's nibbles
 _IQ4_NL_BYTES = 2 + BLOCK // 2  # float16 scale, 32 codes as Q4_0's nibbles
+
+
+def pack_int4(kind: str) -> Callable[[np.ndarray, int], Q8_0Strips]:
+    """An AWQ or GPTQ checkpoint's int4 blocks as Q8_0 strips of the same values, exactly
+    (awq_gptq.to_q8_0: the group's scale, codes code - zero)."""
+    def packer(blocks: np.ndarray, columns: int) -> Q8_0Strips:
+        q8_0 = awq_gptq.to_q8_0(QuantizedTensor(kind, blocks, (blocks.shape[0], columns)))
+        return pack_q8_0(q8_0.blocks, columns)
+
+    return packer
 
 
 def _blocks(blocks: np.ndarray, columns: int, block_bytes: int) -> np.ndarray:
@@ -173,4 +183,5 @@ PACKERS: dict[str, Callable[[np.ndarray, int], Strips | None]] = {
     "q3_k": kblocks.pack_q3_k,
     "iq4_nl": pack_iq4_nl,
     "iq4_xs": kblocks.pack_iq4_xs,
+    **{kind: pack_int4(kind) for kind in awq_gptq.KINDS},
 }

@@ -111,6 +111,10 @@ def dequantize(t: QuantizedTensor) -> np.ndarray:
     temporaries for a whole 128k-token embedding would be gigabytes."""
     import gguf
 
+    from model.quant import int4
+
+    if t.kind in int4.KINDS:
+        return int4.dequantize(t)
     kind = gguf.GGMLQuantizationType[t.kind.upper()]
     out = np.empty(t.shape, dtype=np.float32)
     step = slab_rows(t.shape[1])
