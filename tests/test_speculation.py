@@ -281,8 +281,8 @@ def test_the_cuda_kernels_write_the_same_tokens(model_dir, tokenizer, monkeypatc
 
     monkeypatch.setattr(test_speculation, "runner", lambda path, num_blocks=1024: ModelRunner.from_dir(
         path, num_blocks=num_blocks, block_size=BLOCK, ops=cuda_ops(backend), seed=0))
-    prompts = copy_heavy_prompts(np.random.default_rng(6), 8)
-    seeded = [SamplingParams(temperature=0.9, seed=i) for i in range(8)]
+    prompts = copy_heavy_prompts(np.random.default_rng(6), 4)
+    seeded = [SamplingParams(temperature=0.9, seed=i) for i in range(4)]
     for sampling, spec in (
             (SamplingParams(temperature=0.0), SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1)),
             (seeded, SpeculativeConfig(method="draft_model", model=str(model_dir), num_speculative_tokens=3))):
@@ -292,7 +292,7 @@ def test_the_cuda_kernels_write_the_same_tokens(model_dir, tokenizer, monkeypatc
         tokens, _, h = test_speculation.run(model_dir, tokenizer, prompts, sampling, spec, max_tokens=12,
                                             ignore_eos=True)
         assert tokens == plain and not h.engine.overlaps
-        assert h.planner.speculation.stats.accepted_tokens > 10
+        assert h.planner.speculation.stats.accepted_tokens > 5  # 10 of 32 by lookup (greedy), measured
 
 
 def test_a_grammar_masks_every_verified_position(model_dir, tokenizer):
