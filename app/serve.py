@@ -30,7 +30,7 @@ from app.server.generation_config import sampling_defaults
 from app.server.state import ServerState
 from app.server.http.listener import serve_http
 from model.default import DEFAULT_MODEL_NAME, resolve_model
-from model.backend import check_kv_cache, resolve
+from model.backend import check_kv_cache, cuda_available, resolve
 from model.errors import ModelError, one_line
 from model.hub import is_hub_id
 from model.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
@@ -68,7 +68,9 @@ def validate_flags(args) -> None:
     sampling_defaults("vllm" if args.generation_config == "auto" else args.generation_config, Path("."),
                       args.override_generation_config)  # the model's own file is read once it is fetched
     speculative_config(args)
-    check_kv_cache(args.backend, args.dtype, kv_cache_type(args))
+    kv = kv_cache_type(args)
+    auto = args.backend == "auto" and kv != "f16"  # a cache type one backend keeps: which one auto picks
+    check_kv_cache(("cuda" if cuda_available() else "cpu") if auto else args.backend, args.dtype, kv)
     limits.Limits.from_args(args).validate()
     OriginPolicy.from_args(args)
 

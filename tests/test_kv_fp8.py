@@ -359,12 +359,14 @@ def test_tokens_per_gib_against_bfloat16():
 
 
 def refusal(*argv: str) -> str:
-    """What `spool serve ARGV` refuses with, checked in-process as serve checks before it loads."""
+    """What `spool serve ARGV` refuses with, in-process: the flags' check serve runs before it
+    listens."""
     from app import cli
+    from app.serve import validate_flags
 
     _, args, _ = cli.parse(["serve", *argv])
     try:
-        check_kv_cache(args.backend, args.dtype, kv_cache_type(args))
+        validate_flags(args)
     except ValueError as e:
         return str(e)
     return "accepted"
@@ -379,6 +381,16 @@ def refusal(*argv: str) -> str:
 ])
 def test_what_cannot_work_is_refused(argv, says):
     assert refusal(*argv).startswith(says)
+
+
+def test_auto_is_resolved_before_the_server_listens():
+    """--backend auto with a cache type only one backend keeps: refused before "listening" where
+    auto would pick the other."""
+    from model.backend import cuda_available
+
+    fp8, q8_0 = refusal("--kv-cache-dtype", "fp8"), refusal("-ctk", "q8_0", "-ctv", "q8_0")
+    assert (fp8 == "accepted") == cuda_available() and (q8_0 == "accepted") != cuda_available()
+    assert fp8 == "accepted" or fp8.startswith("an fp8 K/V cache (--kv-cache-dtype fp8) is --backend cuda's, not cpu's")
 
 
 def test_the_command_line_refuses_in_one_line():
