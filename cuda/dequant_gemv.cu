@@ -1,6 +1,8 @@
 // GGUF's quantized weights kept packed on the device, each row its file's blocks as they are
 // (model/ops/cuda_quant.py): Q8_0, Q4_0 and Q4_1 (blocks of 32 values), Q4_K, Q5_K and Q6_K
-// (super-blocks of 256). Each block's scales are decoded here, value = scale * code + offset.
+// (super-blocks of 256); and AWQ and GPTQ checkpoints' int4 weights, repacked at load into
+// blocks of 32 or 128 (INT4_32, INT4_128). Each block's scales are decoded here, value = scale *
+// code + offset.
 //
 // dequant_gemv: out[r, first + n] = sum_k x[r, k] * w[n, k] (+ bias[n]) for a few activation
 // rows (decode steps), in fp32, rounded once to OUT (the storage type, or fp32 for logits). A
@@ -65,34 +67,40 @@ struct Q8_0 {
     }
 };
 
-// Q4_0 and Q4_1: byte i holds value i in its low nibble and value 16 + i in its high one; lane
-// L takes bytes 4j .. 4j + 3 of its block (j = L % 4): values 4j .. 4j + 3 and 16 + 4j ...
-template <int BYTES_, bool MIN> struct Nibbles32 {
-    static constexpr int VALUES = 32, BYTES = BYTES_, G = 2, W = 4;
-    static constexpr bool OFFSET = MIN;
+// Blocks of nibbles: byte i holds value i in its low nibble and value VALUES / 2 + i in its high
+// one. Q4_0 (d, codes q - 8), Q4_1 (d, m: d q + m) and the int4 blocks of AWQ and GPTQ checkpoints
+// (model/quant/awq_gptq.py: d, the zero z as a float16 integer, d (q - z), exact in fp32) of 32 or
+// 128 values. Lane L takes bytes 4j .. 4j + 3 of block L / (VALUES / 8) of the step (j = L %
+// (VALUES / 8)): values 4j .. 4j + 3 and VALUES / 2 + 4j ...
+enum Zero { EIGHT, MINIMUM, STORED };
+template <int VALUES_, int BYTES_, Zero ZERO> struct Nibbles {
+    static constexpr int VALUES = VALUES_, BYTES = BYTES_, G = 2, W = 4, LANES = VALUES / 8;
+    static constexpr bool OFFSET = ZERO == MINIMUM;
     __device__ static bool share(const unsigned char* row, int blocks, int step, int lane, Share<G, W>& s) {
-        int b = step * 8 + lane / 4, j = lane % 4;
+        int b = step * (STEP / VALUES) + lane / LANES, j = lane % LANES;
         if (b >= blocks) return false;
         const unsigned char* p = row + size_t(b) * BYTES;
-        float d = load_f16(p), offset = MIN ? load_f16(p + 2) : -8.0f * d;  // Q4_0's codes are q - 8
-        const unsigned char* qs = p + (MIN ? 4 : 2) + 4 * j;
+        float d = load_f16(p), second = ZERO == EIGHT ? 8.0f : load_f16(p + 2);
+        const unsigned char* qs = p + (ZERO == EIGHT ? 2 : 4) + 4 * j;
         unsigned word = load_u16(qs) | load_u16(qs + 2) << 16;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            s.start[h] = (lane / 4) * 32 + 16 * h + 4 * j;
+            s.start[h] = (lane / LANES) * VALUES + (VALUES / 2) * h + 4 * j;
             s.scale[h] = d;
-            s.offset[h] = MIN ? offset : 0.0f;
+            s.offset[h] = OFFSET ? second : 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                int code = (word >> (8 * i + 4 * h)) & 15;
-                s.q[h][i] = float(MIN ? code : code - 8);
+                float code = float((word >> (8 * i + 4 * h)) & 15);
+                s.q[h][i] = OFFSET ? code : code - second;  // exact: small integers
             }
         }
         return true;
     }
 };
-using Q4_0 = Nibbles32<18, false>;
-using Q4_1 = Nibbles32<20, true>;
+using Q4_0 = Nibbles<32, 18, EIGHT>;
+using Q4_1 = Nibbles<32, 20, MINIMUM>;
+using INT4_32 = Nibbles<32, 20, STORED>;
+using INT4_128 = Nibbles<128, 68, STORED>;
 
 // Q4_K and Q5_K: d, dmin, 12 bytes of 6-bit sub-block scales and minimums, (Q5_K: 32 bytes of
 // fifth bits,) 128 bytes of nibbles: chunk c's 32 bytes hold sub-block 2c low and 2c + 1 high.

@@ -20,7 +20,7 @@ from model.ops import cuda_quant
 from model.ops.cuda_ops import CudaOps
 from model.ops.kernels import PACKED_TYPES
 from model.ops.numpy_ops import NumpyOps
-from model.quant import kquants
+from model.quant import int4, kquants
 from model.quant.quantized import Fused, QuantizedTensor, dequantize
 from test_kernels import ULP, launcher  # noqa: F401 (launcher: the fixture, CPU harness and GPU)
 
@@ -30,22 +30,30 @@ import make_model  # noqa: E402
 DTYPES = ("float32", "bfloat16", "float16")
 TOLERANCE = {"float32": 1e-6, "bfloat16": 8e-3, "float16": 1e-3}
 # each type's float16 fields (byte offset in its block): scales, and minimums where it has them
-HALVES = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+HALVES = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
+          "int4_32": (0,), "int4_128": (0,)}
 
 
 def random_blocks(kind: str, rows: int, columns: int, seed: int = 0) -> QuantizedTensor:
+    """Random bytes, sane float16 scales; an int4 block's zero an integer 0..16, as the loader's."""
     rng = np.random.default_rng(seed)
-    values, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind.upper()]]
+    if kind in int4.KINDS:
+        values, size = int4.KINDS[kind], int4.block_bytes(kind)
+    else:
+        values, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind.upper()]]
     blocks = rng.integers(0, 256, (rows, columns // values, size), dtype=np.uint8)
     for at in HALVES[kind]:
         halves = rng.uniform(-0.02, 0.02, (rows, columns // values, 1)).astype(np.float16)
         blocks[:, :, at:at + 2] = halves.view(np.uint8)
+    if kind in int4.KINDS:
+        zeros = rng.integers(0, 17, (rows, columns // values, 1)).astype(np.float16)
+        blocks[:, :, 2:4] = zeros.view(np.uint8)
     return QuantizedTensor(kind, blocks.reshape(rows, -1), (rows, columns))
 
 
 def odd_width(kind: str) -> int:
-    """9 blocks of 32 (a step and a part-filled one), or 3 super-blocks."""
-    return 768 if kind.endswith("_k") else 288
+    """9 blocks of 32 (a step and a part-filled one), 3 super-blocks, or 5 int4 blocks of 128."""
+    return {"int4_128": 640}.get(kind, 768 if kind.endswith("_k") else 288)
 
 
 def close(got, want, dtype: str) -> None:
