@@ -31,12 +31,15 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_the_loader_reads_the_format_s_dequantized_weights(checkpoints, name):
+def test_the_loader_reads_the_format_s_dequantized_weights(checkpoints, name, caplog):
     """Every projection read as int4 blocks whose values are the packer's dequantized weights bit
-    for bit, and so are the Q8_0 blocks the CPU keeps (gguf-py's dequantizer reads them)."""
+    for bit, and so are the Q8_0 blocks the CPU keeps (gguf-py's dequantizer reads them); one log
+    line says how each backend keeps them."""
     path, want = checkpoints[name]
     ModelConfig.load(path)
-    with open_tensors(path) as tensors:
+    with caplog.at_level("INFO", logger="spool.model"), open_tensors(path) as tensors:
+        assert f"{FORMATS[name][0].upper()} int4 weights (groups of {FORMATS[name][1]} inputs): kept packed as" \
+            in caplog.text and "Q8_0 blocks of the same values on the CPU" in caplog.text
         assert "model.layers.0.self_attn.q_proj.qweight" not in tensors.entries
         for tensor, values in want.items():
             got = tensors.read(tensor)

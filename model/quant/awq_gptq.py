@@ -29,6 +29,7 @@ the values; AutoAWQ's own torch dequantizer rounds the product to float16 instea
 """
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from model.quant.int4 import HEAD, KINDS, fields
 from model.quant.quantized import QuantizedTensor
 from model.safetensors_files import ModelTensors
 
+log = logging.getLogger("spool.model")
 AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])  # bits 4s of an AWQ word hold output 8c + AWQ_ORDER[s]
 
 
@@ -185,6 +187,10 @@ class Int4Tensors(ModelTensors):
         if len(self.entries) == len(self.packed):
             raise ModelError(f"{model_dir}'s config.json names {fmt.name} weights but its safetensors hold no qweight"
                              " tensors; re-download the checkpoint")
+        kinds = sorted({e.dtype for e in self.entries.values() if isinstance(e, Int4Entry)})
+        log.info(f"{fmt.name} int4 weights (groups of {fmt.group} inputs): kept packed as {', '.join(kinds)} blocks"
+                 " on --backend cuda, as Q8_0 blocks of the same values on the CPU (exact), float32 on numpy and"
+                 " --dtype float32")
 
     def raw(self, name: str) -> np.ndarray | None:
         """A checkpoint tensor in its own type (int32, float16), None where it has none."""
