@@ -149,3 +149,17 @@ def test_an_act_order_g_idx_is_refused_at_load(checkpoints, tmp_path):
     with open_tensors(path) as tensors, pytest.raises(ModelError) as refused:
         tensors.read("model.layers.0.self_attn.q_proj.weight")
     assert "act-order" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_8b_awq_plans_its_int4_blocks():
+    """Llama-3.1-8B's shapes as an AWQ group-128 checkpoint holds them (projections int4, the rest
+    float16), no file: 5.8 GB planned on the GPU, against 9.5 GB had the projections been Q8_0."""
+    from model.memory import planned_weight_bytes
+
+    hidden, mlp, kv, vocab = 4096, 14336, 1024, 128256
+    layer = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (mlp, hidden), (mlp, hidden),
+             (hidden, mlp)]
+    floats = [("F16", (vocab, hidden))] * 2 + [("F16", (hidden,))] * 65
+    planned = planned_weight_bytes([("int4_128", shape) for shape in layer] * 32 + floats, "bfloat16")
+    assert 5.7e9 < planned < 5.9e9
+    assert planned < planned_weight_bytes([("q8_0", shape) for shape in layer] * 32 + floats, "bfloat16") - 3.5e9
