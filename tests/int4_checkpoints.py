@@ -66,17 +66,18 @@ def pack_gptq(codes, zeros, scales, group: int, v1: bool) -> dict:
 
 
 def make_int4_model(path: Path, method: str, group: int = 64, sym: bool = False, v1: bool = True,
-                    seed: int = 0) -> tuple[Path, dict]:
-    """A tiny llama (hidden 128, MLP 256) whose projections are AWQ or GPTQ int4, the embedding
-    and LM head float16 as those checkpoints keep them; and the dequantized projections by name."""
+                    seed: int = 0, variant: str = "llama") -> tuple[Path, dict]:
+    """A tiny llama (or qwen2, with q/k/v biases) of hidden 128 and MLP 256 whose projections are
+    AWQ or GPTQ int4, the embedding, LM head and biases float16 as those checkpoints keep them; and
+    the dequantized projections by name."""
     from safetensors.numpy import load_file
 
-    make_tiny_model(path, tie=False, seed=seed, hidden=128, heads=4, kv_heads=2, intermediate=256, layers=2)
+    make_tiny_model(path, variant, tie=False, seed=seed, hidden=128, heads=4, kv_heads=2, intermediate=256, layers=2)
     floats = load_file(str(path / "model.safetensors"))
     tensors, dequantized = {}, {}
     for name, w in floats.items():
         base, layer = name.removesuffix(".weight"), name.split(".")[-2]
-        if layer not in LINEARS:
+        if layer not in LINEARS or not name.endswith(".weight"):
             tensors[name] = w.astype(np.float16)
             continue
         codes, zeros, scales, dequantized[name] = quantize(w, group, sym)

@@ -16,8 +16,8 @@ from model.quant import awq_gptq
 from model.quant.quantized import QuantizedTensor, dequantize
 from model.weights import open_tensors
 
-# (method, group, sym, v1): AWQ in groups of 128 and 32; GPTQ classic asymmetric, symmetric,
-# gptq_v2 per channel (-1)
+# (method, group, sym, v1): AWQ in groups of 128 and 32; GPTQ classic asymmetric, symmetric (a
+# Qwen2, whose q/k/v biases stay float16 beside the int4 weights), gptq_v2 per channel (-1)
 FORMATS = {"awq-128": ("awq", 128, False, True), "awq-32": ("awq", 32, False, True),
            "gptq-64": ("gptq", 64, False, True), "gptq-sym-128": ("gptq", 128, True, True),
            "gptq_v2-row": ("gptq", -1, False, False)}
@@ -26,8 +26,8 @@ FORMATS = {"awq-128": ("awq", 128, False, True), "awq-32": ("awq", 32, False, Tr
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("int4")
-    return {name: make_int4_model(root / name, method, group, sym, v1) for name, (method, group, sym, v1)
-            in FORMATS.items()}
+    return {name: make_int4_model(root / name, method, group, sym, v1, variant="qwen2" if "sym" in name else "llama")
+            for name, (method, group, sym, v1) in FORMATS.items()}
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -48,6 +48,7 @@ def test_the_loader_reads_the_format_s_dequantized_weights(checkpoints, name, ca
             np.testing.assert_array_equal(dequantize(got), values)
             np.testing.assert_array_equal(dequantize(awq_gptq.to_q8_0(got)), values)
         assert tensors.read("lm_head.weight").dtype == np.float32  # float16 in the file, as AWQ keeps it
+        assert ("model.layers.0.self_attn.q_proj.bias" in tensors.entries) == ("sym" in name)  # Qwen2's
 
 
 def test_the_cpu_keeps_exact_q8_0_blocks_and_matches_numpy(checkpoints):

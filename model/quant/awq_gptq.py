@@ -182,8 +182,8 @@ class Int4Tensors(ModelTensors):
             if field == "qweight":
                 rows, columns = (e.shape[1], e.shape[0] * 8) if fmt.method == "gptq" else (e.shape[1] * 8, e.shape[0])
                 self.entries[base + ".weight"] = Int4Entry(kind_for(fmt.group, columns), (rows, columns), base)
-            elif base + ".qweight" not in self.packed:
-                self.entries[name] = e
+            elif field not in ("qzeros", "scales", "g_idx") or base + ".qweight" not in self.packed:
+                self.entries[name] = e  # a bias, a norm, a layer left in float
         if len(self.entries) == len(self.packed):
             raise ModelError(f"{model_dir}'s config.json names {fmt.name} weights but its safetensors hold no qweight"
                              " tensors; re-download the checkpoint")
