@@ -54,34 +54,39 @@ def pack_awq(codes, zeros, scales) -> dict:
     return {"qweight": columns(codes), "qzeros": columns(zeros), "scales": scales}
 
 
-def pack_gptq(codes, zeros, scales, group: int, v1: bool) -> dict:
+def pack_gptq(codes, zeros, scales, g_idx, v1: bool) -> dict:
     """GPTQ's layout: qweight (in / 8, out), nibble s of word (r, o) holding input 8r + s; qzeros
-    (groups, out / 8) by output as AWQ's without the reorder, each zero minus one in v1."""
+    (groups, out / 8) by output as AWQ's without the reorder, each zero minus one in v1; g_idx
+    each input's group."""
     columns = codes.shape[0]
     qweight = words(codes.reshape(columns // 8, 8, -1).transpose(0, 2, 1))
     stored = (zeros - 1) & 15 if v1 else zeros
-    g_idx = (np.arange(columns) // (columns if group == -1 else group)).astype(np.int32)
     return {"qweight": qweight, "qzeros": words(stored.reshape(stored.shape[0], -1, 8)), "scales": scales,
             "g_idx": g_idx}
 
 
 def make_int4_model(path: Path, method: str, group: int = 64, sym: bool = False, v1: bool = True,
-                    seed: int = 0, variant: str = "llama") -> tuple[Path, dict]:
+                    seed: int = 0, variant: str = "llama", act_order: bool = False) -> tuple[Path, dict]:
     """A tiny llama (or qwen2, with q/k/v biases) of hidden 128 and MLP 256 whose projections are
     AWQ or GPTQ int4, the embedding, LM head and biases float16 as those checkpoints keep them; and
-    the dequantized projections by name."""
+    the dequantized projections by name. act_order (GPTQ's desc_act): each layer's inputs taken in
+    a random order, groups of `group` in that order, so g_idx scatters them."""
     from safetensors.numpy import load_file
 
     make_tiny_model(path, variant, tie=False, seed=seed, hidden=128, heads=4, kv_heads=2, intermediate=256, layers=2)
     floats = load_file(str(path / "model.safetensors"))
-    tensors, dequantized = {}, {}
+    tensors, dequantized, rng = {}, {}, np.random.default_rng(seed)
     for name, w in floats.items():
         base, layer = name.removesuffix(".weight"), name.split(".")[-2]
         if layer not in LINEARS or not name.endswith(".weight"):
             tensors[name] = w.astype(np.float16)
             continue
-        codes, zeros, scales, dequantized[name] = quantize(w, group, sym)
-        packed = pack_awq(codes, zeros, scales) if method == "awq" else pack_gptq(codes, zeros, scales, group, v1)
+        order = rng.permutation(w.shape[1]) if act_order else np.arange(w.shape[1])
+        at = np.argsort(order)  # input i is the at[i]-th quantized
+        codes, zeros, scales, values = quantize(w[:, order], group, sym)
+        codes, dequantized[name] = np.ascontiguousarray(codes[at]), values[:, at]
+        g_idx = (at // (w.shape[1] if group == -1 else group)).astype(np.int32)
+        packed = pack_awq(codes, zeros, scales) if method == "awq" else pack_gptq(codes, zeros, scales, g_idx, v1)
         tensors.update({f"{base}.{field}": np.ascontiguousarray(t) for field, t in packed.items()})
     save_file(tensors, str(path / "model.safetensors"))
     config = json.loads((path / "config.json").read_text())
@@ -89,7 +94,7 @@ def make_int4_model(path: Path, method: str, group: int = 64, sym: bool = False,
     config["quantization_config"] = (
         {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"}
         if method == "awq" else
-        {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": False,
+        {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": act_order,
          "checkpoint_format": "gptq" if v1 else "gptq_v2"})
     (path / "config.json").write_text(json.dumps(config))
     return path, dequantized

@@ -125,7 +125,6 @@ def with_quantization(path, tmp_path, **changes):
 @pytest.mark.parametrize("name,changes,line", [
     ("gptq-64", dict(bits=8), "holds GPTQ weights of 8 bits, which Spool cannot load"),
     ("awq-128", dict(bits=3), "holds AWQ weights of 3 bits, which Spool cannot load"),
-    ("gptq-64", dict(desc_act=True), "holds GPTQ weights in act-order (desc_act: true"),
     ("gptq-64", dict(checkpoint_format="marlin"), "holds GPTQ weights in the marlin layout"),
     ("awq-128", dict(version="gemv"), "holds AWQ weights packed for AWQ's gemv kernels"),
     ("awq-128", dict(quant_method="hqq"), "holds HQQ weights (quantization_config in config.json), which Spool"
@@ -138,7 +137,25 @@ def test_what_cannot_load_is_refused_in_one_line(checkpoints, tmp_path, name, ch
     assert line in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_an_act_order_g_idx_is_refused_at_load(checkpoints, tmp_path):
+def test_an_act_order_model_loads_dequantized_and_matches_numpy(tmp_path, caplog):
+    """GPTQ's desc_act: g_idx scatters each group along the input, so the weights are read as
+    float32 (the packer's dequantized values, exactly) and kept as float weights: the same logits
+    as NumPy through the CUDA kernels in float32, a log line saying so, the plan in the storage type."""
+    from cuda_harness import CpuLauncher
+    from model.memory import model_weight_bytes
+    from model.ops.cuda_ops import CudaOps
+
+    path, want = make_int4_model(tmp_path / "act", "gptq", 64, act_order=True)
+    with caplog.at_level("INFO", logger="spool.model"), open_tensors(path) as tensors:
+        for tensor, values in want.items():
+            np.testing.assert_array_equal(tensors.read(tensor), values)
+    assert "GPTQ int4 weights in act-order (groups of 64 inputs scattered by g_idx): dequantized" in caplog.text
+    runners = [runner(path), runner(path, CudaOps(np, CpuLauncher(), "float32"))]
+    assert runners[1].model.weight_bytes == model_weight_bytes(path, "float32")
+    assert_steps_match(runners, 1e-5)
+
+
+def test_a_scattered_g_idx_without_desc_act_is_refused_at_load(checkpoints, tmp_path):
     """desc_act false in the config, but a g_idx that scatters the groups."""
     from safetensors.numpy import load_file, save_file
 
@@ -149,7 +166,8 @@ def test_an_act_order_g_idx_is_refused_at_load(checkpoints, tmp_path):
     save_file(tensors, str(path / "model.safetensors"))
     with open_tensors(path) as tensors, pytest.raises(ModelError) as refused:
         tensors.read("model.layers.0.self_attn.q_proj.weight")
-    assert "act-order" in str(refused.value) and "\n" not in str(refused.value)
+    assert "(act-order) but config.json's desc_act is not true" in str(refused.value)
+    assert "\n" not in str(refused.value)
 
 
 def test_an_8b_awq_plans_its_int4_blocks():

@@ -13,8 +13,10 @@ The formats, as AutoAWQ and GPTQModel write them and vLLM reads them. A linear l
   in bits 4s of word c; `scales` float16 (in / group, out); `g_idx` int32 (in,), each input row's
   group. The classic checkpoints (checkpoint_format "gptq", or none given) store each zero minus
   one (a symmetric 4-bit's 8 as 7; a zero of 0 wraps to 15 and reads back as 16, as their
-  kernels read it); "gptq_v2" stores the zero itself. Act-order checkpoints (desc_act, a g_idx
-  that is not row // group) are refused: their groups are scattered along the input.
+  kernels read it); "gptq_v2" stores the zero itself. In act-order checkpoints (desc_act) a
+  group's inputs are scattered along the row, so no block of contiguous inputs shares one scale:
+  their weights are dequantized to float32 at load (scale and zero of g_idx's group), each backend
+  then keeping them as it keeps float weights (Q8_0 on the CPU, the storage type on the GPU).
 A group of -1 is the whole input row. Groups are multiples of 32 inputs.
 
 The int4 block (kind int4_128 where groups are multiples of 128 inputs, else int4_32): the
@@ -49,6 +51,7 @@ class Int4Format:
     method: str  # "awq" or "gptq"
     group: int  # inputs a scale and zero cover; -1: the whole row
     zeros_minus_one: bool  # classic GPTQ stores each zero minus one
+    act_order: bool = False  # GPTQ's desc_act: groups scattered along the input, as g_idx says
 
     @property
     def name(self) -> str:
@@ -79,12 +82,10 @@ def checkpoint_format(quantization, model_dir) -> Int4Format | None:
         if not quantization.get("zero_point", True):
             raise refuse("without zero points")
         return Int4Format(method, group, zeros_minus_one=False)
-    if quantization.get("desc_act"):
-        raise refuse("in act-order (desc_act: true; its groups are scattered along the input)")
     stored = quantization.get("checkpoint_format", quantization.get("format", "gptq"))
     if stored not in ("gptq", "gptq_v2"):
         raise refuse(f"in the {stored} layout")
-    return Int4Format(method, group, zeros_minus_one=stored == "gptq")
+    return Int4Format(method, group, zeros_minus_one=stored == "gptq", act_order=bool(quantization.get("desc_act")))
 
 
 def read_format(model_dir: Path) -> Int4Format | None:
@@ -147,16 +148,20 @@ def to_q8_0(t: QuantizedTensor) -> QuantizedTensor:
     return QuantizedTensor("q8_0", blocks.reshape(t.shape[0], -1), t.shape)
 
 
-def int4_blocks(fmt: Int4Format, read, base: str) -> QuantizedTensor:
-    """Layer `base`'s int4 blocks from its checkpoint tensors (read(name) -> array); a g_idx that
-    is not row // group (act-order) refused in one line."""
+def int4_blocks(fmt: Int4Format, read, base: str) -> QuantizedTensor | np.ndarray:
+    """Layer `base`'s int4 blocks from its checkpoint tensors (read(name) -> array); in act-order,
+    its float32 values. A g_idx that scatters the groups where the config says no act-order is
+    refused in one line."""
     qweight, qzeros, scales = read(base + ".qweight"), read(base + ".qzeros"), read(base + ".scales")
     codes, zeros, scale = unpack(fmt, qweight, qzeros, scales)
-    group = fmt.group if fmt.group != -1 else codes.shape[1]
+    contiguous = np.arange(codes.shape[1]) // (fmt.group if fmt.group != -1 else codes.shape[1])
     g_idx = read(base + ".g_idx") if fmt.method == "gptq" else None
-    if g_idx is not None and not np.array_equal(g_idx, np.arange(codes.shape[1]) // group):
-        raise ModelError(f"{base}.g_idx orders the GPTQ groups by activation (act-order), which Spool cannot load;"
-                         " use a checkpoint quantized without desc_act")
+    g_idx = contiguous if g_idx is None else g_idx.astype(np.int64)
+    if fmt.act_order:
+        return (codes.astype(np.float32) - zeros[:, g_idx]) * scale[:, g_idx].astype(np.float32)
+    if not np.array_equal(g_idx, contiguous):
+        raise ModelError(f"{base}.g_idx scatters the GPTQ groups along the input (act-order) but config.json's"
+                         " desc_act is not true; the checkpoint is inconsistent: re-download or re-quantize it")
     return to_blocks(codes, zeros, scale, fmt.group)
 
 
@@ -164,7 +169,7 @@ def int4_blocks(fmt: Int4Format, read, base: str) -> QuantizedTensor:
 class Int4Entry:
     """A linear layer's weight as the loader asks for it, made of its int4 tensors."""
 
-    dtype: str  # the kind its blocks will be
+    dtype: str  # the kind its blocks will be; F32 in act-order
     shape: tuple[int, int]  # (out, in)
     base: str  # the tensors' common prefix
 
@@ -181,13 +186,19 @@ class Int4Tensors(ModelTensors):
             base, _, field = name.rpartition(".")
             if field == "qweight":
                 rows, columns = (e.shape[1], e.shape[0] * 8) if fmt.method == "gptq" else (e.shape[1] * 8, e.shape[0])
-                self.entries[base + ".weight"] = Int4Entry(kind_for(fmt.group, columns), (rows, columns), base)
+                kind = "F32" if fmt.act_order else kind_for(fmt.group, columns)
+                self.entries[base + ".weight"] = Int4Entry(kind, (rows, columns), base)
             elif field not in ("qzeros", "scales", "g_idx") or base + ".qweight" not in self.packed:
                 self.entries[name] = e  # a bias, a norm, a layer left in float
         if len(self.entries) == len(self.packed):
             raise ModelError(f"{model_dir}'s config.json names {fmt.name} weights but its safetensors hold no qweight"
                              " tensors; re-download the checkpoint")
         kinds = sorted({e.dtype for e in self.entries.values() if isinstance(e, Int4Entry)})
+        if fmt.act_order:
+            log.info(f"{fmt.name} int4 weights in act-order (groups of {fmt.group} inputs scattered by g_idx):"
+                     " dequantized to float32 at load, then kept as float weights are (Q8_0 on the CPU, the"
+                     " storage type on the GPU)")
+            return
         log.info(f"{fmt.name} int4 weights (groups of {fmt.group} inputs): kept packed as {', '.join(kinds)} blocks"
                  " on --backend cuda, as Q8_0 blocks of the same values on the CPU (exact), float32 on numpy and"
                  " --dtype float32")
