@@ -117,8 +117,9 @@ def unpack(fmt: Int4Format, qweight, qzeros, scales) -> tuple[np.ndarray, np.nda
 
 
 def kind_for(group: int, columns: int) -> str:
+    """Blocks of 128 where every 128 inputs share a group and the row is whole 128s, else of 32."""
     whole = group == -1 or group >= columns
-    return "int4_128" if (columns if whole else group) % 128 == 0 else "int4_32"
+    return "int4_128" if (columns if whole else group) % 128 == 0 and columns % 128 == 0 else "int4_32"
 
 
 def to_blocks(codes: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group: int) -> QuantizedTensor:
@@ -176,7 +177,7 @@ class Int4Entry:
 
 class Int4Tensors(ModelTensors):
     """A directory's safetensors with each int4 layer's qweight, qzeros, scales (and g_idx) shown
-    as one `weight` entry (Int4Entry), read as its int4 blocks."""
+    as one `weight` entry (Int4Entry), read as its int4 blocks (float32 values in act-order)."""
 
     def __init__(self, model_dir: Path, fmt: Int4Format):
         super().__init__(model_dir, packed_ints=True)
