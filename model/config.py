@@ -15,10 +15,12 @@ from model.errors import ModelError
 from model.families import FAMILIES, Family
 from model.families.family import DeltaNet
 from model.quant.awq_gptq import checkpoint_format
+from model.quant.fp8 import fp8_block
 from model.rope import KINDS, scaling_kind
 
 # config.json's quantization_config.quant_method -> the name people know the format by; any
-# quantization_config but 4-bit AWQ and GPTQ (model/quant/awq_gptq.py) is refused
+# quantization_config but 4-bit AWQ and GPTQ (model/quant/awq_gptq.py) and FP8 (model/quant/fp8.py)
+# is refused
 QUANT_METHODS = {"awq": "AWQ", "gptq": "GPTQ", "fp8": "FP8", "fbgemm_fp8": "FP8", "aqlm": "AQLM",
                  "hqq": "HQQ", "eetq": "EETQ", "mxfp4": "MXFP4"}
 
@@ -169,7 +171,8 @@ class ModelConfig:
             raise ModelError(f"{path} is not a JSON object; re-download or re-convert the model")
         config = cls.from_dict(raw)
         quantization = raw.get("quantization_config")
-        if quantization is not None and checkpoint_format(quantization, model_dir) is None:
+        if quantization is not None and checkpoint_format(quantization, model_dir) is None \
+                and fp8_block(quantization, model_dir) is False:
             method = quantization.get("quant_method") if isinstance(quantization, dict) else None
             raise ModelError(
                 f"{model_dir} holds {QUANT_METHODS.get(method, method or 'quantized')} weights"

@@ -20,7 +20,8 @@ import numpy as np
 from model.errors import ModelError
 from model.quant.quantized import FloatRows
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "I32": np.int32}
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "I32": np.int32,
+           "F8_E4M3": np.uint8}
 # safetensors dtypes that hold quantized weights (FP8, or integers packing GPTQ, AWQ,
 # bitsandbytes or compressed-tensors codes): refused by name, not as corruption
 _QUANTIZED_DTYPES = {"F8_E4M3": "FP8", "F8_E5M2": "FP8", "I8": "8-bit integer",
@@ -42,9 +43,10 @@ class _Entry:
     end: int
 
 
-def _read_header(path: Path, packed_ints: bool = False) -> dict[str, _Entry]:
-    """Every tensor's place in one file, checked against the file's size; int32 tensors only where
-    packed_ints (an AWQ or GPTQ checkpoint's: model/quant/awq_gptq.py)."""
+def _read_header(path: Path, allowed: tuple[str, ...] = ()) -> dict[str, _Entry]:
+    """Every tensor's place in one file, checked against the file's size; quantized dtypes only
+    where allowed (an AWQ or GPTQ checkpoint's I32, model/quant/awq_gptq.py; an FP8 one's
+    F8_E4M3, model/quant/fp8.py)."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -68,7 +70,7 @@ def _read_header(path: Path, packed_ints: bool = False) -> dict[str, _Entry]:
             continue
         try:
             dtype = info["dtype"]
-            if dtype in _QUANTIZED_DTYPES and not (packed_ints and dtype == "I32"):
+            if dtype in _QUANTIZED_DTYPES and dtype not in allowed:
                 raise ModelError(
                     f"{path} holds {_QUANTIZED_DTYPES[dtype]} weights (tensor {name!r} is {dtype}),"
                     " which Spool cannot load; use the original F16/BF16 checkpoint or a GGUF file"
@@ -106,7 +108,7 @@ class ModelTensors:
     """The tensors of a model directory's safetensors files (one or sharded), memory-mapped;
     read_into converts one tensor at a time. Use as a context manager: the maps close on exit."""
 
-    def __init__(self, model_dir: Path, packed_ints: bool = False):
+    def __init__(self, model_dir: Path, allowed: tuple[str, ...] = ()):
         files = sorted(Path(model_dir).glob("*.safetensors"))
         if not files:
             raise ModelError(
@@ -115,7 +117,7 @@ class ModelTensors:
             )
         self.entries: dict[str, _Entry] = {}
         for path in files:
-            self.entries.update(_read_header(path, packed_ints))
+            self.entries.update(_read_header(path, allowed))
         self.entries = _causal_lm_names(self.entries)
         self.maps: dict[Path, mmap.mmap] = {}
 
@@ -133,7 +135,10 @@ class ModelTensors:
         """Tensor `name` (its rows first .. first + len(out), where out holds fewer), converted to
         out's dtype (float32 from BF16 with no temporary), then those mapped pages dropped from
         this process (the page cache keeps them)."""
-        e = self.entries[name]
+        self.read_entry(self.entries[name], out, first)
+
+    def read_entry(self, e: _Entry, out: np.ndarray, first: int = 0) -> None:
+        """read_into for an entry, whether or not entries shows it."""
         m = self.maps.get(e.path)
         if m is None:
             with open(e.path, "rb") as f:

@@ -16,7 +16,7 @@ import numpy as np
 
 from model.config import ModelConfig
 from model.errors import ModelError
-from model.quant import awq_gptq
+from model.quant import awq_gptq, fp8
 from model.quant.quantized import float32, fuse, take_rows
 from model.rope import rotary_dim, rotary_row_order
 from model.safetensors_files import ModelTensors
@@ -26,7 +26,8 @@ GGUF_NAME = "model.gguf"  # in a model directory: the GGUF its weights are read 
 
 def open_tensors(model_dir: Path):
     """The directory's tensors: its model.gguf (the file itself, or a link to it) where it has
-    one, else its safetensors files (an AWQ or GPTQ checkpoint's int4 layers as blocks)."""
+    one, else its safetensors files (an AWQ or GPTQ checkpoint's int4 layers as blocks, an FP8
+    one's weights as float32)."""
     gguf_file = Path(model_dir) / GGUF_NAME
     if gguf_file.is_symlink() and not gguf_file.exists():
         raise ModelError(
@@ -37,8 +38,12 @@ def open_tensors(model_dir: Path):
         from model.gguf.tensors import GGUFTensors
 
         return GGUFTensors(gguf_file.resolve())  # errors name the file the user gave
-    int4 = awq_gptq.read_format(model_dir)
-    return ModelTensors(model_dir) if int4 is None else awq_gptq.Int4Tensors(model_dir, int4)
+    quantization = awq_gptq.quantization_config(model_dir)
+    if (int4 := awq_gptq.checkpoint_format(quantization, model_dir)) is not None:
+        return awq_gptq.Int4Tensors(model_dir, int4)
+    if (block := fp8.fp8_block(quantization, model_dir)) is not False:
+        return fp8.FP8Tensors(model_dir, block)
+    return ModelTensors(model_dir)
 
 
 def read_model_tensors(model_dir: Path) -> dict[str, np.ndarray]:

@@ -68,7 +68,7 @@ def test_garbage_safetensors(model_copy):
 
 
 @pytest.mark.parametrize("method,shown", [
-    ("awq", "AWQ"), ("gptq", "GPTQ"), ("fp8", "FP8"), ("bitsandbytes", "bitsandbytes"),
+    ("awq", "AWQ"), ("gptq", "GPTQ"), ("fbgemm_fp8", "FP8"), ("bitsandbytes", "bitsandbytes"),
     ("compressed-tensors", "compressed-tensors"), (None, "quantized"),
 ])
 def test_quantized_checkpoint_is_refused_by_name(model_copy, method, shown):
@@ -179,7 +179,7 @@ def test_serve_refuses_an_fp8_checkpoint_before_compiling_kernels(model_copy, tm
     """On a cold cache the kernels take tens of seconds to compile: a refused model says so at once."""
     if refusal == "config":
         cfg = json.loads((model_copy / "config.json").read_text())
-        cfg["quantization_config"] = {"quant_method": "fp8"}
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e5m2"}  # e4m3 loads (model/quant/fp8.py)
         (model_copy / "config.json").write_text(json.dumps(cfg))
     else:
         tensors = {n: ("F32", t) for n, t in read_model_tensors(model_copy).items()}

@@ -88,13 +88,13 @@ def checkpoint_format(quantization, model_dir) -> Int4Format | None:
     return Int4Format(method, group, zeros_minus_one=stored == "gptq", act_order=bool(quantization.get("desc_act")))
 
 
-def read_format(model_dir: Path) -> Int4Format | None:
-    """checkpoint_format of the directory's config.json (ModelConfig.load has checked it)."""
+def quantization_config(model_dir: Path) -> dict | None:
+    """The directory's config.json's quantization_config (ModelConfig.load has checked it)."""
     try:
         raw = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return checkpoint_format(raw.get("quantization_config") if isinstance(raw, dict) else None, model_dir)
+    return raw.get("quantization_config") if isinstance(raw, dict) else None
 
 
 def nibbles(words: np.ndarray) -> np.ndarray:
@@ -180,7 +180,7 @@ class Int4Tensors(ModelTensors):
     as one `weight` entry (Int4Entry), read as its int4 blocks (float32 values in act-order)."""
 
     def __init__(self, model_dir: Path, fmt: Int4Format):
-        super().__init__(model_dir, packed_ints=True)
+        super().__init__(model_dir, allowed=("I32",))
         self.fmt, self.packed = fmt, self.entries  # the file's tensors, int32 ones among them
         self.entries = {}
         for name, e in self.packed.items():
@@ -210,11 +210,7 @@ class Int4Tensors(ModelTensors):
         if e is None:
             return None
         out = np.empty(e.shape, dtype={"I32": np.int32, "F16": np.float16}.get(e.dtype, np.float32))
-        entries, self.entries = self.entries, self.packed
-        try:
-            self.read_into(name, out)
-        finally:
-            self.entries = entries
+        self.read_entry(e, out)
         return out
 
     def quantized(self, name: str) -> bool:
