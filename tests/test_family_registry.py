@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # pre-tokenizers (tokenizer.ggml.pre's names), not model families; tokenizer.ggml.model's kinds
 NOT_FAMILIES = {"model/gguf/pretok.py": {"qwen2", "_QWEN2", "qwen35", "_QWEN35", "gemma4", "_GPT2", "_GPT4O"},
                 "model/gguf/vocab.py": {"llama", "gemma4"}, "model/gguf/tokenizer.py": {"gemma4"}}
+# words that start with a family's stem but name something else: GPTQ, a quantization method (gpt-oss's "gpt")
+NOT_FAMILY_WORDS = {"gptq"}
 
 
 def test_every_family_is_one_module():
@@ -69,7 +71,8 @@ def named_families(path: Path, strings: set[str], stems: set[str]) -> list[tuple
         name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
             node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else node.arg if isinstance(node, ast.arg) \
             else None
-        if name and any(word.startswith(stem) for word in name.lower().split("_") for stem in stems):
+        if name and any(word.startswith(stem) and word not in NOT_FAMILY_WORDS for word in name.lower().split("_")
+                        for stem in stems):
             found.append((node.lineno, name))
     return found
 
