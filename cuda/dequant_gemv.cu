@@ -1,8 +1,8 @@
 // GGUF's quantized weights kept packed on the device, each row its file's blocks as they are
 // (model/ops/cuda_quant.py): Q8_0, Q4_0 and Q4_1 (blocks of 32 values), Q4_K, Q5_K and Q6_K
-// (super-blocks of 256); and AWQ and GPTQ checkpoints' int4 weights, repacked at load into
-// blocks of 32 or 128 (INT4_32, INT4_128). Each block's scales are decoded here, value = scale *
-// code + offset.
+// (super-blocks of 256); AWQ and GPTQ checkpoints' int4 weights, repacked at load into blocks
+// of 32 or 128 (INT4_32, INT4_128); and FP8 checkpoints' e4m3 weights, likewise (FP8_32,
+// FP8_128). Each block's scales are decoded here, value = scale * code + offset.
 //
 // dequant_gemv: out[r, first + n] = sum_k x[r, k] * w[n, k] (+ bias[n]) for a few activation
 // rows (decode steps), in fp32, rounded once to OUT (the storage type, or fp32 for logits). A
@@ -101,6 +101,42 @@ using Q4_0 = Nibbles<32, 18, EIGHT>;
 using Q4_1 = Nibbles<32, 20, MINIMUM>;
 using INT4_32 = Nibbles<32, 20, STORED>;
 using INT4_128 = Nibbles<128, 68, STORED>;
+
+// An e4m3 code's value, exactly: common.cuh's to_float without its int-to-float conversion (with
+// it ptxas spilled 4 bytes at sm_80's 32 registers for 16-bit activations). The 7 magnitude bits
+// under a float32's exponent and mantissa, the exponent rebiased (7 -> 127); a subnormal (exponent
+// 0) as 2^-6 (1 + m / 8) - 2^-6 = m 2^-9, so no float32 subnormal is ever made; 0x7f NaN.
+__device__ __forceinline__ float e4m3_value(unsigned code) {
+    unsigned bits = (code & 0x7fu) << 20;
+    float magnitude = code & 0x78u ? __uint_as_float(bits + (120u << 23))
+                                   : __uint_as_float(bits | (121u << 23)) - 0.015625f;
+    magnitude = (code & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : magnitude;
+    return __uint_as_float(__float_as_uint(magnitude) | (code & 0x80u) << 24);
+}
+
+// FP8 (e4m3) checkpoints' weights as the blocks of 32 or 128 they are repacked into at load
+// (model/quant/e4m3.py): a float32 scale, then the codes in order; a weight is scale x its e4m3
+// value, one fp32 product, as model/quant/fp8.py dequantizes it (W8A16: no FP8 tensor cores
+// needed). Lane L takes codes 8j .. 8j + 7 of block L / (VALUES / 8) of the step (j = L %
+// (VALUES / 8)), two 4-byte loads (blocks of 36 and 132 bytes keep them aligned).
+template <int VALUES_> struct E4m3 {
+    static constexpr int VALUES = VALUES_, BYTES = 4 + VALUES, G = 1, W = 8, LANES = VALUES / 8;
+    static constexpr bool OFFSET = false;
+    __device__ static bool share(const unsigned char* row, int blocks, int step, int lane, Share<G, W>& s) {
+        int b = step * (STEP / VALUES) + lane / LANES, j = lane % LANES;
+        if (b >= blocks) return false;
+        const unsigned char* p = row + size_t(b) * BYTES;
+        s.start[0] = (lane / LANES) * VALUES + 8 * j;
+        s.scale[0] = __uint_as_float(load_u32(p));
+        s.offset[0] = 0.0f;
+        unsigned words[2] = {load_u32(p + 4 + 8 * j), load_u32(p + 8 + 8 * j)};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s.q[0][i] = e4m3_value(words[i / 4] >> (8 * (i % 4)));
+        return true;
+    }
+};
+using FP8_32 = E4m3<32>;
+using FP8_128 = E4m3<128>;
 
 // Q4_K and Q5_K: d, dmin, 12 bytes of 6-bit sub-block scales and minimums, (Q5_K: 32 bytes of
 // fifth bits,) 128 bytes of nibbles: chunk c's 32 bytes hold sub-block 2c low and 2c + 1 high.

@@ -20,7 +20,7 @@ from model.ops import cuda_quant
 from model.ops.cuda_ops import CudaOps
 from model.ops.kernels import PACKED_TYPES
 from model.ops.numpy_ops import NumpyOps
-from model.quant import int4, kquants
+from model.quant import e4m3, int4, kquants
 from model.quant.quantized import Fused, QuantizedTensor, dequantize
 from test_kernels import ULP, launcher  # noqa: F401 (launcher: the fixture, CPU harness and GPU)
 
@@ -35,8 +35,15 @@ HALVES = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q4_k": (0, 
 
 
 def random_blocks(kind: str, rows: int, columns: int, seed: int = 0) -> QuantizedTensor:
-    """Random bytes, sane float16 scales; an int4 block's zero an integer 0..16, as the loader's."""
+    """Random bytes, sane float16 scales; an int4 block's zero an integer 0..16, as the loader's;
+    an e4m3 block's float32 scale and every code but NaN's."""
     rng = np.random.default_rng(seed)
+    if kind in e4m3.KINDS:
+        values = e4m3.KINDS[kind]
+        codes = rng.integers(0, 256, (rows, columns), dtype=np.uint8)
+        codes[(codes & 0x7f) == 0x7f] -= 1  # NaN's codes: 0x7e, the largest finite (448)
+        scales = rng.uniform(-2, 2, (rows, columns // values)).astype(np.float32) / 448
+        return QuantizedTensor(kind, e4m3.to_blocks(kind, codes, scales), (rows, columns))
     if kind in int4.KINDS:
         values, size = int4.KINDS[kind], int4.block_bytes(kind)
     else:
@@ -52,8 +59,8 @@ def random_blocks(kind: str, rows: int, columns: int, seed: int = 0) -> Quantize
 
 
 def odd_width(kind: str) -> int:
-    """9 blocks of 32 (a step and a part-filled one), 3 super-blocks, or 5 int4 blocks of 128."""
-    return {"int4_128": 640}.get(kind, 768 if kind.endswith("_k") else 288)
+    """9 blocks of 32 (a step and a part-filled one), 3 super-blocks, or 5 blocks of 128."""
+    return 640 if kind.endswith("_128") else 768 if kind.endswith("_k") else 288
 
 
 def close(got, want, dtype: str) -> None:

@@ -1,10 +1,11 @@
 """A GGUF's quantized weights kept packed on the device by CudaOps: an 8B Q4_K_M holds about 5 GB
 there instead of the 16 GB of its bf16 values. AWQ and GPTQ checkpoints' int4 weights likewise, as
-the int4 blocks they are repacked into at load (model/quant/awq_gptq.py).
+the int4 blocks they are repacked into at load (model/quant/awq_gptq.py), and FP8 checkpoints'
+e4m3 weights as e4m3 blocks with a float32 scale (model/quant/e4m3.py: an 8B in about 9 GB).
 
 A tensor of a type cuda/dequant_gemv.cu decodes (kernels.PACKED_TYPES: Q8_0, Q4_0, Q4_1, Q4_K,
-Q5_K, Q6_K, INT4_32, INT4_128) goes to the device as its block rows, untouched; any other type is
-dequantized to the storage type on the host, as before. Up to GEMV_ROWS activation rows (decode
+Q5_K, Q6_K, INT4_32, INT4_128, FP8_32, FP8_128) goes to the device as its block rows, untouched;
+any other type is dequantized to the storage type on the host, as before. Up to GEMV_ROWS activation rows (decode
 steps) multiply the blocks in dequant_gemv, which decodes each block's scales as it reads it and
 sums each output in one fixed order, so a row's bits do not depend on the others in the batch.
 More rows (prefill, decode batches past 8) take the simplest correct route: the weight dequantized a tile of rows at a
@@ -25,7 +26,7 @@ import numpy as np
 
 from model.ops.dtypes import ARRAY_DTYPES
 from model.ops.kernels import PACKED_TYPES
-from model.quant import int4
+from model.quant import e4m3, int4
 from model.quant.quantized import Fused, QuantizedTensor
 
 GEMV_ROWS = 8  # activation rows dequant_gemv takes; more go through the scratch tiles and the GEMM
@@ -149,13 +150,14 @@ def dense(ops, w):
 
 
 def device_bytes(kind: str, shape, dtype: str) -> int:
-    """What CudaOps keeps of a tensor of a GGUF type or int4 kind (lower case, or a float type's
-    name) on the device: a packed type's blocks, anything else's values in the storage type."""
+    """What CudaOps keeps of a tensor of a GGUF type, int4 or e4m3 kind (lower case, or a float
+    type's name) on the device: a packed type's blocks, anything else's values in the storage type."""
     values = math.prod(shape)
     if kind not in PACKED_TYPES:
         return values * np.dtype(ARRAY_DTYPES[dtype]).itemsize
-    if kind in int4.KINDS:
-        return values // int4.KINDS[kind] * int4.block_bytes(kind)
+    for blocks in (int4, e4m3):
+        if kind in blocks.KINDS:
+            return values // blocks.KINDS[kind] * blocks.block_bytes(kind)
     import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind.upper()]]

@@ -35,10 +35,11 @@ UNTYPED = {"sample", "apply_penalties", "count_tokens", "logprobs", "moe_topk"}
 # Kernels with more template arguments, and their instances. prefill_attention's (DIMS,): the
 # output elements a lane accumulates, 4 up to a head_dim of 128.
 VARIANTS = {"prefill_attention": ((4,), (8,), (16,))}
-# the GGUF types kept packed on the device (model/ops/cuda_quant.py), and the int4 blocks of AWQ and
-# GPTQ checkpoints (model/quant/awq_gptq.py), each a struct of dequant_gemv.cu;
-# dequant_gemv's last argument: 1 where it writes fp32 (logits), 0 for the storage type
-PACKED_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "int4_32", "int4_128")
+# the GGUF types kept packed on the device (model/ops/cuda_quant.py), the int4 blocks of AWQ and
+# GPTQ checkpoints (model/quant/awq_gptq.py) and the e4m3 blocks of FP8 ones (model/quant/e4m3.py),
+# each a struct of dequant_gemv.cu; dequant_gemv's last argument: 1 where it writes fp32 (logits), 0
+# for the storage type
+PACKED_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "int4_32", "int4_128", "fp8_32", "fp8_128")
 VARIANTS["dequant_gemv"] = tuple((kind.upper(), fp32) for kind in PACKED_TYPES for fp32 in (0, 1))
 VARIANTS["dequant_rows"] = tuple((kind.upper(),) for kind in PACKED_TYPES)
 TENSOR_CORE_TYPES = ("float16", "bfloat16")  # what WMMA multiplies

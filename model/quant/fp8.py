@@ -16,25 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from model.errors import ModelError
+from model.quant.e4m3 import E4M3
 from model.safetensors_files import ModelTensors
 
 log = logging.getLogger("spool.model")
 SCALES = (".weight_scale", ".weight_scale_inv", ".input_scale")
-
-
-def e4m3_values() -> np.ndarray:
-    """float32 of each of the 256 e4m3 codes (sign, 4 exponent bits of bias 7, 3 mantissa bits;
-    S.1111.111 is NaN, no infinities)."""
-    codes = np.arange(256)
-    sign = np.where(codes >> 7, -1.0, 1.0)
-    exponent, mantissa = (codes >> 3) & 15, codes & 7
-    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0 ** -6, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
-    values = (sign * magnitude).astype(np.float32)
-    values[(exponent == 15) & (mantissa == 7)] = np.nan
-    return values
-
-
-E4M3 = e4m3_values()
 
 
 def fp8_block(quantization, model_dir) -> tuple[int, int] | None | bool:

@@ -111,10 +111,12 @@ def dequantize(t: QuantizedTensor) -> np.ndarray:
     temporaries for a whole 128k-token embedding would be gigabytes."""
     import gguf
 
-    from model.quant import int4
+    from model.quant import e4m3, int4
 
     if t.kind in int4.KINDS:
         return int4.dequantize(t)
+    if t.kind in e4m3.KINDS:
+        return e4m3.dequantize(t)
     kind = gguf.GGMLQuantizationType[t.kind.upper()]
     out = np.empty(t.shape, dtype=np.float32)
     step = slab_rows(t.shape[1])
