@@ -1,7 +1,8 @@
 """A GGUF's quantized tensors (model/quant/quantized.py) packed straight into the CPU backend's
 strips: PACKERS, by GGUF type, read the blocks themselves, so nothing passes through float32 and
 each kept value is the file's own, bit for bit (Strips.dequantize equals gguf's dequantize).
-A kind without a packer here is dequantized and rounded to Q8_0 instead (to_q8_0).
+A kind without a packer here is dequantized and rounded to Q8_0 instead (to_q8_0). An FP8
+checkpoint's e4m3 blocks are packed from their float32 values, as float weights are (pack_fp8).
 """
 
 from typing import Callable
@@ -9,7 +10,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from model.quant import awq_gptq, kblocks, pack
+from model.quant import awq_gptq, e4m3, kblocks, pack
 from model.quant.quantized import FloatRows, QuantizedTensor, dequantize
 from model.quant.strips import BLOCK, STRIP, IQ4_NLStrips, MXFP4Strips, Q4_1Strips, Q8_0Strips, Strips
 
@@ -25,10 +26,15 @@ def to_q8_0(t: QuantizedTensor) -> Q8_0Strips:
     """For a kind with no packer here: t's values rounded to Q8_0 (pack.quantize) a slab of
     rows at a time, so that no float32 copy of a large tensor exists (a 128k-token embedding's
     is 1 GB)."""
+    return pack.in_slabs(float_rows(t), pack.quantize)
+
+
+def float_rows(t: QuantizedTensor) -> FloatRows:
+    """t's values, dequantized a slab of rows at a time as they are read."""
     def read_into(first: int, out: np.ndarray) -> None:
         out[:] = dequantize(QuantizedTensor(t.kind, t.blocks[first:first + len(out)], out.shape))
 
-    return pack.in_slabs(FloatRows(t.shape, read_into), pack.quantize)
+    return FloatRows(t.shape, read_into)
 
 
 def stacked(parts: tuple) -> Strips | None:
@@ -57,6 +63,16 @@ def pack_int4(kind: str) -> Callable[[np.ndarray, int], Q8_0Strips]:
     def packer(blocks: np.ndarray, columns: int) -> Q8_0Strips:
         q8_0 = awq_gptq.to_q8_0(QuantizedTensor(kind, blocks, (blocks.shape[0], columns)))
         return pack_q8_0(q8_0.blocks, columns)
+
+    return packer
+
+
+def pack_fp8(kind: str) -> Callable[[np.ndarray, int], Strips]:
+    """An FP8 checkpoint's e4m3 blocks (model/quant/e4m3.py) as the CPU keeps float weights
+    (pack.compress: Q8_0, Q4_1 where exact), from their float32 values as fp8.py dequantizes them:
+    what it kept before the GPU took the blocks packed."""
+    def packer(blocks: np.ndarray, columns: int) -> Strips:
+        return pack.compress(float_rows(QuantizedTensor(kind, blocks, (blocks.shape[0], columns))))
 
     return packer
 
@@ -184,4 +200,5 @@ PACKERS: dict[str, Callable[[np.ndarray, int], Strips | None]] = {
     "iq4_nl": pack_iq4_nl,
     "iq4_xs": kblocks.pack_iq4_xs,
     **{kind: pack_int4(kind) for kind in awq_gptq.KINDS},
+    **{kind: pack_fp8(kind) for kind in e4m3.KINDS},
 }
