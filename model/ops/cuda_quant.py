@@ -5,12 +5,13 @@ e4m3 weights as e4m3 blocks with a float32 scale (model/quant/e4m3.py: an 8B in 
 
 A tensor of a type cuda/dequant_gemv.cu decodes (kernels.PACKED_TYPES: Q8_0, Q4_0, Q4_1, Q4_K,
 Q5_K, Q6_K, INT4_32, INT4_128, FP8_32, FP8_128) goes to the device as its block rows, untouched;
-any other type is dequantized to the storage type on the host, as before. Up to GEMV_ROWS activation rows (decode
-steps) multiply the blocks in dequant_gemv, which decodes each block's scales as it reads it and
-sums each output in one fixed order, so a row's bits do not depend on the others in the batch.
-More rows (prefill, decode batches past 8) take the simplest correct route: the weight dequantized a tile of rows at a
-time into a scratch buffer of the storage type, then the launcher's GEMM (cuBLAS on a GPU) as
-for a bf16 weight. Those rows' bits are the GEMM's, as for unpacked weights.
+any other type is dequantized to the storage type on the host, as before. Up to GEMV_ROWS
+activation rows (decode steps) multiply the blocks in dequant_gemv, which decodes each block's
+scales as it reads it and sums each output in one fixed order, so a row's bits do not depend on the
+others in the batch. More rows (prefill, decode batches past 8) take the simplest correct route:
+the weight dequantized a tile of rows at a time into a scratch buffer of the storage type, then the
+launcher's GEMM (cuBLAS on a GPU) as for a bf16 weight. Those rows' bits are the GEMM's, as for
+unpacked weights.
 
 GEMV_ROWS is 8, an estimate to measure on a device: dequant_gemv's fp32 multiply-adds per weight
 byte grow with the rows while the scratch route costs about 8 times the packed bytes in traffic
