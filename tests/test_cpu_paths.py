@@ -2,7 +2,7 @@
 it does not know, and every target this machine can compile for runs the same integer kernels
 to the same bits.
 
-Each target runs in a subprocess with a numba cache of its own (under tmp_path), so that code
+Each target runs in subprocesses with a numba cache of its own (under tmp_path), so that code
 compiled for one CPU never serves another here whatever numba's cache keys hold."""
 
 import json
@@ -11,6 +11,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import llvmlite.binding as llvm
@@ -105,12 +106,6 @@ def test_the_default_dtype_is_q8_0_on_every_path():
     assert resolve("cpu", "float32").dtype == "float32"
 
 
-@pytest.fixture(scope="module")
-def caches(tmp_path_factory) -> dict[str, Path]:
-    """A numba cache per forced target, shared by this module's tests."""
-    return {path: tmp_path_factory.mktemp(f"numba-{path}") for path in TARGETS}
-
-
 def host_can_run(target: str) -> bool:
     path, _, vnni = target.partition("-")
     return (platform.machine() == "x86_64" and cpu.PATHS.index(path) <= cpu.PATHS.index(cpu.PATH)
@@ -155,20 +150,56 @@ def kept_weights():
     yield "mxfp4", test_mxfp4.packed(17, 768)
 
 
+# The default model's generation, less the --dtype's value and the prompt
+GENERATE = ["-c", "import logging, runpy, sys; logging.basicConfig(level='INFO'); sys.argv = sys.argv[1:];"
+            " runpy.run_module('app', run_name='__main__')", "app", "generate", "--max-tokens", "4", "--dtype"]
+
+
+def settings_of(target: str) -> dict[str, str]:
+    """numba's settings for a target: TARGETS', or no-f16c's, the host's target with F16C off."""
+    return {"NUMBA_CPU_FEATURES": "-f16c"} if target == "no-f16c" else TARGETS[target]
+
+
+@pytest.fixture(scope="module")
+def forced(request, tmp_path_factory) -> dict[str, tuple[Path, Future]]:
+    """target -> (its directory, the future {"parity" or a --dtype: that finished subprocess}) for
+    every target the selected tests below ask for, started on first use. Nearly all of each run
+    is numba compiling every kernel for the target, on one core, so the targets run side by side,
+    one per core (CI has two); a target's runs go one after another in its own numba cache, so
+    its generations compile only what its products (PARITY, into products.npz) did not."""
+    runs: dict[str, list[str]] = {}  # target -> "parity" first, then the --dtype of each generation
+    for params in (item.callspec.params for item in request.session.items
+                   if item.module is request.module and hasattr(item, "callspec")):
+        if "path" in params and host_can_run(params["path"]):  # a parity test
+            runs.setdefault(params["path"], []).insert(0, "parity")
+        elif "dtype" in params:  # a generation test
+            runs.setdefault(params["target"], []).append(params["dtype"])
+    directories = {target: tmp_path_factory.mktemp(f"forced-{target}") for target in runs}
+
+    def run_all(target: str) -> dict[str, subprocess.CompletedProcess]:
+        products = ["-c", PARITY, str(directories[target] / "products.npz")]
+        return {name: run(products if name == "parity" else [*GENERATE, name, "Say hi"], directories[target] / "numba",
+                          timeout=900, **settings_of(target)) for name in runs[target]}
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # in the tests' order
+        yield {target: (directories[target], pool.submit(run_all, target)) for target in runs}
+
+
 @x86
 @pytest.mark.slow
 @pytest.mark.parametrize("path", list(TARGETS))
-def test_every_kept_type_multiplies_the_same_bits_on_every_path(tmp_path, caches, path):
+def test_every_kept_type_multiplies_the_same_bits_on_every_path(forced, path):
     """Against gguf-py's dequantize times the activations (rounded to int8 as the GEMV does),
     and bit for bit what this process computes (the integer sums are exact and the float work
     the same order on every target: vpdpbusd at 512 or 256 bits, pmaddubsw, or int16 pair
     sums, TARGETS)."""
     if not host_can_run(path):
         pytest.skip(f"this CPU cannot run the {path} path's code")
-    done = run(["-c", PARITY, str(tmp_path / "out.npz")], caches[path], timeout=900, **TARGETS[path])
+    directory, runs = forced[path]
+    done = runs.result()["parity"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [path.partition("-")[0], "256" if path == "avx2-vnni" else "0"]
-    there = np.load(tmp_path / "out.npz")
+    there = np.load(directory / "products.npz")
     from model.quant.matmul import matmul
 
     x = np.random.default_rng(5).standard_normal((100, 768), dtype=np.float32)
@@ -185,17 +216,13 @@ def test_every_kept_type_multiplies_the_same_bits_on_every_path(tmp_path, caches
 @pytest.mark.slow
 @pytest.mark.parametrize("target, dtype", [("avx2", "auto"), ("no-f16c", "auto"), ("portable", "auto"),
                                            ("portable", "float32")])
-def test_the_default_model_generates_on_every_path(caches, tmp_path_factory, target, dtype):
+def test_the_default_model_generates_on_every_path(forced, target, dtype):
     """numba's haswell target (AVX2, no AVX-512), the host's with F16C masked off (so AVX-512 too:
     float32 K/V) and its generic one (SSE2 only, no F16C) compile every kernel they use and
     generate: q8_0 weights by default on each (float32 K/V without F16C), and float32 weights on
     generic when asked."""
-    settings, path = ({"NUMBA_CPU_FEATURES": "-f16c"}, "avx2") if target == "no-f16c" else (TARGETS[target], target)
-    cache = tmp_path_factory.mktemp("numba-no-f16c") if target == "no-f16c" else caches[path]
-    args = ["-c", "import logging, runpy, sys; logging.basicConfig(level='INFO'); sys.argv = sys.argv[1:];"
-            " runpy.run_module('app', run_name='__main__')",
-            "app", "generate", "--max-tokens", "4", "--dtype", dtype, "Say hi"]
-    done = run(args, cache, timeout=600, **settings)
+    path = "avx2" if target == "no-f16c" else target
+    done = forced[target][1].result()[dtype]
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip()
     assert f"CPU path {path}:" in done.stderr
