@@ -1,12 +1,16 @@
 """The compile check: every kernel file compiles with nvcc for sm_80 and sm_90, every kernel
 instance of model/ops/kernels.py is emitted, ptxas reports no register spills and no stack
 frame, and each kernel's registers stay under its ceiling in cuda/registers.toml. Runs where
-nvcc is installed (the CUDA toolkit; no GPU needed) and skips with the reason elsewhere."""
+nvcc is installed (the CUDA toolkit; no GPU needed) and skips with the reason elsewhere.
 
+Each nvcc run keeps to one core, so the files compile side by side, one per core (CI has two)."""
+
+import os
 import re
 import shutil
 import subprocess
 import tomllib
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -40,10 +44,22 @@ def test_every_kernel_has_a_register_ceiling():
     assert set(REGISTERS) == {k for kernels in KERNELS.values() for k in kernels}
 
 
+@pytest.fixture(scope="module")
+def reports(request, tmp_path_factory) -> dict[tuple[str, str], Future]:
+    """(file, arch) -> the future ptxas report for every compile the selected tests below check,
+    all started on first use."""
+    selected = [item.callspec.params for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")]
+    wanted = [(params["file"], params["arch"]) for params in selected if "arch" in params]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        yield {(file, arch): pool.submit(ptxas_report, file, arch, tmp_path_factory.mktemp("nvcc"))
+               for file, arch in wanted}
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("file", sorted(KERNELS))
-def test_kernel_file_compiles_without_spills_under_its_register_ceiling(file, arch, tmp_path):
-    report = ptxas_report(file, arch, tmp_path)
+def test_kernel_file_compiles_without_spills_under_its_register_ceiling(file, arch, reports):
+    report = reports[file, arch].result()
     functions = re.findall(r"Compiling entry function '(\w+)'", report)
     assert len(functions) == len(name_expressions(file)), report
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
