@@ -161,29 +161,3 @@ async def test_status_lines_in_sglang_format(tok, caplog):
                and line.endswith("#running-req: 1, #queue-req: 0") for line in lines)
     decode = [line for line in lines if line.startswith("Decode batch. #running-req: ")]
     assert decode and all("gen throughput (token/s): " in line for line in decode)
-
-
-@pytest.mark.parametrize("overlaps", [False, True])
-async def test_a_cpu_step_waits_for_the_streams_its_frames_woke(tok, overlaps):
-    """On the CPU the tick lets each stream write its chunk (a few scheduler passes, as the HTTP
-    layer takes) before the next step starts, so the stream's Python does not take the GIL from
-    the step's; a device step is launched at once (the overlapped loop)."""
-    runner = FakeRunner(64, 4, vocab=tok.vocab_size, overlaps=overlaps, step_cost=0.002)
-    engine = Engine(runner, tok, EngineConfig(max_model_len=1024))
-    written_during = []  # per frame with a token: the steps launched when its "write" ended
-    async with trio.open_nursery() as nursery:
-        await nursery.start(engine.run)
-        _, recv = engine.submit(prompt(5), GenerationParams(GREEDY, max_tokens=12))
-        async for frame in recv:
-            for _ in range(5):
-                await trio.lowlevel.checkpoint()  # framing, the ASGI send, the socket's write
-            if frame.token_ids:
-                written_during.append(runner.steps)
-            if frame.finish_reason:
-                break
-        nursery.cancel_scope.cancel()
-    assert len(written_during) == 12
-    if overlaps:
-        assert written_during != list(range(1, 13))  # the device step runs beside the stream
-    else:
-        assert written_during == list(range(1, 13))  # step k's token written before step k + 1

@@ -9,9 +9,8 @@ A runner whose steps run on a device (`runner.overlaps`, the CUDA runner) gets t
 loop: step N+1 is planned and launched before step N's sampled ids are awaited and applied, so
 the device runs N+1 while the host applies N, sends its frames and plans N+2. What a plan may
 see one step late is in planner.py's docstring. On the CPU the step is the host's own work,
-and nothing would overlap: there the loop waits for each step before planning the next, and lets
-the streams its frames woke write first (let_woken_tasks_run). So does speculative decoding on a
-device wait for each step: a row's next input is what the model kept of its guesses.
+and nothing would overlap: there the loop waits for each step before planning the next. So does
+speculative decoding on a device: a row's next input is what the model kept of its guesses.
 
 The planner decides which blocks move (reloads, spills, the prefix cache's host tier) and the
 engine moves them through the runner (moves.py) before it launches the step, so a copy out reads
@@ -31,7 +30,6 @@ import time
 from dataclasses import dataclass, replace
 
 import trio
-import trio.testing
 
 from app.engine.block_pool import BlockPool
 from app.engine.errors import Draining, EngineError, Overloaded
@@ -49,7 +47,6 @@ from model.runner import Sampled, StepPlan
 log = logging.getLogger("spool.engine")
 
 CHANNEL_FRAMES = 4096  # frames waiting unread: a client this far behind is treated as gone
-WOKEN_TASKS_SECONDS = 0.005  # the most a CPU step waits for the tasks the last one's frames woke
 
 
 async def computed(fn, *args):
@@ -60,16 +57,6 @@ async def computed(fn, *args):
     future.add_done_callback(lambda _: token.run_sync_soon(trio.lowlevel.reschedule, task))
     await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
     return future.result()
-
-
-async def let_woken_tasks_run():
-    """Let the tasks the last step's frames woke (a stream framing and sending its chunk) run
-    until each waits again, before a CPU step starts. Run beside the step, their Python takes the
-    GIL from the step's own between kernels, and every core's kernel waits for it; run first, they
-    cost the step only their time, and an abort they bring reaches this plan. Bounded, so a flood
-    of busy connections cannot hold the engine."""
-    with trio.move_on_after(WOKEN_TASKS_SECONDS):
-        await trio.testing.wait_all_tasks_blocked()
 
 
 @dataclass
@@ -300,8 +287,6 @@ class Engine:
     async def _tick_loop(self):
         in_flight = None  # (plan, Launched): launched, not yet landed
         while True:
-            if not self.runner.overlaps:
-                await let_woken_tasks_run()
             plan = self.next_step()
             if plan is None:  # only preemption would make room while a step runs: wait for it
                 await self._land(*in_flight)
