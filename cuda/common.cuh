@@ -83,6 +83,19 @@ template <typename C> __device__ __forceinline__ float kv_value(const C* cache, 
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
+// An online softmax before its first key, for each of a thread's R rows: the running max at -inf,
+// the running sum and the D accumulated values at zero (the attention kernels' split state).
+template <int R, int D>
+__device__ __forceinline__ void softmax_start(float (&acc)[R][D], float (&run_max)[R], float (&run_sum)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        run_max[i] = neg_inf();
+        run_sum[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < D; ++j) acc[i][j] = 0.0f;
+    }
+}
+
 // Four contiguous elements, aligned as one load: 8 bytes for the 16-bit types, 16 for fp32.
 // An element offset that is a multiple of 4 from an array's start (allocations are 256-aligned
 // on a GPU, 16 in NumPy) is aligned for it.

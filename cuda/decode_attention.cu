@@ -120,13 +120,7 @@ __global__ void __launch_bounds__(128, 4) decode_attention(  // 4 blocks an SM: 
     for (int part = blockIdx.z; part < splits; part += gridDim.z) {  // block-uniform
         int begin = max(seen, base + part * part_len), end = min(context, base + (part + 1) * part_len);
         float acc[GROUP][DIMS], run_max[GROUP], run_sum[GROUP];
-#pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            run_max[g] = neg_inf();
-            run_sum[g] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < DIMS; ++j) acc[g][j] = 0.0f;
-        }
+        softmax_start(acc, run_max, run_sum);
 
         // the rows of the tile at `start` this lane reads (rows at or past `end` read as zeros)
         auto load = [&](Tile& tile, int start) {

@@ -60,13 +60,7 @@ __global__ void __launch_bounds__(128) prefill_attention(
     int keys_begin = window > 0 ? max(0, offset + row0 / group - window + 1) / PA_KEYS * PA_KEYS : 0;
 
     float acc[PA_ROWS_PER_WARP][DIMS], run_max[PA_ROWS_PER_WARP], run_sum[PA_ROWS_PER_WARP];
-#pragma unroll
-    for (int i = 0; i < PA_ROWS_PER_WARP; ++i) {
-        run_max[i] = neg_inf();
-        run_sum[i] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DIMS; ++j) acc[i][j] = 0.0f;
-    }
+    softmax_start(acc, run_max, run_sum);
 
     const int* table = block_tables + size_t(seq) * max_blocks;
     size_t head_base = size_t(kv_head) * num_blocks * block_size;
