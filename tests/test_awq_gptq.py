@@ -5,6 +5,8 @@ against the NumPy backend on the same dequantized weights."""
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +17,9 @@ from model.errors import ModelError
 from model.quant import awq_gptq
 from model.quant.quantized import QuantizedTensor, dequantize
 from model.weights import open_tensors
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import make_model  # noqa: E402
 
 # (method, group, sym, v1): AWQ in groups of 128 and 32; GPTQ classic asymmetric, symmetric (a
 # Qwen2, whose q/k/v biases stay float16 beside the int4 weights), gptq_v2 per channel (-1)
@@ -170,15 +175,18 @@ def test_a_scattered_g_idx_without_desc_act_is_refused_at_load(checkpoints, tmp_
     assert "\n" not in str(refused.value)
 
 
+def llama_8b(projection_kind: str, float_kind: str) -> list[tuple[str, tuple]]:
+    """Llama-3.1-8B's tensors (tools/make_model.py's list) as (kind, shape), no file: every layer's
+    projections of projection_kind, the rest (embedding, LM head, norms) of float_kind."""
+    tensors = make_model.tensors(make_model.SHAPES["llama3.1-8b"])
+    return [(projection_kind if t.layer is not None and len(t.shape) == 2 else float_kind, t.shape) for t in tensors]
+
+
 def test_an_8b_awq_plans_its_int4_blocks():
     """Llama-3.1-8B's shapes as an AWQ group-128 checkpoint holds them (projections int4, the rest
     float16), no file: 5.8 GB planned on the GPU, against 9.5 GB had the projections been Q8_0."""
     from model.memory import planned_weight_bytes
 
-    hidden, mlp, kv, vocab = 4096, 14336, 1024, 128256
-    layer = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (mlp, hidden), (mlp, hidden),
-             (hidden, mlp)]
-    floats = [("F16", (vocab, hidden))] * 2 + [("F16", (hidden,))] * 65
-    planned = planned_weight_bytes([("int4_128", shape) for shape in layer] * 32 + floats, "bfloat16")
+    planned = planned_weight_bytes(llama_8b("int4_128", "F16"), "bfloat16")
     assert 5.7e9 < planned < 5.9e9
-    assert planned < planned_weight_bytes([("q8_0", shape) for shape in layer] * 32 + floats, "bfloat16") - 3.5e9
+    assert planned < planned_weight_bytes(llama_8b("q8_0", "F16"), "bfloat16") - 3.5e9

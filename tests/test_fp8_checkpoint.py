@@ -14,7 +14,7 @@ from model.errors import ModelError
 from model.quant import fp8
 from model.quant.quantized import QuantizedTensor, float32
 from model.weights import open_tensors
-from test_awq_gptq import assert_steps_match, runner
+from test_awq_gptq import assert_steps_match, llama_8b, runner
 from test_kv_fp8 import E4M3, e4m3
 from test_loading import write_safetensors
 from tiny_model import make_tiny_model
@@ -206,13 +206,9 @@ def test_an_8b_fp8_plans_its_e4m3_blocks():
     had the projections been dequantized to bf16."""
     from model.memory import planned_weight_bytes
 
-    hidden, mlp, kv, vocab = 4096, 14336, 1024, 128256
-    layer = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (mlp, hidden), (mlp, hidden),
-             (hidden, mlp)]
-    floats = [("BF16", (vocab, hidden))] * 2 + [("BF16", (hidden,))] * 65
-    planned = planned_weight_bytes([("fp8_128", shape) for shape in layer] * 32 + floats, "bfloat16")
+    planned = planned_weight_bytes(llama_8b("fp8_128", "BF16"), "bfloat16")
     assert 9.2e9 < planned < 9.4e9
-    assert planned_weight_bytes([("BF16", shape) for shape in layer] * 32 + floats, "bfloat16") > 16e9
+    assert planned_weight_bytes(llama_8b("BF16", "BF16"), "bfloat16") > 16e9
 
 
 @pytest.mark.parametrize("changes,line", [
